@@ -1,0 +1,731 @@
+"""Test events for one stream's file source, with a ledger of what was written.
+
+    python -m spark_jobs.generate --spec include/streams/sensors.yaml --files 20 --events-per-file 100
+    python -m spark_jobs.generate --spec include/streams/clicks.yaml --rate 2 --duration 60
+
+Each file is written completely into ``<data_root>/generated/<stream>/staging/``, given
+its modification time there, and renamed into the landing directory, so Spark never
+sees a partial file. Names are ``part-<seq:06d>.<json|csv>`` with one sequence per
+stream; modification times increase strictly with the sequence (Spark's file source
+orders new files by modification time).
+
+Besides on-time events the files hold late events that Spark must keep (``late_within``)
+or drop (``late_beyond``) whatever the micro-batch boundaries, exact duplicates, events
+whose join keys are missing from the reference data, malformed records and empty files.
+Every record goes to ``ledger.jsonl``; ``state.json`` lets a later run continue the
+stream (sequence, clock, history); ``manifest.json`` is :func:`groundtruth.expected`
+over the whole ledger, rewritten after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_jobs import groundtruth as gt
+from spark_jobs.spec import (
+    Aggregation,
+    Column,
+    FileSource,
+    Layout,
+    SpecError,
+    StreamSpec,
+    default_data_root,
+    load_spec,
+)
+
+DEFAULT_START = "2026-01-01T00:00:00Z"
+#: Safety distance from the watermark bounds for late events and duplicates.
+LATE_MARGIN_MS = 30_000
+#: Share of optional columns left null in valid events.
+NULL_SHARE = 0.02
+STATE_VERSION = 1
+PART_NAME = re.compile(r"^part-(\d{6,})\.(json|csv)$")
+
+
+class GeneratorError(RuntimeError):
+    """The generator cannot run as asked; the message says why."""
+
+
+@dataclass
+class Settings:
+    """How to generate one run. Shares are fractions of the valid events per file."""
+
+    files: int = 10
+    events_per_file: int = 100
+    rate: float | None = None  # files per second; None = batch mode
+    duration: float | None = None  # seconds; None = until SIGINT/SIGTERM
+    late_within: float = 0.03
+    late_beyond: float = 0.02
+    duplicates: float = 0.02
+    malformed: float = 0.03
+    unknown_keys: float = 0.02
+    empty_files: int = 1
+    seed: int = 7
+    start: str | None = None  # virtual clock start; default DEFAULT_START
+    event_interval_ms: int = 1000
+    clock: str | None = None  # "virtual" or "wall"; default virtual in batch mode, wall in rate mode
+
+    @property
+    def mode(self) -> str:
+        return "batch" if self.rate is None else "rate"
+
+    @property
+    def clock_kind(self) -> str:
+        return self.clock or ("virtual" if self.rate is None else "wall")
+
+    def check(self) -> None:
+        problems = []
+        for name in ("late_within", "late_beyond", "duplicates", "malformed", "unknown_keys"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                problems.append(f"{name} must be between 0 and 1, not {value}")
+        if self.late_within + self.late_beyond + self.duplicates > 1:
+            problems.append("late_within + late_beyond + duplicates must not exceed 1")
+        if self.files < 0 or self.events_per_file < 0 or self.empty_files < 0:
+            problems.append("files, events_per_file and empty_files must not be negative")
+        if self.rate is not None and not self.rate > 0:
+            problems.append("rate must be positive")
+        if self.duration is not None and self.duration < 0:
+            problems.append("duration must not be negative")
+        if self.event_interval_ms < 1:
+            problems.append("event_interval_ms must be at least 1")
+        if self.clock not in (None, "virtual", "wall"):
+            problems.append("clock must be 'virtual' or 'wall'")
+        if self.start is not None:
+            try:
+                gt.parse_ts(self.start)
+            except ValueError:
+                problems.append(f"start {self.start!r} is not an ISO-8601 timestamp")
+        if problems:
+            raise GeneratorError("; ".join(problems))
+
+
+@dataclass
+class RunResult:
+    files: list[Path] = field(default_factory=list)
+    records: int = 0
+    stopped: bool = False  # ended early by a signal or request_stop()
+    manifest: Path | None = None
+
+    @property
+    def sequence(self) -> list[int]:
+        return [int(PART_NAME.match(p.name).group(1)) for p in self.files]
+
+
+# ---- values ---------------------------------------------------------------------------------
+
+
+def _temperature(rng: random.Random) -> float:
+    return round(min(35.0, max(15.0, rng.gauss(24.0, 4.0))), 2)
+
+
+#: Realistic values for well-known column names; anything else is generated by type.
+KNOWN_VALUES: dict[str, Callable[[random.Random], Any]] = {
+    "temperature": _temperature,
+    "humidity": lambda rng: round(rng.uniform(0, 100), 1),
+    "status": lambda rng: rng.choices(["ok", "warn", "fail"], weights=[90, 7, 3])[0],
+    "user_id": lambda rng: f"user-{rng.randrange(200):04d}",
+    "duration_ms": lambda rng: int(min(120_000, max(50, rng.lognormvariate(7.5, 1.0)))),
+    "device_id": lambda rng: f"dev-{rng.randrange(20):03d}",
+    "page": lambda rng: rng.choice(["/", "/search", "/cart", "/checkout", "/help"]),
+}
+
+BAD_VALUES = {
+    "double": ["hot", "n/a", "abc"],
+    "integer": ["n/a", "abc", "lots"],
+    "long": ["n/a", "abc", "lots"],
+    "timestamp": ["not-a-time", "yesterday", "soon"],
+    "date": ["not-a-date", "someday"],
+    "boolean": ["maybe", "perhaps"],
+}
+BAD_BYTES = [b"\xff\xfe", b"\xc3\x28", b"\x80"]
+
+
+def _by_type(col: Column, rng: random.Random) -> Any:
+    if col.type == "string":
+        return f"{col.name}-{rng.randrange(100)}"
+    if col.type == "integer":
+        return rng.randrange(1000)
+    if col.type == "long":
+        return rng.randrange(1_000_000)
+    if col.type == "double":
+        return round(rng.uniform(0, 100), 3)
+    if col.type == "boolean":
+        return rng.random() < 0.5
+    raise AssertionError(col.type)  # timestamps and dates come from the clock
+
+
+def _csv_field(value: Any) -> str:
+    """A value as Spark's CSV reader expects it (quote ``"``, escape ``\\``, empty = null)."""
+    if value is None:
+        return ""
+    text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if any(ch in text for ch in ',"\\\r\n'):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def _unknown_values(name: str, type_: str, known: set[Any]) -> list[Any]:
+    """Three values of a key column that the reference data does not hold."""
+    out: list[Any] = []
+    n = 0
+    while len(out) < 3:
+        if type_ in ("integer", "long"):
+            candidate: Any = max((k for k in known if isinstance(k, int)), default=0) + 1 + n
+        elif name == "device_id":
+            candidate = f"dev-9{n:02d}"
+        elif name == "page":
+            candidate = f"/unknown/{n}"
+        else:
+            candidate = f"unknown-{n}"
+        if candidate not in known:
+            out.append(candidate)
+        n += 1
+    return out
+
+
+# ---- the generator --------------------------------------------------------------------------
+
+
+class Generator:
+    """Writes one stream's files; see the module docstring."""
+
+    def __init__(self, spec: StreamSpec, layout: Layout):
+        if not isinstance(spec.source, FileSource):
+            raise GeneratorError(f"stream {spec.name!r} does not read files; nothing to generate")
+        landing = layout.landing
+        if "://" in landing:
+            raise GeneratorError(f"landing {landing!r} is not a local path; the generator writes local files only")
+        self.spec, self.layout = spec, layout
+        self.landing = Path(landing)
+        self.root = Path(layout.data_root).resolve() / "generated" / spec.name
+        self.staging = self.root / "staging"
+        self.ledger_path = self.root / "ledger.jsonl"
+        self.state_path = self.root / "state.json"
+        self.manifest_path = self.root / "manifest.json"
+        self.format = spec.source.format
+        self.columns = list(spec.source.columns)
+        self.event_col = spec.event_time.column if spec.event_time else None
+        self.delay = gt.watermark_delay_ms(spec)
+        self.window = gt.max_window_ms(spec)
+        self.m = spec.source.max_files_per_trigger
+        self.margin = min(LATE_MARGIN_MS, self.delay // 4)
+        self.inner_join = any(e.how == "inner" for e in spec.enrich)
+        self.key_choices = [(e.key, gt.reference_keys(e, layout)) for e in spec.enrich]
+        types = spec.input_columns()
+        self.unknown = {}
+        for key, known in self.key_choices:
+            for i, name in enumerate(key):
+                self.unknown.setdefault(name, _unknown_values(name, types[name], {k[i] for k in known}))
+        id_cols = {"event_id"}
+        if spec.deduplicate and len(spec.deduplicate.key) == 1:
+            id_cols.add(spec.deduplicate.key[0])
+        self.id_cols = {c for c in id_cols if c in types and types[c] in ("string", "integer", "long")}
+        self.never_null = set(self.unknown) | {a.column for o in spec.outputs if isinstance(o.query, Aggregation)
+                                               for a in o.query.aggregates if a.fn == "latest"}
+        self.malformed_reasons = self._malformed_reasons()
+        self._stop = False
+
+    # ---- public ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop after the file being written (what SIGINT and SIGTERM do)."""
+        self._stop = True
+
+    def run(self, settings: Settings, *, monotonic: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time) -> RunResult:
+        """Write one run of files, then the manifest. The clocks can be replaced for tests."""
+        settings.check()
+        self._stop = False
+        for d in (self.root, self.staging, self.landing):
+            d.mkdir(parents=True, exist_ok=True)
+        result = RunResult()
+        with self._locked(), self._signals():
+            state = self._load_state()
+            self._check_landing(state)
+            for leftover in self.staging.iterdir():  # never renamed, so never seen by Spark
+                leftover.unlink()
+            if state["clock_ms"] is None:
+                state["clock_ms"] = gt.parse_ts(settings.start or DEFAULT_START)
+            elif settings.start is not None:
+                state["clock_ms"] = max(state["clock_ms"], gt.parse_ts(settings.start))
+            run = {**asdict(settings), "mode": settings.mode, "clock": settings.clock_kind,
+                   "first_seq": state["next_seq"], "last_seq": None, "records": 0}
+            state["runs"].append(run)
+            rng = random.Random(f"{settings.seed}:{state['next_seq']}")
+
+            def write(empty: bool, span_ms: float) -> None:
+                path, n = self._write_file(state, settings, rng, empty, wall, span_ms)
+                result.files.append(path)
+                result.records += n
+                run["last_seq"], run["records"] = state["next_seq"] - 1, run["records"] + n
+                self._save_state(state)
+
+            if settings.rate is None:
+                total = settings.files + settings.empty_files
+                slots = range(1, total) if settings.files else range(total)
+                empties = set(rng.sample(slots, min(settings.empty_files, len(slots))))
+                for i in range(total):
+                    if self._stop:
+                        result.stopped = True
+                        break
+                    write(i in empties, settings.event_interval_ms * settings.events_per_file)
+            else:
+                result.stopped = self._run_rate(settings, write, monotonic, sleep)
+            self._save_state(state)
+            result.manifest = self.write_manifest(state)
+        return result
+
+    def write_manifest(self, state: dict[str, Any] | None = None) -> Path:
+        """Write ``manifest.json``: the expected results over the whole ledger."""
+        state = state or self._load_state()
+        records = gt.read_ledger(self.ledger_path)
+        manifest = gt.expected(self.spec, records, self.layout, files=state["next_seq"] - 1, settings=state["runs"])
+        manifest["generator"] = {"landing": str(self.landing), "ledger": str(self.ledger_path),
+                                 "format": self.format}
+        _write_json_atomic(self.manifest_path, manifest)
+        return self.manifest_path
+
+    # ---- runs -------------------------------------------------------------------------------
+
+    def _run_rate(self, settings: Settings, write: Callable[[bool, float], None],
+                  monotonic: Callable[[], float], sleep: Callable[[float], None]) -> bool:
+        """Files at ``rate`` per second for ``duration`` seconds; True if stopped early."""
+        assert settings.rate is not None
+        start = monotonic()
+        empties_left = settings.empty_files
+        i = 0
+        while not self._stop:
+            due = start + i / settings.rate
+            if settings.duration is not None and due - start >= settings.duration:
+                return False
+            while not self._stop and (remaining := due - monotonic()) > 0:
+                sleep(min(remaining, 0.25))
+            if self._stop:
+                break
+            empty = empties_left > 0 and i % 2 == 1  # the 2nd, 4th, ... file until the count is used
+            empties_left -= empty
+            write(empty, 1000 / settings.rate)
+            i += 1
+        return True
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, lambda signum, frame: self.request_stop())
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "w") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise GeneratorError(f"another generator is writing stream {self.spec.name!r} ({self.root})") from None
+            yield
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def _load_state(self) -> dict[str, Any]:
+        if not self.state_path.exists():
+            return {"version": STATE_VERSION, "stream": self.spec.name, "format": self.format, "next_seq": 1,
+                    "clock_ms": None, "last_ts_ms": None, "last_mtime_ns": 0,
+                    "history": [], "recent_ts": [], "prev": None, "runs": []}
+        state = json.loads(self.state_path.read_text(encoding="utf-8"))
+        if state.get("version") != STATE_VERSION or state.get("format") != self.format:
+            raise GeneratorError(f"{self.state_path} was written for another version or format; "
+                                 f"remove {self.root} and the landing files to start over")
+        return state
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        _write_json_atomic(self.state_path, state)
+
+    def _check_landing(self, state: dict[str, Any]) -> None:
+        """Refuse to reuse a sequence number that is already in the landing directory."""
+        for p in self.landing.iterdir():
+            match = PART_NAME.match(p.name)
+            if match and int(match.group(1)) >= state["next_seq"]:
+                raise GeneratorError(f"{p} is not recorded in {self.state_path}; an earlier run was interrupted "
+                                     "or another writer uses this directory. Remove the file or start over.")
+
+    def _history(self, state: dict[str, Any]) -> gt.FileHistory:
+        hist = state["history"]
+        return gt.FileHistory({s: ts for s, ts, _ in hist}, [s for s, _, nonempty in hist if nonempty])
+
+    # ---- one file ---------------------------------------------------------------------------
+
+    def _write_file(self, state: dict[str, Any], settings: Settings, rng: random.Random, empty: bool,
+                    wall: Callable[[], float], span_ms: float) -> tuple[Path, int]:
+        seq = state["next_seq"]
+        name = f"part-{seq:06d}.{self.format}"
+        if empty:
+            entries, data, file_max = [], b"", None
+        else:
+            entries, data, file_max = self._make_records(seq, state, settings, rng, wall, span_ms)
+        path = self._publish(name, data, state, wall)
+        if entries:
+            with self.ledger_path.open("a", encoding="utf-8") as fh:
+                for e in entries:
+                    fh.write(json.dumps({"file": seq, "name": name, **e}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        state["history"].append([seq, file_max, bool(data)])
+        state["next_seq"] = seq + 1
+        return path, len(entries)
+
+    def _publish(self, name: str, data: bytes, state: dict[str, Any], wall: Callable[[], float]) -> Path:
+        """Write into staging, set the mtime, rename into landing."""
+        tmp, dst = self.staging / name, self.landing / name
+        if dst.exists():
+            raise GeneratorError(f"{dst} exists already; refusing to overwrite a file Spark may have read")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        # millisecond steps: Hadoop's local file system reports modification times in ms
+        mtime_ns = max(int(wall() * 1000) * 1_000_000, state["last_mtime_ns"] + 1_000_000)
+        os.utime(tmp, ns=(mtime_ns, mtime_ns))  # before the rename: the file appears with its final mtime
+        try:
+            os.rename(tmp, dst)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if exc.errno == errno.EXDEV:
+                raise GeneratorError(f"cannot rename {tmp} to {dst}: the staging directory and the landing "
+                                     "directory are on different file systems, so the move would not be atomic. "
+                                     "Put the data root and the landing path on one file system.") from exc
+            raise
+        os.utime(dst, ns=(mtime_ns, mtime_ns))
+        state["last_mtime_ns"] = mtime_ns
+        return dst
+
+    def _make_records(self, seq: int, state: dict[str, Any], settings: Settings, rng: random.Random,
+                      wall: Callable[[], float], span_ms: float) -> tuple[list[dict], bytes, int | None]:
+        """The records of file ``seq``: (ledger entries in file order, file bytes, max ts reaching the watermark)."""
+        n = settings.events_per_file
+        history = self._history(state)
+        prev_max = history.maxts(seq - 1)
+        has_time = self.event_col is not None
+        beyond_ref = None
+        if has_time:
+            floor = history.batch_floor(seq, self.m)
+            beyond_ref = history.maxts(floor - 1) if floor > 1 else None
+        kinds = []
+        for _ in range(n):
+            u = rng.random()
+            if u < settings.late_beyond:
+                kind = "late_beyond" if beyond_ref is not None else "ok"
+            elif u < settings.late_beyond + settings.late_within:
+                kind = "late_within" if has_time and self.delay - self.margin > 2 else "ok"
+            elif u < settings.late_beyond + settings.late_within + settings.duplicates:
+                kind = "duplicate" if self.spec.deduplicate else "ok"
+            else:
+                kind = "ok"
+            kinds.append(kind)
+        if kinds and "ok" not in kinds:
+            kinds[0] = "ok"  # every file with events has an on-time one to copy and to move the clock
+        n_ok = kinds.count("ok")
+
+        used = set(state["recent_ts"])
+        items: list[tuple[float, int, dict]] = []  # (position, order, entry)
+        counter = iter(range(1, 1_000_000))
+
+        def add(pos: float, entry: dict) -> None:
+            items.append((pos, len(items), entry))
+
+        # on-time events move the clock
+        file_max = None
+        ontime: list[tuple[int, dict]] = []
+        now_ms = int(wall() * 1000)
+        for i in range(n_ok):
+            ts = self._next_ts(state, settings, rng, i, n_ok, now_ms, span_ms)
+            unknown = rng.random() < settings.unknown_keys and bool(self.unknown)
+            event = self._event(seq, next(counter), ts, rng, unknown)
+            used.add(ts)
+            if not (unknown and self.inner_join):
+                file_max = ts if file_max is None else max(file_max, ts)
+            entry = {"kind": "ok", "flags": ["unknown_key"] if unknown else [], "event": event}
+            ontime.append((ts, entry))
+            add(i, entry)
+        newest = max(x for x in (prev_max, file_max) if x is not None) if (prev_max or file_max) else None
+
+        # late and duplicate events
+        prev = state["prev"] if state["prev"] and state["prev"]["seq"] == seq - 1 else None
+        for kind in kinds:
+            if kind == "late_within" and newest is not None:
+                ts = _free_ts(rng, newest - self.delay + self.margin + 1, newest - 1, used)
+                if ts is None:
+                    continue
+                used.add(ts)
+                add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
+            elif kind == "late_beyond":
+                assert beyond_ref is not None
+                bound = beyond_ref - self.delay - self.window - LATE_MARGIN_MS
+                ts = bound - 1 - rng.randrange(max(self.delay, 60_000))
+                add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
+            elif kind == "duplicate":
+                candidates = len(prev["events"]) if prev else 0
+                pick = rng.randrange(candidates + n_ok)
+                if pick < candidates:
+                    line, original = prev["events"][pick]
+                    pos, of, flags = rng.uniform(0, n_ok), {"file": seq - 1, "line": line}, original["flags"]
+                    event = original["event"]
+                else:
+                    i = pick - candidates
+                    pos, of = rng.uniform(i, n_ok), {"entry": id(ontime[i][1])}
+                    event, flags = ontime[i][1]["event"], ontime[i][1]["flags"]
+                add(pos, {"kind": kind, "flags": list(flags), "of": of, "event": dict(event)})
+
+        # malformed records
+        if self.malformed_reasons:
+            for _ in range(sum(rng.random() < settings.malformed for _ in range(n))):
+                base_ts = (newest or state["clock_ms"]) - rng.randrange(60_000)
+                base = self._event(seq, next(counter), base_ts, rng, False)
+                add(rng.uniform(0, max(n_ok, 1)), self._malformed(base, rng))
+
+        items.sort(key=lambda x: (x[0], x[1]))
+        entries = [e for _, _, e in items]
+        first_line = 2 if self.format == "csv" else 1
+        lines_by_id = {}
+        for i, e in enumerate(entries):
+            e["line"] = first_line + i
+            lines_by_id[id(e)] = e["line"]
+        for e in entries:
+            if "entry" in e.get("of", {}):
+                e["of"] = {"file": seq, "line": lines_by_id[e["of"]["entry"]]}
+        chunks = [",".join(c.name for c in self.columns).encode() + b"\n"] if self.format == "csv" else []
+        for e in entries:
+            chunks.append(e.pop("_raw") if "_raw" in e else self._encode(e["event"]))
+        out = [{"line": e.pop("line"), **e} for e in entries]
+
+        # what the next file needs
+        if newest is not None:
+            state["recent_ts"] = sorted(t for t in used if t >= newest - self.delay)
+            eligible = [(e["line"], e) for e in out if e["kind"] == "ok"
+                        and gt.parse_ts(e["event"][self.event_col]) > newest - self.delay + self.margin] if has_time else []
+            state["prev"] = {"seq": seq, "events": [[line, {"flags": e["flags"], "event": e["event"]}]
+                                                    for line, e in eligible[-1000:]]}
+        return out, b"".join(chunks), file_max
+
+    def _next_ts(self, state: dict[str, Any], settings: Settings, rng: random.Random, i: int, n: int,
+                 now_ms: int, span_ms: float) -> int:
+        """The next on-time event time: strictly increasing, from the virtual or the wall clock."""
+        step = settings.event_interval_ms
+        last = state["last_ts_ms"]
+        if settings.clock_kind == "virtual":
+            ts = state["clock_ms"] + (rng.randrange(step) if step > 1 else 0)
+            state["clock_ms"] += step
+        else:
+            ts = now_ms - int(span_ms) + math.floor(span_ms * (i + 1) / n)
+        if last is not None:
+            ts = max(ts, last + 1)
+        state["last_ts_ms"] = ts
+        if settings.clock_kind == "wall":
+            state["clock_ms"] = max(state["clock_ms"], ts + 1)
+        return ts
+
+    def _event(self, seq: int, idx: int, ts: int, rng: random.Random, unknown: bool) -> dict[str, Any]:
+        """One valid event, as JSON values (timestamps as ISO strings)."""
+        keys: dict[str, Any] = {}
+        for key, known in self.key_choices:
+            if unknown:
+                for name in key:
+                    keys.setdefault(name, rng.choice(self.unknown[name]))
+            elif known:
+                for name, value in zip(key, rng.choice(known), strict=True):
+                    keys.setdefault(name, value)
+        event: dict[str, Any] = {}
+        for col in self.columns:
+            if col.name in keys:
+                value = keys[col.name]
+            elif col.name in self.id_cols:
+                value = f"{self.spec.name}-{seq:06d}-{idx:04d}" if col.type == "string" else seq * 1_000_000 + idx
+            elif col.type == "timestamp":
+                value = gt.format_ts(ts)
+            elif col.type == "date":
+                value = gt.format_date(ts)
+            elif not col.required and col.name not in self.never_null and rng.random() < NULL_SHARE:
+                value = None
+            elif col.name in KNOWN_VALUES and (col.type == "string") == isinstance(KNOWN_VALUES[col.name](rng), str):
+                value = KNOWN_VALUES[col.name](rng)
+            else:
+                value = _by_type(col, rng)
+            if value is not None and col.type == "double":
+                value = float(value)
+            event[col.name] = value
+        return event
+
+    def _encode(self, event: dict[str, Any]) -> bytes:
+        if self.format == "json":
+            return json.dumps(event).encode() + b"\n"
+        return ",".join(_csv_field(event[c.name]) for c in self.columns).encode() + b"\n"
+
+    # ---- malformed records --------------------------------------------------------------------
+
+    def _malformed_reasons(self) -> list[str]:
+        typed = [c for c in self.columns if c.type != "string"]
+        required = [i for i, c in enumerate(self.columns) if c.required]
+        reasons = ["truncated"] if self.format == "json" else []
+        if typed:
+            reasons.append("wrong_type")
+        if self.format == "json":
+            reasons += (["missing_required"] if required else []) + ["invalid_utf8"]
+        else:
+            reasons += (["too_few_fields"] if required and required[-1] >= 1 else [])
+            reasons += ["invalid_utf8"] if typed else []
+        return reasons
+
+    def _malformed(self, base: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """A record Spark must quarantine: it cannot be parsed, or lacks a required value."""
+        reason = rng.choice(self.malformed_reasons)
+        typed = [c for c in self.columns if c.type != "string"]
+        column = None
+        event = dict(base)
+        if reason == "wrong_type":
+            col = rng.choice(typed)
+            column = col.name
+            event[col.name] = "hot" if col.name == "temperature" else rng.choice(BAD_VALUES[col.type])
+            raw = self._encode(event)
+        elif reason == "truncated":
+            text = json.dumps(event)
+            raw = text[: rng.randrange(1, len(text) - 1)].encode() + b"\n"
+        elif reason == "missing_required":
+            col = rng.choice([c for c in self.columns if c.required])
+            column = col.name
+            if rng.random() < 0.5:
+                del event[col.name]
+            else:
+                event[col.name] = None
+            raw = json.dumps(event).encode() + b"\n"
+        elif reason == "too_few_fields":
+            last_required = max(i for i, c in enumerate(self.columns) if c.required)
+            keep = rng.randint(1, last_required)
+            column = self.columns[keep].name
+            raw = ",".join(_csv_field(event[c.name]) for c in self.columns[:keep]).encode() + b"\n"
+        elif self.format == "json":  # invalid_utf8 between tokens
+            raw = b"{" + rng.choice(BAD_BYTES) + json.dumps(event).encode()[1:] + b"\n"
+        else:  # invalid_utf8 inside a numeric or timestamp field
+            col = rng.choice(typed)
+            column = col.name
+            fields = [_csv_field(event[c.name]).encode() for c in self.columns]
+            i = self.columns.index(col)
+            text = fields[i] or b"0"
+            cut = rng.randint(1, len(text)) if len(text) > 1 else 1
+            fields[i] = text[:cut] + rng.choice(BAD_BYTES) + text[cut:]
+            raw = b",".join(fields) + b"\n"
+        entry = {"kind": "malformed", "reason": reason, "raw": raw.rstrip(b"\n").decode("utf-8", "backslashreplace"),
+                 "_raw": raw}
+        if column:
+            entry["column"] = column
+        return entry
+
+
+def _free_ts(rng: random.Random, low: int, high: int, used: set[int]) -> int | None:
+    """A random time in ``[low, high]`` that no accepted event uses yet."""
+    if high < low:
+        return None
+    ts = rng.randint(low, high)
+    for candidate in (*range(ts, high + 1), *range(ts - 1, low - 1, -1)):
+        if candidate not in used:
+            return candidate
+    return None
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# ---- library entry point and CLI -----------------------------------------------------------------
+
+
+def generate(spec_path: str | os.PathLike[str], data_root: str | os.PathLike[str] | None = None,
+             settings: Settings | None = None, **kwargs: Any) -> RunResult:
+    """Load the spec at ``spec_path`` and run the generator once (keyword arguments = Settings fields)."""
+    spec = load_spec(spec_path)
+    layout = Layout(spec, data_root if data_root is not None else default_data_root(),
+                    spec_dir=Path(spec_path).parent)
+    return Generator(spec, layout).run(settings or Settings(), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.generate",
+                                description="Write test events for one stream into its landing directory.")
+    p.add_argument("--spec", required=True, help="the stream's spec file")
+    p.add_argument("--data-root", help="data root (default: STREAMS_DATA_DIR or <project>/data)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--files", type=int, help="batch mode: files with events (default 10)")
+    mode.add_argument("--rate", type=float, help="rate mode: files per second")
+    p.add_argument("--duration", type=float, help="rate mode: seconds to run (default: until SIGINT/SIGTERM)")
+    p.add_argument("--events-per-file", type=int, default=100, help="valid events per file (default 100)")
+    for name, default, what in (("late-within", 0.03, "late events Spark must keep"),
+                                ("late-beyond", 0.02, "events behind the watermark Spark must drop"),
+                                ("duplicates", 0.02, "exact copies of recent on-time events"),
+                                ("malformed", 0.03, "malformed records, as a share of the valid events"),
+                                ("unknown-keys", 0.02, "on-time events whose join keys the reference data lacks")):
+        p.add_argument(f"--{name}", type=float, default=default, help=f"share: {what} (default {default})")
+    p.add_argument("--empty-files", type=int, default=1, help="0-byte files per run (default 1)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--start", help=f"batch mode: event time of the first event (default {DEFAULT_START}); "
+                                    "a later run continues the clock")
+    p.add_argument("--event-interval-ms", type=int, default=1000, help="virtual clock step per event (default 1000)")
+    p.add_argument("--clock", choices=["virtual", "wall"],
+                   help="event time source (default: virtual in batch mode, wall in rate mode)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.duration is not None and args.rate is None:
+        print("--duration needs --rate", file=sys.stderr)
+        return 2
+    settings = Settings(
+        files=10 if args.files is None else args.files, events_per_file=args.events_per_file, rate=args.rate,
+        duration=args.duration, late_within=args.late_within, late_beyond=args.late_beyond,
+        duplicates=args.duplicates, malformed=args.malformed, unknown_keys=args.unknown_keys,
+        empty_files=args.empty_files, seed=args.seed, start=args.start,
+        event_interval_ms=args.event_interval_ms, clock=args.clock)
+    try:
+        result = generate(args.spec, args.data_root, settings)
+    except (SpecError, GeneratorError, gt.GroundTruthError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    seqs = result.sequence
+    manifest = json.loads(result.manifest.read_text(encoding="utf-8")) if result.manifest else {}
+    print(json.dumps({"files": len(seqs), "first_seq": seqs[0] if seqs else None,
+                      "last_seq": seqs[-1] if seqs else None, "records": result.records,
+                      "stopped": result.stopped, "manifest": str(result.manifest),
+                      "counts": manifest.get("counts")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""Expected results of a stream's queries, computed in plain Python from generated records.
+
+``expected(spec, records, layout)`` models what a correct exactly-once run produces once
+every file has been processed:
+
+    parse -> malformed records and rows with a null required column go to quarantine
+          -> join with each reference file on its key
+          -> watermark on the event time -> dropDuplicatesWithinWatermark(deduplicate.key)
+          -> each output's query
+
+Spark's watermark depends on how files are grouped into micro-batches. That grouping is
+not known here, so only the bounds that hold for every grouping are used: with ``M``
+files per trigger and a watermark delay ``D``, the batch that reads file ``k`` has a
+watermark of at least ``maxts(k - M) - D`` and at most ``maxts(k - 1) - D``.
+A row (or window) that falls between the bounds has no predictable fate and raises
+:class:`GroundTruthError`; the generator never produces one.
+
+Records are ledger entries (see :mod:`spark_jobs.generate`)::
+
+    {"file": 3, "line": 7, "kind": "ok", "event": {"event_id": "...", "ts": "2026-...Z", ...}}
+    {"file": 3, "line": 8, "kind": "malformed", "reason": "wrong_type", "raw": "..."}
+
+Timestamps are ISO-8601 UTC strings with milliseconds on both sides.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.spec import (
+    EVENT_DATE_COLUMN,
+    WINDOW_END,
+    WINDOW_START,
+    Aggregate,
+    Aggregation,
+    Enrichment,
+    FileSource,
+    Layout,
+    Output,
+    Passthrough,
+    StreamSpec,
+    Window,
+    duration_seconds,
+)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+VALID_KINDS = ("ok", "late_within", "late_beyond", "duplicate")
+MALFORMED = "malformed"
+
+
+class GroundTruthError(ValueError):
+    """The records do not determine a single correct result."""
+
+
+# ---- time helpers -------------------------------------------------------------------------
+
+
+def parse_ts(text: str) -> int:
+    """ISO-8601 timestamp (naive means UTC) -> epoch milliseconds."""
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def format_ts(ms: int) -> str:
+    """Epoch milliseconds -> ``2026-01-01T00:00:01.123Z``."""
+    dt = EPOCH + timedelta(milliseconds=ms)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def format_date(ms: int) -> str:
+    """Epoch milliseconds -> the UTC date, ``2026-01-01``."""
+    return (EPOCH + timedelta(milliseconds=ms)).date().isoformat()
+
+
+def seconds_ms(text: str) -> int:
+    return round(duration_seconds(text) * 1000)
+
+
+def watermark_delay_ms(spec: StreamSpec) -> int:
+    """``D``: the event-time watermark delay in milliseconds, 0 without event time."""
+    return seconds_ms(spec.event_time.watermark) if spec.event_time else 0
+
+
+def max_window_ms(spec: StreamSpec) -> int:
+    """``W``: the longest window duration among the spec's outputs, 0 if none."""
+    lengths = [seconds_ms(o.query.window.duration) for o in spec.outputs
+               if isinstance(o.query, Aggregation) and o.query.window is not None]
+    return max(lengths, default=0)
+
+
+def files_per_trigger(spec: StreamSpec) -> int:
+    return spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1
+
+
+def windows_for(ts_ms: int, window: Window) -> list[tuple[int, int]]:
+    """Every epoch-aligned window ``[start, end)`` (milliseconds) that contains ``ts_ms``."""
+    duration = seconds_ms(window.duration)
+    slide = seconds_ms(window.slide) if window.slide else duration
+    last_start = ts_ms - ts_ms % slide
+    starts = range(last_start, ts_ms - duration, -slide)
+    return sorted((s, s + duration) for s in starts)
+
+
+class FileHistory:
+    """Per-file maximum event time, and which files hold records at all.
+
+    ``max_ts`` maps a file's sequence number to the largest event time of its rows that
+    reach the watermark (``None`` if it has none); ``nonempty`` holds every file with at
+    least one record (malformed ones too, as Spark reads them).
+    """
+
+    def __init__(self, max_ts: Mapping[int, int | None], nonempty: Iterable[int]):
+        self._seqs: list[int] = []
+        self._cummax: list[int] = []
+        best: int | None = None
+        for seq in sorted(max_ts):
+            value = max_ts[seq]
+            if value is None:
+                continue
+            best = value if best is None else max(best, value)
+            self._seqs.append(seq)
+            self._cummax.append(best)
+        self._nonempty = sorted(set(nonempty))
+
+    def maxts(self, k: int) -> int | None:
+        """Largest event time in files ``1..k``."""
+        i = bisect.bisect_right(self._seqs, k)
+        return self._cummax[i - 1] if i else None
+
+    def batch_floor(self, k: int, m: int) -> int:
+        """The lowest file number that can share a micro-batch with file ``k``.
+
+        Counts only non-empty files, which is never later than ``k - m + 1`` and also
+        holds if Spark does not count empty files towards ``maxFilesPerTrigger``.
+        """
+        i = bisect.bisect_right(self._nonempty, k)
+        has_k = i > 0 and self._nonempty[i - 1] == k
+        length = i if has_k else i + 1  # file k holds the record in question
+        if length < m:
+            return 1
+        pos = length - m
+        return self._nonempty[pos] if pos < i else k
+
+    def watermark_bounds(self, k: int, m: int, delay_ms: int) -> tuple[int | None, int | None]:
+        """(lowest, highest) watermark of the batch that reads file ``k``; None = no watermark yet."""
+        floor = self.batch_floor(k, m)
+        low = self.maxts(floor - 1) if floor > 1 else None
+        high = self.maxts(k - 1)
+        return (None if low is None else low - delay_ms, None if high is None else high - delay_ms)
+
+
+# ---- reference data -----------------------------------------------------------------------
+
+
+def convert(value: Any, type_: str, *, empty_is_null: bool = False) -> Any:
+    """A JSON/CSV value -> the internal value: timestamps as epoch ms, dates as ISO strings.
+
+    ``empty_is_null`` reads an empty field as null, as Spark's CSV reader does.
+    """
+    if value is None or (value == "" and (empty_is_null or type_ != "string")):
+        return None
+    if type_ == "timestamp":
+        return parse_ts(value) if isinstance(value, str) else int(value)
+    if type_ in ("integer", "long"):
+        return int(value)
+    if type_ == "double":
+        return float(value)
+    if type_ == "boolean":
+        return value if isinstance(value, bool) else str(value).lower() == "true"
+    return str(value)
+
+
+def load_reference(enrichment: Enrichment, layout: Layout) -> list[dict[str, Any]]:
+    """Rows of a reference file, typed by the enrichment's columns."""
+    path = Path(layout.reference(enrichment.path))
+    types = {c.name: c.type for c in enrichment.columns}
+    if enrichment.format == "csv":
+        with path.open(newline="", encoding="utf-8") as fh:
+            raw = list(csv.DictReader(fh))
+    elif enrichment.format == "json":
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        raw = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        import pyarrow.parquet as pq  # only needed for parquet reference data
+
+        raw = pq.read_table(path).to_pylist()
+    csv_like = enrichment.format == "csv"
+    return [{name: convert(row.get(name), t, empty_is_null=csv_like) for name, t in types.items()} for row in raw]
+
+
+def reference_keys(enrichment: Enrichment, layout: Layout) -> list[tuple]:
+    """The distinct key tuples of a reference file, in file order."""
+    keys = (tuple(row[k] for k in enrichment.key) for row in load_reference(enrichment, layout))
+    return list(dict.fromkeys(keys))
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+
+def _sort_key(row: Mapping[str, Any], columns: list[str]) -> tuple:
+    return tuple((0, "") if row.get(c) is None else (1, row[c]) for c in columns)
+
+
+def _classify(ts: int, bounds: tuple[int | None, int | None]) -> bool:
+    """True if ``ts`` is late (dropped) for every micro-batch grouping, False if never late."""
+    low, high = bounds
+    if low is not None and ts <= low:
+        return True
+    if high is None or ts > high:
+        return False
+    raise GroundTruthError(f"event time {format_ts(ts)} is between the watermark bounds "
+                           f"({format_ts(low) if low is not None else '-'}, {format_ts(high)}]: "
+                           "whether Spark drops it depends on micro-batch boundaries")
+
+
+def _check_kind(record: Mapping[str, Any], outcome: str) -> None:
+    """A record's declared kind must agree with what the model decided."""
+    kind = record.get("kind")
+    if kind is None:
+        return
+    expected = {"late_beyond": "late", "duplicate": "duplicate", "ok": "accepted", "late_within": "accepted"}
+    if kind in expected and expected[kind] != outcome:
+        raise GroundTruthError(f"record file={record.get('file')} line={record.get('line')} is marked {kind!r} "
+                               f"but would be {outcome}")
+
+
+def _aggregate(agg: Aggregate, rows: list[dict[str, Any]], types: Mapping[str, str], event_col: str | None) -> Any:
+    if agg.fn == "count":
+        return len(rows) if agg.column is None else sum(r.get(agg.column) is not None for r in rows)
+    values = [r.get(agg.column) for r in rows]
+    present = [v for v in values if v is not None]
+    type_ = types[agg.column]
+    if agg.fn == "approx_count_distinct":
+        return len(set(present))
+    if agg.fn == "latest":
+        if not rows:
+            return None
+        newest = max(r[event_col] for r in rows)
+        at_max = {json.dumps(r.get(agg.column)) for r in rows if r[event_col] == newest}
+        if len(at_max) > 1:
+            raise GroundTruthError(f"latest({agg.column}) is ambiguous: several values at {format_ts(newest)}")
+        return _out(next(r.get(agg.column) for r in rows if r[event_col] == newest), type_)
+    if not present:
+        return None
+    if agg.fn == "sum":
+        return int(sum(present)) if type_ in ("integer", "long") else float(sum(present))
+    if agg.fn == "avg":
+        return float(sum(present)) / len(present)
+    if agg.fn == "min":
+        return _out(min(present), type_)
+    return _out(max(present), type_)
+
+
+def _out(value: Any, type_: str) -> Any:
+    if value is not None and type_ == "timestamp":
+        return format_ts(value)
+    return value
+
+
+def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Layout, *,
+             files: int | None = None, settings: Any = None) -> dict[str, Any]:
+    """What every output of ``spec`` holds after all records have been processed exactly once.
+
+    ``files`` (the number of files written) and ``settings`` (how they were generated)
+    are copied into the result; ``files`` defaults to the highest file number seen.
+    """
+    records = sorted(records, key=lambda r: (r.get("file", 0), r.get("line", 0)))
+    input_types = spec.input_columns()
+    types = spec.enriched_columns()
+    required = [c.name for c in spec.source.columns if c.required]
+    event_col = spec.event_time.column if spec.event_time else None
+    delay = watermark_delay_ms(spec)
+    m = files_per_trigger(spec)
+    references = []
+    for e in spec.enrich:
+        index: dict[tuple, list[dict[str, Any]]] = {}
+        for row in load_reference(e, layout):
+            index.setdefault(tuple(row[k] for k in e.key), []).append(row)
+        references.append((e, index))
+
+    counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
+              "duplicates": 0, "dropped_late": 0, "accepted": 0}
+
+    # parse, quarantine, join
+    joined: list[tuple[Mapping[str, Any], dict[str, Any], list[dict[str, Any]]]] = []
+    for rec in records:
+        if rec.get("kind") == MALFORMED or "event" not in rec:
+            counts["quarantined"] += 1
+            continue
+        event = {name: convert(rec["event"].get(name), t) for name, t in input_types.items()}
+        if any(event[c] is None for c in required):
+            counts["quarantined"] += 1
+            continue
+        rows = [dict(event)]
+        for e, index in references:
+            extra = [c.name for c in e.columns if c.name not in rows[0]]
+            matches = index.get(tuple(event[k] for k in e.key))
+            if matches is None:
+                if e.how == "inner":
+                    rows = []
+                    break
+                matches = [dict.fromkeys(extra)]
+            rows = [{**r, **{c: mrow.get(c) for c in extra}} for r in rows for mrow in matches]
+        if not rows:
+            counts["unjoined"] += 1
+            continue
+        if event_col is not None:
+            for r in rows:
+                r[EVENT_DATE_COLUMN] = format_date(event[event_col])
+        joined.append((rec, event, rows))
+
+    # watermark and deduplication
+    history = FileHistory(_file_max(joined, event_col), {r.get("file", 0) for r in records})
+    max_event = max((ev[event_col] for _, ev, _ in joined), default=None) if event_col else None
+    final_watermark = None if max_event is None else max_event - delay
+    kept: dict[tuple, int | None] = {}
+    bounds_by_file: dict[int, tuple[int | None, int | None]] = {}
+    accepted: list[tuple[int, dict[str, Any], tuple[int | None, int | None]]] = []
+    for rec, event, rows in joined:
+        file_no = rec.get("file", 0)
+        if file_no not in bounds_by_file:
+            bounds_by_file[file_no] = history.watermark_bounds(file_no, m, delay) if event_col else (None, None)
+        bounds = bounds_by_file[file_no]
+        if spec.deduplicate is not None:
+            assert event_col is not None  # the spec rules demand event time for deduplication
+            if _classify(event[event_col], bounds):
+                _check_kind(rec, "late")
+                counts["dropped_late"] += 1
+                continue
+            key = tuple(event[k] for k in spec.deduplicate.key)
+            if key in kept:
+                first = kept[key]
+                high = bounds[1]
+                if high is not None and first + delay <= high:
+                    raise GroundTruthError(f"key {key} repeats after its first occurrence may have left the state")
+                _check_kind(rec, "duplicate")
+                counts["duplicates"] += 1
+                continue
+            kept[key] = event[event_col]
+        _check_kind(rec, "accepted")
+        counts["accepted"] += 1
+        accepted.extend((file_no, r, bounds) for r in rows)
+
+    outputs = {o.name: _output(spec, o, accepted, types, event_col, final_watermark) for o in spec.outputs}
+    return {
+        "stream": spec.name,
+        "files": files if files is not None else max((r.get("file", 0) for r in records), default=0),
+        "ledger_records": len(records),
+        "settings": settings,
+        "max_files_per_trigger": m,
+        "watermark": {
+            "delay_seconds": delay / 1000,
+            "max_event_time": None if max_event is None else format_ts(max_event),
+            "final": None if final_watermark is None else format_ts(final_watermark),
+        },
+        "counts": counts,
+        "outputs": outputs,
+    }
+
+
+def _file_max(joined, event_col: str | None) -> dict[int, int | None]:  # noqa: ANN001
+    out: dict[int, int | None] = {}
+    for rec, event, _ in joined:
+        f = rec.get("file", 0)
+        ts = event[event_col] if event_col else None
+        if ts is not None:
+            out[f] = ts if out.get(f) is None else max(out[f], ts)
+    return out
+
+
+def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],  # noqa: ANN001
+            event_col: str | None, final_watermark: int | None) -> dict[str, Any]:
+    q = output.query
+    columns = spec.result_columns(output)
+    key = spec.result_key(output)
+    if isinstance(q, Passthrough):
+        rows = [{c: _out(r.get(c), types.get(c, "string")) for c in columns} for _, r, _ in accepted]
+        rows.sort(key=lambda r: (_sort_key(r, key), json.dumps(r, sort_keys=True, default=str)))
+        return {"kind": "rows", "mode": output.mode, "key": key, "approximate": [], "columns": columns, "rows": rows}
+
+    assert isinstance(q, Aggregation)
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for _, row, bounds in accepted:
+        group = tuple(row.get(c) for c in q.group_by)
+        if q.window is None:
+            groups.setdefault(group, []).append(row)
+            continue
+        for start, end in windows_for(row[event_col], q.window):
+            # a window whose end is at or below the watermark no longer takes rows
+            if _classify(end, bounds):
+                continue
+            groups.setdefault((start, end, *group), []).append(row)
+    result = []
+    for group, rows in groups.items():
+        out: dict[str, Any] = {}
+        if q.window is not None:
+            start, end, *rest = group
+            if final_watermark is None or end > final_watermark:
+                continue  # append mode emits a window only once the watermark has passed its end
+            out[WINDOW_START], out[WINDOW_END] = format_ts(start), format_ts(end)
+            group = tuple(rest)
+        for c, v in zip(q.group_by, group, strict=True):
+            out[c] = _out(v, types.get(c, "string"))
+        for agg in q.aggregates:
+            out[agg.name] = _aggregate(agg, rows, types, event_col)
+        result.append(out)
+    result.sort(key=lambda r: (_sort_key(r, key), _sort_key(r, columns)))
+    approximate = [a.name for a in q.aggregates if a.fn == "approx_count_distinct"]
+    return {"kind": "rows", "mode": output.mode, "key": key, "approximate": approximate, "columns": columns,
+            "rows": result}
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a ledger file (JSON Lines)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    with p.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

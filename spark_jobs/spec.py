@@ -1,0 +1,705 @@
+"""Stream specs: one YAML file per stream, parsed into typed, validated objects.
+
+A spec is validated completely before anything starts. Every error names the spec
+file and the field (``outputs[1].query.group_by[0]``) so that an operator can fix it
+without reading Spark's stack traces. This module must stay importable without
+pyspark: Airflow parses specs while it parses DAG files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+COLUMN_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+DURATION_PATTERN = re.compile(r"^\s*(\d+)\s+(millisecond|second|minute|hour|day)s?\s*$")
+DURATION_SECONDS = {"millisecond": 0.001, "second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+#: Column types a spec may declare, with their Spark SQL names.
+SPARK_TYPES = {
+    "string": "string",
+    "integer": "int",
+    "long": "bigint",
+    "double": "double",
+    "boolean": "boolean",
+    "timestamp": "timestamp",
+    "date": "date",
+}
+NUMERIC_TYPES = {"integer", "long", "double"}
+
+#: Columns the platform adds itself; a spec may not declare them.
+CORRUPT_RECORD_COLUMN = "_corrupt_record"
+SOURCE_FILE_COLUMN = "_source_file"
+EVENT_DATE_COLUMN = "event_date"
+WINDOW_START, WINDOW_END = "window_start", "window_end"
+QUARANTINE_QUERY = "_quarantine"
+
+
+class SpecError(ValueError):
+    """A spec is invalid. The message names the file and the field."""
+
+    def __init__(self, source: str | os.PathLike[str], problems: Sequence[tuple[str, str]]):
+        self.source = str(source)
+        self.problems = list(problems)
+        lines = [f"{self.source}: {field or '<spec>'}: {msg}" for field, msg in self.problems]
+        super().__init__("invalid stream spec\n  " + "\n  ".join(lines))
+
+
+def duration_seconds(text: str) -> float:
+    """``'10 minutes'`` -> 600.0."""
+    match = DURATION_PATTERN.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like '10 seconds' or '5 minutes'")
+    return int(match.group(1)) * DURATION_SECONDS[match.group(2)]
+
+
+def _check_duration(value: str) -> str:
+    if duration_seconds(value) <= 0:
+        raise ValueError("must be positive")
+    return value.strip()
+
+
+def _check_relative_or_uri(value: str) -> str:
+    """Paths are URIs (``s3a://...``), absolute, or relative without ``..``."""
+    if not value or not value.strip():
+        raise ValueError("must not be empty")
+    if "\x00" in value:
+        raise ValueError("must not contain NUL bytes")
+    if re.match(r"^[a-z][a-z0-9+.-]*://", value):
+        return value
+    parts = Path(value).parts
+    if ".." in parts:
+        raise ValueError(f"{value!r} must not contain '..'")
+    return value
+
+
+def _optional(check):  # noqa: ANN001, ANN202 - builds a pydantic field validator
+    def validate(cls, value):  # noqa: ANN001, ANN202
+        return value if value is None else check(value)
+
+    return classmethod(validate)
+
+
+Duration = Annotated[str, Field(description="e.g. '10 seconds'")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Column(Strict):
+    name: str
+    type: Literal["string", "integer", "long", "double", "boolean", "timestamp", "date"]
+    required: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not COLUMN_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a plain column name (letters, digits, '_')")
+        if v in (CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN):
+            raise ValueError(f"{v!r} is reserved by the platform")
+        return v
+
+
+class FileSource(Strict):
+    type: Literal["files"] = "files"
+    path: str
+    format: Literal["json", "csv"]
+    columns: list[Column] = Field(min_length=1)
+    max_files_per_trigger: int = Field(default=10, ge=1)
+    #: Further options for Spark's file source, e.g. cleanSource, maxFileAge.
+    options: dict[str, str | int | bool] = Field(default_factory=dict)
+    archive_path: str | None = None
+
+    check_paths = field_validator("path", "archive_path")(_optional(_check_relative_or_uri))
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        managed = {"maxfilespertrigger", "mode", "columnnameofcorruptrecord", "header", "sourcearchivedir"}
+        for key in v:
+            if key.lower() in managed:
+                raise ValueError(f"option {key!r} is set by the platform; use the spec field instead")
+        clean = str(v.get("cleanSource", "off")).lower()
+        if clean not in ("off", "archive", "delete"):
+            raise ValueError(f"cleanSource must be off, archive or delete, not {clean!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _archive(self) -> FileSource:
+        if str(self.options.get("cleanSource", "off")).lower() == "archive" and not self.archive_path:
+            raise ValueError("cleanSource: archive needs archive_path")
+        names = [c.name for c in self.columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate column names: {dupes}")
+        return self
+
+
+class RateSource(Strict):
+    """Spark's rate source, for load tests: columns ``timestamp`` and ``value``."""
+
+    type: Literal["rate"]
+    rows_per_second: int = Field(default=100, ge=1)
+
+    @property
+    def columns(self) -> list[Column]:
+        return [Column(name="timestamp", type="timestamp"), Column(name="value", type="long")]
+
+
+class Quarantine(Strict):
+    """Where malformed records go: raw text, reason, source file, time quarantined."""
+
+    path: str
+    check_path = field_validator("path")(_optional(_check_relative_or_uri))
+
+
+class Enrichment(Strict):
+    """A stream-static join with reference data shipped beside the specs."""
+
+    name: str
+    path: str
+    format: Literal["csv", "json", "parquet"] = "csv"
+    columns: list[Column] = Field(min_length=1)
+    key: list[str] = Field(min_length=1)
+    how: Literal["left", "inner"] = "left"
+
+    check_path = field_validator("path")(_optional(_check_relative_or_uri))
+
+
+class EventTime(Strict):
+    column: str
+    watermark: Duration
+    check_wm = field_validator("watermark")(_optional(_check_duration))
+
+
+class Deduplicate(Strict):
+    """Drop repeated events with the same key while they are within the watermark."""
+
+    key: list[str] = Field(min_length=1)
+
+
+class Window(Strict):
+    duration: Duration
+    slide: Duration | None = None
+    check_d = field_validator("duration", "slide")(_optional(_check_duration))
+
+    @model_validator(mode="after")
+    def _slide(self) -> Window:
+        if self.slide is not None:
+            duration, slide = duration_seconds(self.duration), duration_seconds(self.slide)
+            if slide > duration:
+                raise ValueError("slide must not be longer than the window duration")
+            if duration % slide:
+                raise ValueError("the window duration must be a multiple of the slide")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "tumbling" if self.slide in (None, self.duration) else "sliding"
+
+
+class Aggregate(Strict):
+    name: str
+    fn: Literal["count", "sum", "avg", "min", "max", "latest", "approx_count_distinct"]
+    column: str | None = None
+
+    @model_validator(mode="after")
+    def _column(self) -> Aggregate:
+        if not COLUMN_PATTERN.match(self.name):
+            raise ValueError(f"name {self.name!r} is not a plain column name")
+        if self.fn != "count" and self.column is None:
+            raise ValueError(f"{self.fn} needs a column")
+        return self
+
+
+class Passthrough(Strict):
+    type: Literal["passthrough"]
+    columns: list[str] | None = None
+
+
+class Aggregation(Strict):
+    type: Literal["aggregate"]
+    window: Window | None = None
+    group_by: list[str] = Field(default_factory=list)
+    aggregates: list[Aggregate] = Field(min_length=1)
+
+
+class ParquetSink(Strict):
+    type: Literal["parquet"]
+    path: str
+    partition_by: list[str] = Field(default_factory=list)
+    check_path = field_validator("path")(_optional(_check_relative_or_uri))
+
+
+class TableSink(Strict):
+    """A relational table written by an idempotent upsert per micro-batch.
+
+    ``url`` is ``sqlite:///relative/or/absolute.db`` or ``postgresql://...``; ``${VAR}``
+    is expanded from the environment so that credentials stay out of specs. Without a
+    url the platform's default database is used (``STREAMS_DB_URL``, else SQLite).
+    """
+
+    type: Literal["table"]
+    table: str
+    key: list[str] | None = None
+    url: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a safe table name (lower case letters, digits, '_')")
+        return v
+
+
+class ConsoleSink(Strict):
+    type: Literal["console"]
+
+
+class MemorySink(Strict):
+    type: Literal["memory"]
+
+
+Sink = Annotated[ParquetSink | TableSink | ConsoleSink | MemorySink, Field(discriminator="type")]
+Query = Annotated[Passthrough | Aggregation, Field(discriminator="type")]
+
+
+class Trigger(Strict):
+    """Exactly one of: processing_time (micro-batch), available_now, continuous."""
+
+    processing_time: Duration | None = None
+    available_now: bool = False
+    continuous: Duration | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Trigger:
+        chosen = [self.processing_time is not None, self.available_now, self.continuous is not None]
+        if sum(chosen) != 1:
+            raise ValueError("set exactly one of processing_time, available_now, continuous")
+        for v in (self.processing_time, self.continuous):
+            if v is not None:
+                _check_duration(v)
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.available_now:
+            return "available_now"
+        return "continuous" if self.continuous else "processing_time"
+
+
+class Output(Strict):
+    name: str
+    query: Query
+    mode: Literal["append", "update", "complete"]
+    sink: Sink
+    trigger: Trigger | None = None
+    checkpoint: str | None = None
+    check_ckpt = field_validator("checkpoint")(_optional(_check_relative_or_uri))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a safe name (lower case letters, digits, '_'; no path separators)")
+        return v
+
+
+class Restart(Strict):
+    max_attempts: int = Field(default=5, ge=0)
+    backoff_initial_seconds: float = Field(default=10, gt=0)
+    backoff_max_seconds: float = Field(default=600, gt=0)
+    stable_after_minutes: float = Field(default=30, gt=0)
+
+
+class Supervision(Strict):
+    stall_window: Duration = "5 minutes"
+    restart: Restart = Field(default_factory=Restart)
+    scheduled_restart: str | None = None
+    check_sw = field_validator("stall_window")(_optional(_check_duration))
+
+
+class Spark(Strict):
+    """Settings passed to spark-submit for this stream."""
+
+    conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    driver_memory: str = "1g"
+    executor_memory: str = "1g"
+    shuffle_partitions: int = Field(default=4, ge=1)
+
+
+class StreamSpec(Strict):
+    name: str
+    description: str = ""
+    owner: str = "data-platform"
+    source: FileSource | RateSource = Field(discriminator="type")
+    quarantine: Quarantine | None = None
+    enrich: list[Enrichment] = Field(default_factory=list)
+    event_time: EventTime | None = None
+    deduplicate: Deduplicate | None = None
+    outputs: list[Output] = Field(min_length=1)
+    trigger: Trigger = Field(default_factory=lambda: Trigger(processing_time="10 seconds"))
+    checkpoint: str
+    supervision: Supervision = Field(default_factory=Supervision)
+    spark: Spark = Field(default_factory=Spark)
+    expectations: str | None = None
+
+    check_ckpt = field_validator("checkpoint")(_optional(_check_relative_or_uri))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a safe stream name (lower case letters, digits, '_'; no path separators)")
+        return v
+
+    # ---- derived facts -------------------------------------------------------------
+
+    def input_columns(self) -> dict[str, str]:
+        return {c.name: c.type for c in self.source.columns}
+
+    def enriched_columns(self) -> dict[str, str]:
+        cols = self.input_columns()
+        for e in self.enrich:
+            for c in e.columns:
+                cols.setdefault(c.name, c.type)
+        if self.event_time is not None:
+            cols[EVENT_DATE_COLUMN] = "date"
+        return cols
+
+    def result_columns(self, output: Output) -> list[str]:
+        q = output.query
+        if isinstance(q, Passthrough):
+            return list(q.columns or self.enriched_columns())
+        cols = [WINDOW_START, WINDOW_END] if q.window else []
+        return cols + list(q.group_by) + [a.name for a in q.aggregates]
+
+    def result_key(self, output: Output) -> list[str]:
+        """The key of an output's result rows: window bounds and group keys."""
+        q = output.query
+        if isinstance(output.sink, TableSink) and output.sink.key:
+            return list(output.sink.key)
+        if isinstance(q, Aggregation):
+            return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
+        return list(self.deduplicate.key) if self.deduplicate else []
+
+    def trigger_for(self, output: Output) -> Trigger:
+        return output.trigger or self.trigger
+
+    def output(self, name: str) -> Output:
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(f"stream {self.name!r} has no output {name!r}")
+
+    def query_names(self) -> list[str]:
+        names = [o.name for o in self.outputs]
+        return names + ([QUARANTINE_QUERY] if self.quarantine else [])
+
+
+# ---- semantic rules (what Spark would reject later, or do wrongly) -----------------------
+
+
+def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    add = problems.append
+    inputs = spec.input_columns()
+    enriched = spec.enriched_columns()
+
+    if isinstance(spec.source, FileSource) and spec.quarantine is None:
+        add(("quarantine", "a file source needs a quarantine path for malformed records"))
+    if isinstance(spec.source, RateSource) and spec.quarantine is not None:
+        add(("quarantine", "the rate source produces no malformed records; remove quarantine"))
+
+    for i, e in enumerate(spec.enrich):
+        ref_cols = {c.name for c in e.columns}
+        for j, key in enumerate(e.key):
+            if key not in inputs:
+                add((f"enrich[{i}].key[{j}]", f"unknown column {key!r}; the source has {sorted(inputs)}"))
+            if key not in ref_cols:
+                add((f"enrich[{i}].key[{j}]", f"reference {e.name!r} has no column {key!r}"))
+
+    if spec.event_time is not None:
+        col = spec.event_time.column
+        if col not in inputs:
+            add(("event_time.column", f"unknown column {col!r}; the source has {sorted(inputs)}"))
+        elif inputs[col] != "timestamp":
+            add(("event_time.column", f"{col!r} is {inputs[col]}, an event-time column must be a timestamp"))
+
+    if spec.deduplicate is not None:
+        if spec.event_time is None:
+            add(("deduplicate", "deduplication needs event_time with a watermark to bound its state"))
+        for j, key in enumerate(spec.deduplicate.key):
+            if key not in inputs:
+                add((f"deduplicate.key[{j}]", f"unknown column {key!r}; the source has {sorted(inputs)}"))
+
+    seen_names: set[str] = set()
+    for i, out in enumerate(spec.outputs):
+        where = f"outputs[{i}]"
+        if out.name in seen_names:
+            add((f"{where}.name", f"duplicate output name {out.name!r}"))
+        seen_names.add(out.name)
+        q = out.query
+        trigger = spec.trigger_for(out)
+
+        if isinstance(q, Passthrough):
+            for j, c in enumerate(q.columns or []):
+                if c not in enriched:
+                    add((f"{where}.query.columns[{j}]", f"unknown column {c!r}; available: {sorted(enriched)}"))
+            if out.mode != "append":
+                add((f"{where}.mode", f"a pass-through query supports only append mode, not {out.mode}"))
+        else:
+            for j, key in enumerate(q.group_by):
+                if key not in enriched:
+                    add((f"{where}.query.group_by[{j}]", f"unknown column {key!r}; available: {sorted(enriched)}"))
+            agg_names: set[str] = set()
+            for j, agg in enumerate(q.aggregates):
+                if agg.column is not None and agg.column not in enriched:
+                    add((f"{where}.query.aggregates[{j}].column", f"unknown column {agg.column!r}; available: {sorted(enriched)}"))
+                elif agg.fn in ("sum", "avg") and agg.column is not None and enriched[agg.column] not in NUMERIC_TYPES:
+                    add((f"{where}.query.aggregates[{j}].fn", f"{agg.fn} needs a numeric column, {agg.column!r} is {enriched[agg.column]}"))
+                if agg.name in agg_names or agg.name in q.group_by or agg.name in (WINDOW_START, WINDOW_END):
+                    add((f"{where}.query.aggregates[{j}].name", f"duplicate result column {agg.name!r}"))
+                agg_names.add(agg.name)
+                if agg.fn == "latest" and spec.event_time is None:
+                    add((f"{where}.query.aggregates[{j}].fn", "latest needs event_time to order by"))
+            if q.window is not None and spec.event_time is None:
+                add((f"{where}.query.window", "an event-time window needs event_time"))
+            if out.mode == "append" and (q.window is None or spec.event_time is None):
+                add((f"{where}.mode", "append mode on an aggregation needs an event-time window and a watermark (event_time.watermark); use update or complete, or add a window"))
+
+        sink = out.sink
+        if isinstance(sink, ParquetSink):
+            if out.mode != "append":
+                add((f"{where}.sink", f"the file sink supports only append mode, not {out.mode}; use a table sink"))
+            result = spec.result_columns(out)
+            for j, c in enumerate(sink.partition_by):
+                if c not in result:
+                    add((f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {result}"))
+        if isinstance(sink, TableSink):
+            key = spec.result_key(out)
+            result = spec.result_columns(out)
+            if not key:
+                add((f"{where}.sink.key", "a table sink needs a key (the result has no window or group keys)"))
+            for j, c in enumerate(sink.key or []):
+                if c not in result:
+                    add((f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {result}"))
+
+        if trigger.kind == "continuous":
+            reasons = []
+            if not isinstance(spec.source, RateSource):
+                reasons.append("the file source does not support continuous processing")
+            if not isinstance(q, Passthrough):
+                reasons.append("continuous processing supports only map-like queries, not aggregations")
+            if spec.enrich:
+                reasons.append("continuous processing does not support stream-static joins")
+            if spec.deduplicate:
+                reasons.append("continuous processing does not support deduplication")
+            if not isinstance(sink, (ConsoleSink, MemorySink)):
+                reasons.append(f"the {sink.type} sink does not support continuous processing")
+            field = f"{where}.trigger" if out.trigger else "trigger"
+            for reason in reasons:
+                add((field, f"continuous trigger: {reason}"))
+
+    return problems
+
+
+def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
+    """Checkpoint location (unresolved) of each query the spec starts."""
+    paths = {o.name: o.checkpoint or f"{spec.checkpoint.rstrip('/')}/{o.name}" for o in spec.outputs}
+    if spec.quarantine:
+        paths[QUARANTINE_QUERY] = f"{spec.checkpoint.rstrip('/')}/{QUARANTINE_QUERY}"
+    return paths
+
+
+def _nested(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def _shared_path_problems(specs: dict[str, StreamSpec]) -> dict[str, list[tuple[str, str]]]:
+    """Checkpoints and file sinks used by two queries, within or across specs."""
+    owners: list[tuple[str, str, str, str]] = []  # (source, field, kind, path)
+    for source, spec in specs.items():
+        owners.append((source, "checkpoint", "root", spec.checkpoint))
+        for i, out in enumerate(spec.outputs):
+            ckpt = checkpoint_paths(spec)[out.name]
+            field = f"outputs[{i}].checkpoint" if out.checkpoint else "checkpoint"
+            owners.append((source, field, "checkpoint", ckpt))
+            if isinstance(out.sink, ParquetSink):
+                owners.append((source, f"outputs[{i}].sink.path", "sink", out.sink.path))
+        if spec.quarantine:
+            owners.append((source, "quarantine.path", "sink", spec.quarantine.path))
+    problems: dict[str, list[tuple[str, str]]] = {}
+    for n, (src, field, kind, path) in enumerate(owners):
+        for src2, field2, kind2, path2 in owners[:n]:
+            if kind == kind2 == "root" and _nested(path, path2):
+                msg = (f"checkpoint {path!r} overlaps the checkpoint of {src2} ({path2!r}); each stream needs "
+                       "its own (it holds the stream's queries, lease and events)")
+            elif "root" in (kind, kind2):
+                continue
+            elif kind == kind2 == "checkpoint" and path == path2:
+                msg = f"checkpoint {path!r} is also used by {field2} in {src2}; two queries must never share a checkpoint"
+            elif kind == kind2 == "sink" and _nested(path, path2):
+                msg = f"sink path {path!r} overlaps {field2} ({path2!r}) in {src2}"
+            elif kind != kind2 and _nested(path, path2):
+                msg = f"{path!r} overlaps {field2} ({path2!r}) in {src2}; keep checkpoints and sinks apart"
+            else:
+                continue
+            problems.setdefault(src, []).append((field, msg))
+            if src2 != src:
+                problems.setdefault(src2, []).append((field2, f"{path2!r} is also used by {field} in {src}"))
+    return problems
+
+
+def _loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate"):
+            continue  # discriminator tags pydantic adds to the location
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_spec(data: Any, source: str | os.PathLike[str] = "<spec>") -> StreamSpec:
+    """Validate already-loaded YAML data; raise :class:`SpecError` naming each field."""
+    if not isinstance(data, dict):
+        raise SpecError(source, [("", "a spec must be a YAML mapping")])
+    try:
+        spec = StreamSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            problems.append((_loc(err["loc"]), msg))
+        raise SpecError(source, problems) from None
+    problems = _semantic_problems(spec) + _shared_path_problems({str(source): spec}).get(str(source), [])
+    if problems:
+        raise SpecError(source, problems)
+    return spec
+
+
+def load_spec(path: str | os.PathLike[str]) -> StreamSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(path, [("", f"cannot read: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(path, [("", f"not valid YAML: {exc}")]) from None
+    spec = parse_spec(data, path)
+    if spec.name != path.stem:
+        raise SpecError(path, [("name", f"must match the file name {path.stem!r}")])
+    return spec
+
+
+def spec_files(directory: str | os.PathLike[str]) -> list[Path]:
+    return sorted(p for p in Path(directory).glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+
+
+def load_specs(directory: str | os.PathLike[str]) -> tuple[dict[str, StreamSpec], dict[str, SpecError]]:
+    """Load every spec in a directory: the valid ones, and an error per invalid file.
+
+    A spec that shares a checkpoint or sink path with another is invalid too (both
+    are reported), so that nothing is deployed from it while the rest keep working.
+    """
+    specs: dict[str, StreamSpec] = {}
+    errors: dict[str, SpecError] = {}
+    for path in spec_files(directory):
+        try:
+            specs[str(path)] = load_spec(path)
+        except SpecError as exc:
+            errors[str(path)] = exc
+    for source, problems in _shared_path_problems(specs).items():
+        errors[source] = SpecError(source, problems)
+    for source in list(specs):
+        if source in errors:
+            del specs[source]
+    return {s.name: s for s in specs.values()}, errors
+
+
+# ---- where things live --------------------------------------------------------------------
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def default_spec_dir() -> Path:
+    return Path(os.environ.get("STREAMS_SPEC_DIR", project_root() / "include" / "streams"))
+
+
+def default_data_root() -> Path:
+    return Path(os.environ.get("STREAMS_DATA_DIR", project_root() / "data"))
+
+
+class Layout:
+    """Resolves a spec's relative paths: data paths against the data root, reference
+    data against the spec's directory, and the control files beside the checkpoint."""
+
+    def __init__(self, spec: StreamSpec, data_root: str | os.PathLike[str] | None = None,
+                 spec_dir: str | os.PathLike[str] | None = None):
+        self.spec = spec
+        self.data_root = Path(data_root) if data_root is not None else default_data_root()
+        self.spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
+
+    def data(self, path: str) -> str:
+        if "://" in path or os.path.isabs(path):
+            return path
+        return str((self.data_root / path).resolve())
+
+    def reference(self, path: str) -> str:
+        """Reference data paths are relative to the folder holding the specs' folder."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return str((self.spec_dir.parent / path).resolve())
+
+    @property
+    def checkpoint_root(self) -> str:
+        return self.data(self.spec.checkpoint)
+
+    def checkpoint(self, query: str) -> str:
+        return self.data(checkpoint_paths(self.spec)[query])
+
+    @property
+    def landing(self) -> str:
+        assert isinstance(self.spec.source, FileSource)
+        return self.data(self.spec.source.path)
+
+    @property
+    def stop_marker(self) -> Path:
+        return Path(self.checkpoint_root) / "_control" / "stop"
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.checkpoint_root) / "_control"
+
+    @property
+    def events_file(self) -> Path:
+        return Path(self.checkpoint_root) / "_events" / "progress.jsonl"
+
+    def table_url(self, sink: TableSink) -> str:
+        url = os.path.expandvars(sink.url) if sink.url else os.environ.get("STREAMS_DB_URL", "")
+        if not url:
+            url = f"sqlite:///{self.data_root / 'tables.db'}"
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            rel = url.removeprefix("sqlite:///")
+            if not os.path.isabs(rel):
+                url = f"sqlite:///{(self.data_root / rel).resolve()}"
+        return url

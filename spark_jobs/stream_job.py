@@ -1,0 +1,163 @@
+"""The streaming job: ``spark-submit spark_jobs/stream_job.py --spec include/streams/<name>.yaml``.
+
+It validates the spec, takes the single-driver lease on the checkpoint, starts every
+query of the spec in one SparkSession, writes progress events beside the checkpoint,
+and runs until:
+
+* the stop marker ``<checkpoint>/_control/stop`` appears (or SIGTERM/SIGINT arrives):
+  each query is stopped between micro-batches and the job exits 0;
+* every query has finished (available-now trigger): exit 0;
+* a query fails: the others are stopped and the job exits 1, the cause in its last lines.
+
+Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments,
+3 another live driver holds the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from spark_jobs.lease import DriverLease, LeaseHeld
+from spark_jobs.progress import EventLog
+from spark_jobs.spec import Layout, SpecError, Trigger, load_spec
+
+log = logging.getLogger("stream_job")
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_LEASE_HELD = 0, 1, 2, 3
+POLL_SECONDS = 0.5
+GRACE_SECONDS = 120.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", required=True, help="path of the stream spec (YAML)")
+    p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
+    p.add_argument("--trigger", choices=["spec", "available-now"], default="spec",
+                   help="available-now: process what is waiting, then exit (catch-up)")
+    p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
+                   help="how long a graceful stop waits for a running batch to finish")
+    return p.parse_args(argv)
+
+
+def _stop_between_batches(queries: dict, grace_seconds: float) -> None:
+    """Stop each query when no micro-batch is running; after the grace period, stop anyway."""
+    deadline = time.monotonic() + grace_seconds
+    for name, q in queries.items():
+        while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        q.stop()
+        log.info("query %s stopped", name)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as exc:
+        log.error("%s", exc)
+        return EXIT_BAD_SPEC
+    layout = Layout(spec, args.data_root, spec_dir=Path(args.spec).resolve().parent)
+    lease = DriverLease(layout.lease_dir, stream=spec.name)
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:
+        log.error("%s", exc)
+        return EXIT_LEASE_HELD
+    try:
+        return _run_with_lease(spec, layout, args)
+    finally:
+        lease.release()
+
+
+def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # noqa: ANN001
+    from pyspark.sql import SparkSession
+
+    from spark_jobs import pipeline
+    from spark_jobs.progress import make_listener
+
+    marker = layout.stop_marker
+    if marker.exists():
+        log.warning("removing a stop marker left from an earlier run: %s", marker)
+        marker.unlink(missing_ok=True)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping gracefully", signal.Signals(signum).name)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    builder = SparkSession.builder.appName(f"stream:{spec.name}")
+    for key, value in pipeline.SESSION_CONF.items():
+        builder = builder.config(key, value)
+    builder = builder.config("spark.sql.shuffle.partitions", spec.spark.shuffle_partitions)
+    builder = builder.config("spark.sql.streaming.stopTimeout", "60s")
+    for key, value in spec.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    events = EventLog(layout.events_file)
+    names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
+    spark.streams.addListener(make_listener(events, spec.name, names))
+    trigger = Trigger(available_now=True) if args.trigger == "available-now" else None
+    events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger})
+
+    try:
+        queries = pipeline.start(spark, spec, layout, trigger)
+    except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+        log.error("stream %s could not start: %s", spec.name, _first_line(exc))
+        if layout.checkpoint_root in str(exc):
+            log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or move it "
+                      "aside together with the stream's file sinks to reprocess from scratch.", layout.checkpoint_root)
+        events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+        return EXIT_FAILED
+
+    code, cause = EXIT_OK, ""
+    try:
+        while True:
+            failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
+            if failed:
+                for name, exc in failed:
+                    log.error("query %s failed: %s", name, _first_line(exc))
+                    events.write({"event": "driver_failed", "stream": spec.name, "query": name, "error": str(exc)[:2000]})
+                code, cause = EXIT_FAILED, "; ".join(f"query {n}: {_first_line(e)}" for n, e in failed)
+                break
+            if all(not q.isActive for q in queries.values()):
+                log.info("all queries of %s finished", spec.name)
+                break
+            if stop_requested.is_set() or marker.exists():
+                log.info("stop requested for %s: stopping queries between batches", spec.name)
+                _stop_between_batches(queries, args.grace_seconds)
+                marker.unlink(missing_ok=True)
+                break
+            stop_requested.wait(POLL_SECONDS)
+    finally:
+        for q in queries.values():
+            if q.isActive:
+                q.stop()
+        events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
+        spark.stop()
+    if code != EXIT_OK:
+        log.error("stream %s failed: %s", spec.name, cause)
+    return code
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "desc", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

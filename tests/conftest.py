@@ -1,0 +1,85 @@
+"""Shared fixtures: one SparkSession for every unit test (JVM start costs ~10 s)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+# Spark's Python workers must run the interpreter that runs the tests.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TZ", "UTC")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator:
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.pipeline import SESSION_CONF
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("unit-tests")
+        .config(map=SESSION_CONF)
+        .config("spark.sql.shuffle.partitions", 2)
+        .config("spark.ui.enabled", False)
+        .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", 2)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    for q in session.streams.active:
+        q.stop()
+    session.stop()
+
+
+# ---- PostgreSQL: a throwaway server per test session (tests/postgres_server.py) ----------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator:
+    """A running PostgreSQL server; skips without the binaries (fails if CI is set)."""
+    try:
+        from postgres_server import PostgresNotInstalled, PostgresServer  # tests/ is on sys.path (rootdir conftest)
+    except ImportError:  # tests/ became a package
+        from tests.postgres_server import PostgresNotInstalled, PostgresServer
+    try:
+        server = PostgresServer()
+    except PostgresNotInstalled as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"CI is set, so PostgreSQL tests must run: {missing}", pytrace=False)
+    if missing:
+        pytest.skip(missing)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server) -> str:
+    """``postgresql://streams_test@127.0.0.1:PORT/postgres`` of the session's server."""
+    return postgres_server.url
+
+
+@pytest.fixture
+def postgres_database(postgres_server) -> Iterator[str]:
+    """URL of a fresh, empty database on the session's server, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield postgres_server.database_url(name)
+    finally:
+        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,214 @@
+"""Query semantics of compiled specs, on the shared SparkSession, with available-now runs.
+
+Each file written is its own micro-batch (max_files_per_trigger: 1), so the watermark
+moves at known points: Spark drops a row in batch N when its event time is older than
+the watermark of batch N-1, i.e. ``max event time through batch N-2 - delay``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import pipeline
+from spark_jobs.progress import summarize
+from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
+
+T0 = datetime(2026, 1, 1)
+_names = itertools.count()
+
+
+def at(minutes: float) -> str:
+    return (T0 + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+def reading(event_id: str, minute: float, device: str = "dev-001", temperature: float = 20.0) -> str:
+    return json.dumps({"event_id": event_id, "device_id": device, "ts": at(minute), "temperature": temperature})
+
+
+def make_spec(outputs: list[dict], watermark: str = "10 minutes") -> dict:
+    return {
+        "name": f"t{next(_names)}",
+        "source": {
+            "type": "files", "path": "landing", "format": "json", "max_files_per_trigger": 1,
+            "columns": [
+                {"name": "event_id", "type": "string", "required": True},
+                {"name": "device_id", "type": "string", "required": True},
+                {"name": "ts", "type": "timestamp", "required": True},
+                {"name": "temperature", "type": "double"},
+            ],
+        },
+        "quarantine": {"path": "quarantine"},
+        "enrich": [{
+            "name": "devices", "path": "reference/devices.csv", "key": ["device_id"],
+            "columns": [{"name": "device_id", "type": "string"}, {"name": "site", "type": "string"}],
+        }],
+        "event_time": {"column": "ts", "watermark": watermark},
+        "deduplicate": {"key": ["event_id"]},
+        "outputs": outputs,
+        "checkpoint": "checkpoints",
+    }
+
+
+def window_output(name: str, duration: str, slide: str | None = None, mode: str = "append") -> dict:
+    return {"name": name, "mode": mode, "sink": {"type": "memory"}, "query": {
+        "type": "aggregate", "window": {"duration": duration, "slide": slide}, "group_by": ["device_id"],
+        "aggregates": [{"name": "n", "fn": "count"}, {"name": "ids", "fn": "max", "column": "event_id"}]}}
+
+
+class Run:
+    def __init__(self, spark, spec, queries):  # noqa: ANN001
+        self.spark, self.spec, self.queries = spark, spec, queries
+
+    def rows(self, output: str) -> list[dict]:
+        table = pipeline.query_name(self.spec, output)
+        return [r.asDict() for r in self.spark.table(table).collect()]
+
+    def progress(self, output: str) -> list[dict]:
+        return [summarize(json.loads(p.json)) for p in self.queries[output].recentProgress]
+
+    def total(self, output: str, field: str) -> int:
+        return sum(p[field] for p in self.progress(output))
+
+
+def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]]) -> Run:  # noqa: ANN001
+    spec = parse_spec(spec_data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    landing = Path(layout.landing)
+    landing.mkdir(parents=True)
+    for i, lines in enumerate(files):
+        path = landing / f"part-{i:04d}.json"
+        path.write_bytes(b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines))
+        ns = 1_700_000_000_000_000_000 + i * 1_000_000_000
+        os.utime(path, ns=(ns, ns))
+    queries = pipeline.start(spark, spec, layout, Trigger(available_now=True))
+    try:
+        for q in queries.values():
+            q.awaitTermination(300)
+            assert q.exception() is None, q.exception()
+    finally:
+        for q in queries.values():
+            q.stop()
+    return Run(spark, spec, queries)
+
+
+# file 3 holds one late row within the watermark (00:33) and one beyond it (00:05)
+LATE_FILES = [
+    [reading("e1", 1), reading("e2", 12)],
+    [reading("e3", 35)],
+    [reading("e4", 41)],
+    [reading("e5", 33), reading("e6", 5)],
+    [reading("e7", 58)],
+]
+
+
+def windows(rows: list[dict]) -> dict[tuple[str, str], int]:
+    return {(r["window_start"].strftime("%H:%M"), r["window_end"].strftime("%H:%M")): r["n"] for r in rows}
+
+
+def test_tumbling_windows_late_within_updates_beyond_is_dropped_and_counted(spark, tmp_path: Path) -> None:
+    result = run(spark, tmp_path, make_spec([window_output("w", "10 minutes")]), LATE_FILES)
+    # final watermark 00:48: windows ending by then are final; e5 joined its old window, e6 was dropped
+    assert windows(result.rows("w")) == {("00:00", "00:10"): 1, ("00:10", "00:20"): 1, ("00:30", "00:40"): 2}
+    assert result.total("w", "dropped_by_watermark") == 1
+    assert result.total("w", "input_rows") == 7
+
+
+def test_sliding_windows_assign_each_row_to_every_window_containing_it(spark, tmp_path: Path) -> None:
+    result = run(spark, tmp_path, make_spec([window_output("w", "10 minutes", "5 minutes")]), LATE_FILES)
+    assert windows(result.rows("w")) == {
+        ("23:55", "00:05"): 1,  # e1
+        ("00:00", "00:10"): 1,  # e1
+        ("00:05", "00:15"): 1,  # e2
+        ("00:10", "00:20"): 1,  # e2
+        ("00:25", "00:35"): 1,  # e5 (late, within the watermark)
+        ("00:30", "00:40"): 2,  # e3, e5
+        ("00:35", "00:45"): 2,  # e3, e4
+    }
+    assert result.total("w", "dropped_by_watermark") == 1
+
+
+def test_output_modes_emit_what_the_model_says(spark, tmp_path: Path) -> None:
+    per_device = {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}
+    files = [
+        [reading("a1", 1, "dev-001"), reading("b1", 2, "dev-002")],
+        [reading("a2", 3, "dev-001")],
+        [reading("c1", 4, "dev-003")],
+    ]
+    spec = make_spec([
+        window_output("appended", "10 minutes"),
+        {"name": "updated", "mode": "update", "sink": {"type": "memory"}, "query": per_device},
+        {"name": "completed", "mode": "complete", "sink": {"type": "memory"}, "query": per_device},
+    ])
+    result = run(spark, tmp_path, spec, files)
+    # append: nothing final yet (watermark 23:54 < 00:10)
+    assert result.rows("appended") == []
+    # update: only the keys a batch changed, with their new value
+    assert sorted((r["device_id"], r["n"]) for r in result.rows("updated")) == [
+        ("dev-001", 1), ("dev-001", 2), ("dev-002", 1), ("dev-003", 1)]
+    assert [p["sink_rows"] for p in result.progress("updated") if p["input_rows"]] == [2, 1, 1]
+    # complete: the whole result table at every trigger
+    assert [p["sink_rows"] for p in result.progress("completed") if p["input_rows"]] == [2, 2, 3]
+
+
+def test_append_mode_emits_each_window_once(spark, tmp_path: Path) -> None:
+    files = [[reading("a", 1)], [reading("b", 25)], [reading("c", 50)], [reading("d", 80)]]
+    result = run(spark, tmp_path, make_spec([window_output("w", "10 minutes")]), files)
+    assert sorted(windows(result.rows("w")).items()) == [
+        (("00:00", "00:10"), 1), (("00:20", "00:30"), 1), (("00:50", "01:00"), 1)]
+    assert len(result.rows("w")) == 3
+
+
+def test_stream_static_join_enriches_and_keeps_unknown_keys(spark, tmp_path: Path) -> None:
+    passthrough = {"name": "rows", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}}
+    result = run(spark, tmp_path, make_spec([passthrough]), [[reading("a", 1, "dev-000"), reading("b", 2, "dev-404")]])
+    rows = {r["event_id"]: r for r in result.rows("rows")}
+    assert rows["a"]["site"] == "north"
+    assert rows["b"]["site"] is None
+    assert rows["a"]["event_date"].isoformat() == "2026-01-01"
+
+
+def test_malformed_rows_are_quarantined_and_every_row_is_accounted_for(spark, tmp_path: Path) -> None:
+    passthrough = {"name": "rows", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}}
+    files = [
+        [reading("e1", 1), reading("e2", 12), '{"event_id": "t1", "device_id": ',  # truncated
+         '{"event_id":"w1","device_id":"dev-001","ts":"' + at(2) + '","temperature":"hot"}',  # wrong type
+         '{"event_id":"m1","device_id":"dev-001","temperature":1.0}',  # missing event time
+         b'{"event_id": "u1", \xff\xfe "device_id": "dev-001"}',  # not UTF-8
+         reading("e1", 1)],  # duplicate
+        [reading("e3", 35)],
+        [reading("e4", 41)],
+        [reading("e6", 5), '{"event_id":"n1","device_id":null,"ts":"' + at(42) + '"}'],  # late beyond; null key
+    ]
+    result = run(spark, tmp_path, make_spec([passthrough]), files)
+    layout = Layout(result.spec, tmp_path / "data", default_spec_dir())
+    quarantine = spark.read.parquet(layout.data("quarantine")).collect()
+    reasons = sorted(r["reason"] for r in quarantine)
+    assert len(quarantine) == 5
+    assert reasons.count("malformed json record: does not parse or does not match the schema") == 3
+    assert "missing required field(s): ts" in reasons
+    assert "missing required field(s): device_id" in reasons
+    assert all(r["source_file"].endswith(".json") and r["raw"] for r in quarantine)
+
+    accepted = {r["event_id"] for r in result.rows("rows")}
+    assert accepted == {"e1", "e2", "e3", "e4"}
+    input_rows = result.total("rows", "input_rows")
+    assert input_rows == 11
+    assert input_rows == (len(accepted) + len(quarantine) + result.total("rows", "dropped_by_watermark")
+                          + result.total("rows", "dropped_duplicates"))
+    assert result.total("rows", "dropped_by_watermark") == 1
+    assert result.total("rows", "dropped_duplicates") == 1
+
+
+@pytest.mark.parametrize("bad", ["'not json at all", "{}"])
+def test_all_malformed_file_loses_nothing(spark, tmp_path: Path, bad: str) -> None:
+    passthrough = {"name": "rows", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}}
+    result = run(spark, tmp_path, make_spec([passthrough]), [[bad, bad]])
+    layout = Layout(result.spec, tmp_path / "data", default_spec_dir())
+    assert spark.read.parquet(layout.data("quarantine")).count() == 2
+    assert result.rows("rows") == []
