@@ -4,16 +4,23 @@
 every file has been processed:
 
     parse -> malformed records and rows with a null required column go to quarantine
-          -> join with each reference file on its key
           -> watermark on the event time -> dropDuplicatesWithinWatermark(deduplicate.key)
+          -> join with each reference file on its key (as spark_jobs.pipeline does; for
+             left joins the order makes no difference)
           -> each output's query
 
+``counts`` accounts for every record: ``input_records = accepted + quarantined +
+duplicates + dropped_late + unjoined`` (``unjoined``: dropped by an inner join, so 0
+for left joins). Late events are dropped by the deduplication's watermark filter.
+
 Spark's watermark depends on how files are grouped into micro-batches. That grouping is
-not known here, so only the bounds that hold for every grouping are used: with ``M``
-files per trigger and a watermark delay ``D``, the batch that reads file ``k`` has a
-watermark of at least ``maxts(k - M) - D`` and at most ``maxts(k - 1) - D``.
-A row (or window) that falls between the bounds has no predictable fate and raises
-:class:`GroundTruthError`; the generator never produces one.
+not known here, so only the bounds that hold for every grouping are used. With ``M``
+files per trigger and a watermark delay ``D``, the batch that reads file ``k`` evicts
+state with a watermark between ``maxts(k - M) - D`` and ``maxts(k - 1) - D``; but it
+drops rows as late by the *previous* batch's watermark, which is only known to lie
+between ``maxts(k - 2M) - D`` and ``maxts(k - 1) - D`` (see
+:meth:`FileHistory.watermark_bounds`). A row (or window) between the bounds has no
+predictable fate and raises :class:`GroundTruthError`; the generator never makes one.
 
 Records are ledger entries (see :mod:`spark_jobs.generate`)::
 
@@ -136,23 +143,31 @@ class FileHistory:
         i = bisect.bisect_right(self._seqs, k)
         return self._cummax[i - 1] if i else None
 
-    def batch_floor(self, k: int, m: int) -> int:
-        """The lowest file number that can share a micro-batch with file ``k``.
+    def floor(self, k: int, n: int) -> int:
+        """The oldest of the last ``n`` non-empty files up to file ``k`` (1 if there are fewer).
 
-        Counts only non-empty files, which is never later than ``k - m + 1`` and also
-        holds if Spark does not count empty files towards ``maxFilesPerTrigger``.
+        File ``k`` counts as non-empty (it holds the record in question). Counting only
+        non-empty files is never later than ``k - n + 1``, so the bounds built on it also
+        hold if Spark does not count empty files towards ``maxFilesPerTrigger``.
         """
         i = bisect.bisect_right(self._nonempty, k)
         has_k = i > 0 and self._nonempty[i - 1] == k
-        length = i if has_k else i + 1  # file k holds the record in question
-        if length < m:
+        length = i if has_k else i + 1
+        if length < n:
             return 1
-        pos = length - m
+        pos = length - n
         return self._nonempty[pos] if pos < i else k
 
     def watermark_bounds(self, k: int, m: int, delay_ms: int) -> tuple[int | None, int | None]:
-        """(lowest, highest) watermark of the batch that reads file ``k``; None = no watermark yet."""
-        floor = self.batch_floor(k, m)
+        """(lowest, highest) watermark that can judge file ``k``'s rows late; None = none yet.
+
+        Spark drops a row as late when its event time is at or below the watermark of the
+        micro-batch *before* the one that reads it (``getInputWatermarkForLateEvents``
+        uses ``batchId - 1`` since Spark 3.5). That watermark comes from the batches two
+        or more before: the lowest it can be is ``maxts(k - 2m) - D``, the highest
+        ``maxts(k - 1) - D``.
+        """
+        floor = self.floor(k, 2 * m)
         low = self.maxts(floor - 1) if floor > 1 else None
         high = self.maxts(k - 1)
         return (None if low is None else low - delay_ms, None if high is None else high - delay_ms)
@@ -290,8 +305,8 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
               "duplicates": 0, "dropped_late": 0, "accepted": 0}
 
-    # parse, quarantine, join
-    joined: list[tuple[Mapping[str, Any], dict[str, Any], list[dict[str, Any]]]] = []
+    # parse and quarantine
+    valid: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
     for rec in records:
         if rec.get("kind") == MALFORMED or "event" not in rec:
             counts["quarantined"] += 1
@@ -300,32 +315,16 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         if any(event[c] is None for c in required):
             counts["quarantined"] += 1
             continue
-        rows = [dict(event)]
-        for e, index in references:
-            extra = [c.name for c in e.columns if c.name not in rows[0]]
-            matches = index.get(tuple(event[k] for k in e.key))
-            if matches is None:
-                if e.how == "inner":
-                    rows = []
-                    break
-                matches = [dict.fromkeys(extra)]
-            rows = [{**r, **{c: mrow.get(c) for c in extra}} for r in rows for mrow in matches]
-        if not rows:
-            counts["unjoined"] += 1
-            continue
-        if event_col is not None:
-            for r in rows:
-                r[EVENT_DATE_COLUMN] = format_date(event[event_col])
-        joined.append((rec, event, rows))
+        valid.append((rec, event))
 
-    # watermark and deduplication
-    history = FileHistory(_file_max(joined, event_col), {r.get("file", 0) for r in records})
-    max_event = max((ev[event_col] for _, ev, _ in joined), default=None) if event_col else None
+    # watermark and deduplication, then the joins
+    history = FileHistory(_file_max(valid, event_col), {r.get("file", 0) for r in records})
+    max_event = max((ev[event_col] for _, ev in valid), default=None) if event_col else None
     final_watermark = None if max_event is None else max_event - delay
     kept: dict[tuple, int | None] = {}
     bounds_by_file: dict[int, tuple[int | None, int | None]] = {}
     accepted: list[tuple[int, dict[str, Any], tuple[int | None, int | None]]] = []
-    for rec, event, rows in joined:
+    for rec, event in valid:
         file_no = rec.get("file", 0)
         if file_no not in bounds_by_file:
             bounds_by_file[file_no] = history.watermark_bounds(file_no, m, delay) if event_col else (None, None)
@@ -347,6 +346,13 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
                 continue
             kept[key] = event[event_col]
         _check_kind(rec, "accepted")
+        rows = _join(event, references)
+        if not rows:
+            counts["unjoined"] += 1  # only an inner join drops rows
+            continue
+        if event_col is not None:
+            for r in rows:
+                r[EVENT_DATE_COLUMN] = format_date(event[event_col])
         counts["accepted"] += 1
         accepted.extend((file_no, r, bounds) for r in rows)
 
@@ -367,14 +373,28 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     }
 
 
-def _file_max(joined, event_col: str | None) -> dict[int, int | None]:  # noqa: ANN001
+def _file_max(valid, event_col: str | None) -> dict[int, int | None]:  # noqa: ANN001
     out: dict[int, int | None] = {}
-    for rec, event, _ in joined:
+    for rec, event in valid:
         f = rec.get("file", 0)
         ts = event[event_col] if event_col else None
         if ts is not None:
             out[f] = ts if out.get(f) is None else max(out[f], ts)
     return out
+
+
+def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:  # noqa: ANN001
+    """The event joined with each reference file: one row per match, nulls for none (left join)."""
+    rows = [dict(event)]
+    for e, index in references:
+        extra = [c.name for c in e.columns if c.name not in e.key and c.name not in rows[0]]
+        matches = index.get(tuple(event[k] for k in e.key))
+        if matches is None:
+            if e.how == "inner":
+                return []
+            matches = [dict.fromkeys(extra)]
+        rows = [{**r, **{c: mrow.get(c) for c in extra}} for r in rows for mrow in matches]
+    return rows
 
 
 def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],  # noqa: ANN001

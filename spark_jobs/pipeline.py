@@ -59,6 +59,7 @@ SESSION_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.json.filterPushdown.enabled": "false",
     "spark.sql.csv.filterPushdown.enabled": "false",
+    "spark.sql.csv.parser.columnPruning.enabled": "false",
 }
 
 
@@ -147,7 +148,12 @@ def prepared(spark: SparkSession, spec: StreamSpec, layout: Layout, parsed: Data
     """Valid rows, watermarked, deduplicated and enriched: the input of every output."""
     df = parsed if parsed is not None else read_source(spark, spec, layout)
     if isinstance(spec.source, FileSource):
-        df = df.where(~_malformed_condition(spec)).drop(CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN)
+        # A query that reads only some columns would let the JSON parser skip the others,
+        # and a record malformed in a skipped column would pass as valid here while the
+        # quarantine (which reads all) takes it too. Referencing every column keeps the
+        # parse, and so the split into valid and malformed, the same in every query.
+        every_column = F.length(F.to_json(F.struct(*[F.col(c.name) for c in spec.source.columns]))) > 0
+        df = df.where(~_malformed_condition(spec) & every_column).drop(CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN)
     if spec.event_time is not None:
         df = df.withWatermark(spec.event_time.column, spec.event_time.watermark)
     if spec.deduplicate is not None:

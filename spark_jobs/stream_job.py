@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import Layout, SpecError, Trigger, load_spec
@@ -41,19 +42,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--trigger", choices=["spec", "available-now"], default="spec",
                    help="available-now: process what is waiting, then exit (catch-up)")
+    p.add_argument("--processing-time", default=None, metavar="DURATION",
+                   help="override the spec's trigger with a processing-time interval, e.g. '1 second'")
     p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
                    help="how long a graceful stop waits for a running batch to finish")
     return p.parse_args(argv)
 
 
-def _stop_between_batches(queries: dict, grace_seconds: float) -> None:
-    """Stop each query when no micro-batch is running; after the grace period, stop anyway."""
+def _stop_between_batches(queries: dict, layout: Layout, grace_seconds: float) -> None:
+    """Stop each query while no micro-batch is running; after the grace period, stop anyway.
+
+    Spark has no graceful stop of its own: ``query.stop()`` interrupts a running batch.
+    So each query is stopped in a moment between two triggers. A batch that must be
+    interrupted (the grace period ran out) is not lost: its offsets are logged and it is
+    replayed from the checkpoint on restart, with the same exactly-once result.
+    """
     deadline = time.monotonic() + grace_seconds
     for name, q in queries.items():
         while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.02)
         q.stop()
-        log.info("query %s stopped", name)
+        checkpoint = layout.checkpoint(name)
+        planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
+        if "://" in checkpoint or planned == committed:
+            log.info("query %s stopped between batches (last committed batch %s)", name, committed)
+        else:
+            log.warning("query %s stopped during batch %s after %.0fs of waiting; the batch will be replayed "
+                        "on restart", name, planned, grace_seconds)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +120,11 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     events = EventLog(layout.events_file)
     names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
     spark.streams.addListener(make_listener(events, spec.name, names))
-    trigger = Trigger(available_now=True) if args.trigger == "available-now" else None
+    trigger = None
+    if args.trigger == "available-now":
+        trigger = Trigger(available_now=True)
+    elif args.processing_time:
+        trigger = Trigger(processing_time=args.processing_time)
     events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger})
 
     try:
@@ -133,7 +152,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
                 break
             if stop_requested.is_set() or marker.exists():
                 log.info("stop requested for %s: stopping queries between batches", spec.name)
-                _stop_between_batches(queries, args.grace_seconds)
+                _stop_between_batches(queries, layout, args.grace_seconds)
                 marker.unlink(missing_ok=True)
                 break
             stop_requested.wait(POLL_SECONDS)

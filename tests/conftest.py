@@ -11,6 +11,8 @@ import pytest
 # Spark's Python workers must run the interpreter that runs the tests.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TZ", "UTC")
+# Spark's driver and block manager listen on loopback only.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 @pytest.fixture(scope="session")

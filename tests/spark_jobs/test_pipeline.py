@@ -205,6 +205,16 @@ def test_malformed_rows_are_quarantined_and_every_row_is_accounted_for(spark, tm
     assert result.total("rows", "dropped_duplicates") == 1
 
 
+def test_a_record_malformed_in_a_column_the_query_does_not_use_is_still_quarantined(spark, tmp_path: Path) -> None:
+    per_device = {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}
+    spec = make_spec([{"name": "counts", "mode": "update", "sink": {"type": "memory"}, "query": per_device}])
+    bad = '{"event_id":"b1","device_id":"dev-001","ts":"' + at(2) + '","temperature":"hot"}'
+    result = run(spark, tmp_path, spec, [[reading("a1", 1), bad]])
+    assert [(r["device_id"], r["n"]) for r in result.rows("counts")] == [("dev-001", 1)]
+    layout = Layout(result.spec, tmp_path / "data", default_spec_dir())
+    assert spark.read.parquet(layout.data("quarantine")).count() == 1
+
+
 @pytest.mark.parametrize("bad", ["'not json at all", "{}"])
 def test_all_malformed_file_loses_nothing(spark, tmp_path: Path, bad: str) -> None:
     passthrough = {"name": "rows", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}}

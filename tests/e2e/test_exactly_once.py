@@ -1,0 +1,142 @@
+"""Exactly-once through real spark-submit runs: graceful stop, SIGKILL, replayed batch.
+
+One stream is run four times on one checkpoint, fed a fixed generated input: stopped
+gracefully mid-way, refused a second driver, killed with SIGKILL mid-way, given a
+replayed batch by removing a commit, and finally caught up with an available-now run.
+Every sink must then equal the generator's ground truth: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import generate, verify
+from spark_jobs.checkpoint import batch_ids, last_batch
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
+
+pytestmark = pytest.mark.e2e
+
+SPEC = default_spec_dir() / "sensors.yaml"
+STREAM_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "stream_job.py"
+TIMEOUT = 240
+FILES = 40  # two files per micro-batch: 20 batches, so stops and kills land mid-way
+LAST_BATCH = FILES // 2 - 1
+
+
+def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | None = None,
+             timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"driver exited with {proc.returncode} while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+class Driver:
+    """One spark-submit of the stream job, in its own process group."""
+
+    def __init__(self, data_root: Path, logs: Path, *extra: str):
+        self.log_path = logs / f"driver-{len(list(logs.glob('driver-*.log')))}.log"
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+               "--conf", "spark.ui.enabled=false", str(STREAM_JOB),
+               "--spec", str(SPEC), "--data-root", str(data_root), *extra]
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def wait(self, timeout: float = TIMEOUT) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.wait()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def stream(tmp_path: Path):
+    data_root = tmp_path / "data"
+    assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", str(FILES),
+                          "--events-per-file", "40", "--seed", "11"]) == 0
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    drivers: list[Driver] = []
+    yield load_spec(SPEC), Layout(load_spec(SPEC), data_root, default_spec_dir()), data_root, logs, drivers
+    for d in drivers:
+        if d.proc.poll() is None:
+            d.kill()
+
+
+def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
+    spec, layout, data_root, logs, drivers = stream
+    readings = layout.checkpoint("readings")
+
+    def start(*extra: str) -> Driver:
+        drivers.append(Driver(data_root, logs, *extra))
+        return drivers[-1]
+
+    # 1. run on the spec's trigger (every 5 s), then stop gracefully between batches
+    first = start()
+    wait_for(lambda: len(batch_ids(readings, "commits")) >= 3, "3 committed batches", first.proc)
+
+    # 2. a second driver on the live checkpoint is refused
+    second = start()
+    assert second.wait() == 3, second.output()
+    assert "in use by a live driver" in second.output()
+
+    layout.stop_marker.touch()
+    assert first.wait() == 0, first.output()[-3000:]
+    assert not layout.stop_marker.exists()
+    stopped_at = last_batch(readings, "commits")
+    assert stopped_at is not None and stopped_at < LAST_BATCH, "the stream finished before it could be stopped mid-way"
+    for query in spec.query_names():  # stopped between batches: every planned batch is committed
+        assert last_batch(layout.checkpoint(query), "offsets") == last_batch(layout.checkpoint(query), "commits")
+
+    # 3. make the table sink's last batch replay: its rows are in the table, its commit is gone
+    status = Path(layout.checkpoint("device_status"))
+    replayed = last_batch(status, "commits")
+    (status / "commits" / str(replayed)).unlink()
+    (status / "commits" / f".{replayed}.crc").unlink(missing_ok=True)  # as if the commit was never written
+
+    # 4. restart from the checkpoint, kill -9 mid-way
+    third = start("--processing-time", "2 seconds")
+    wait_for(lambda: (last_batch(readings, "commits") or 0) >= stopped_at + 3, "3 more batches", third.proc)
+    third.kill()
+    assert f"table sensors_device_status batch {replayed}: already applied, skipped" in third.output()
+    killed_at = last_batch(readings, "commits")
+    assert killed_at < LAST_BATCH, "the stream finished before it could be killed mid-way"
+
+    # 5. catch up and finish
+    last = start("--trigger", "available-now")
+    assert last.wait() == 0, last.output()[-3000:]
+
+    manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
+    report = verify.compare(spark, spec, layout, manifest)
+    assert report.ok, report.describe()
+    assert all(o.actual > 0 for o in report.outputs), report.describe()
+    assert report.quarantined > 0
+
+    # the driver's events tell the story: four starts, a refusal, a graceful stop, a kill (no stop event)
+    from spark_jobs.progress import read_events
+
+    events = list(read_events(layout.events_file))
+    assert [e["event"] for e in events].count("driver_started") == 3  # the refused driver never got that far
+    assert [e.get("exit_code") for e in events if e["event"] == "driver_stopped"] == [0, 0]
+    assert {e["query"] for e in events if e["event"] == "progress"} == set(spec.query_names())
