@@ -1,12 +1,24 @@
-"""Read a query's checkpoint directory without Spark: its offset and commit logs.
+"""Read a query's checkpoint directory without Spark.
 
-``offsets/<n>`` is written before batch ``n`` runs (the write-ahead log); ``commits/<n>``
-after its output is committed. Temporary files (``.<n>.<uuid>.tmp``) are ignored.
+Layout (Spark 4.1, micro-batch):
+
+* ``metadata``: ``{"id": "<query id>"}``
+* ``offsets/<n>``: written before batch ``n`` runs (the write-ahead log): ``v1``, a
+  metadata JSON line (watermark, batch timestamp, conf), then one offset line per source.
+* ``commits/<n>``: written after batch ``n``'s output is committed: ``v1`` and a JSON line.
+* ``sources/<i>/<n>[.compact]``: the file source's log of files taken by each batch.
+* ``state/``: state store files of stateful operators.
+
+Spark writes every log file to a temporary ``.<n>.<uuid>.tmp`` and renames it, so a
+leftover temporary file after a crash is harmless. A torn or missing log file, or a gap
+in the commit log, is not: Spark either refuses to start or could skip work.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -22,3 +34,159 @@ def batch_ids(checkpoint: str | os.PathLike[str], log: str) -> list[int]:
 def last_batch(checkpoint: str | os.PathLike[str], log: str) -> int | None:
     ids = batch_ids(checkpoint, log)
     return ids[-1] if ids else None
+
+
+@dataclass
+class QueryCheckpoint:
+    """What one query's checkpoint says, and what is wrong with it."""
+
+    path: str
+    exists: bool = False
+    query_id: str | None = None
+    last_planned: int | None = None
+    last_committed: int | None = None
+    last_commit_time: float | None = None  # mtime of the newest commit file
+    watermark_ms: int | None = None
+    processed_files: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)  # corruption: the stream must not be restarted blindly
+    notes: list[str] = field(default_factory=list)  # harmless findings
+
+    @property
+    def corrupt(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def batch_in_flight(self) -> bool:
+        return self.last_planned is not None and self.last_planned != self.last_committed
+
+
+def _read_log_file(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _check_log_entry(path: Path, min_lines: int) -> str | None:
+    """A problem with one offsets/commits file, or None."""
+    try:
+        lines = _read_log_file(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path} cannot be read: {exc}"
+    if not lines or lines[0] != "v1":
+        return f"{path} is truncated or not a Spark log file (first line {lines[0][:20] if lines else 'missing'!r})"
+    if len(lines) < min_lines:
+        return f"{path} is truncated: {len(lines)} lines, expected at least {min_lines}"
+    for n, line in enumerate(lines[1:], start=2):
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            return f"{path} line {n} is not valid JSON (torn write?): {line[:60]!r}"
+    return None
+
+
+def read_query_checkpoint(path: str | os.PathLike[str], with_files: bool = True) -> QueryCheckpoint:
+    """Read and check a query checkpoint. Only the newest entries are parsed in full."""
+    root = Path(path)
+    info = QueryCheckpoint(path=str(root), exists=root.is_dir())
+    if not info.exists:
+        return info
+    offsets, commits = batch_ids(root, "offsets"), batch_ids(root, "commits")
+    info.last_planned = offsets[-1] if offsets else None
+    info.last_committed = commits[-1] if commits else None
+
+    meta = root / "metadata"
+    if meta.exists():
+        try:
+            info.query_id = json.loads(_read_log_file(meta)[0])["id"]
+        except (OSError, IndexError, KeyError, ValueError) as exc:
+            info.problems.append(f"{meta} is unreadable ({exc}); Spark cannot restart this query")
+    elif offsets:
+        info.problems.append(f"{meta} is missing although batches were run")
+
+    if offsets:
+        newest = root / "offsets" / str(offsets[-1])
+        problem = _check_log_entry(newest, 3)
+        if problem:
+            info.problems.append(problem)
+        else:
+            try:
+                info.watermark_ms = json.loads(_read_log_file(newest)[1]).get("batchWatermarkMs")
+            except (ValueError, AttributeError):
+                pass
+    if commits:
+        newest_commit = root / "commits" / str(commits[-1])
+        problem = _check_log_entry(newest_commit, 2)
+        if problem:
+            info.problems.append(problem)
+        info.last_commit_time = newest_commit.stat().st_mtime
+        # the commit log may trail the offsets log by one batch, never more, and has no gaps
+        retained = [b for b in commits if b >= (offsets[0] if offsets else 0)]
+        missing = sorted(set(range(retained[0], commits[-1] + 1)) - set(commits)) if retained else []
+        if missing:
+            info.problems.append(f"{root / 'commits'} has gaps: batch(es) {missing} were never committed "
+                                 f"although later ones were")
+        if offsets and commits[-1] > offsets[-1]:
+            info.problems.append(f"batch {commits[-1]} is committed but has no offsets entry (newest is "
+                                 f"{offsets[-1]}): the offsets log lost files")
+        if offsets and commits[-1] < offsets[-1] - 1:
+            info.problems.append(f"the offsets log is at batch {offsets[-1]} but the newest commit is "
+                                 f"{commits[-1]}: more than one batch is uncommitted")
+    elif offsets and offsets[-1] > 0:
+        info.problems.append(f"{root / 'commits'} is empty although {len(offsets)} batches were planned")
+
+    for log in ("offsets", "commits"):
+        try:
+            temps = [n for n in os.listdir(root / log) if n.endswith(".tmp")]
+        except FileNotFoundError:
+            continue
+        if temps:
+            info.notes.append(f"{len(temps)} leftover temporary file(s) in {root / log} (harmless; Spark "
+                              f"ignores them): {sorted(temps)[:3]}")
+    if with_files:
+        info.processed_files = processed_files(root)
+    return info
+
+
+def processed_files(checkpoint: str | os.PathLike[str], source: int = 0) -> set[str]:
+    """Paths the file source has taken into batches, from its (compacted) log."""
+    log_dir = Path(checkpoint) / "sources" / str(source)
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return set()
+    entries = []
+    for name in names:
+        stem = name.removesuffix(".compact")
+        if stem.isdigit():
+            entries.append((int(stem), name))
+    entries.sort()
+    compacts = [i for i, (_, name) in enumerate(entries) if name.endswith(".compact")]
+    start = compacts[-1] if compacts else 0
+    paths: set[str] = set()
+    for _, name in entries[start:]:
+        try:
+            lines = _read_log_file(log_dir / name)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines[1:]:
+            try:
+                paths.add(json.loads(line)["path"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return paths
+
+
+def landing_backlog(landing: str | os.PathLike[str], processed: set[str]) -> tuple[int, int]:
+    """Files (and their bytes) in the landing directory that no batch has taken yet."""
+    seen = {p.removeprefix("file://").removeprefix("file:") for p in processed}
+    count = size = 0
+    try:
+        with os.scandir(landing) as it:
+            for entry in it:
+                if entry.name.startswith((".", "_")) or not entry.is_file():
+                    continue
+                if entry.path not in seen:
+                    count += 1
+                    size += entry.stat().st_size
+    except FileNotFoundError:
+        pass
+    return count, size

@@ -45,6 +45,8 @@ class Holder:
     heartbeat_at: float
     stream: str = ""
     run_id: str = ""
+    #: the process that launched the driver: with spark-submit, the JVM that runs the queries
+    launcher_pid: int = 0
 
     def describe(self) -> str:
         age = time.time() - self.heartbeat_at
@@ -123,7 +125,8 @@ class DriverLease:
             log.warning("taking over the checkpoint lease of a dead driver: %s", previous.describe())
         now = time.time()
         self._file = f
-        self._holder = Holder(host=host, pid=os.getpid(), started_at=now, heartbeat_at=now, stream=self.stream)
+        self._holder = Holder(host=host, pid=os.getpid(), started_at=now, heartbeat_at=now, stream=self.stream,
+                              launcher_pid=os.getppid())
         self._write()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()

@@ -329,8 +329,13 @@ class Supervision(Strict):
 
 
 class Spark(Strict):
-    """Settings passed to spark-submit for this stream."""
+    """Settings passed to spark-submit for this stream.
 
+    ``connection`` is the Airflow connection that says where Spark runs (local mode by
+    default; a cluster by changing only that connection).
+    """
+
+    connection: str = "spark_streams"
     conf: dict[str, str | int | float | bool] = Field(default_factory=dict)
     driver_memory: str = "1g"
     executor_memory: str = "1g"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TZ", "UTC")
 # Spark's driver and block manager listen on loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Airflow: a throwaway home, no example DAGs, unit-test settings.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,5 @@
+"""Airflow side of the streaming platform: hooks, sensors, triggers, operators, DAG factory.
+
+Modules here are imported by DAG files and by the triggerer; none imports pyspark or
+Great Expectations at module level, so DAG parsing stays fast.
+"""

@@ -1,0 +1,105 @@
+"""One factory for every stream's DAGs. DAG files call :func:`stream_dags` and stay thin.
+
+For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
+
+* ``stream_<name>``: deploy and supervise: runs the stream with spark-submit and keeps it
+  running (restarts with backoff, stall detection, corrupt checkpoints fail loudly).
+* ``stream_<name>_stop``: stop it from the UI, graceful or immediate; it stays stopped.
+* ``stream_<name>_restart``: stop gracefully, then resume from the checkpoint; on the
+  spec's ``supervision.scheduled_restart`` cron, or by hand.
+
+An invalid spec raises :class:`~spark_jobs.spec.SpecError` here, so the DAG file shows an
+import error naming the spec file and field, and nothing is deployed from it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import DAG, Param, task
+
+from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
+from streamops.alerts import alert_on_failure
+from streamops.health import Status
+from streamops.operators.stream import ResumeStreamOperator, StopStreamOperator, StreamSupervisorOperator
+from streamops.sensors.stream_health import StreamHealthSensor
+
+START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never "now"
+RUNNING = [Status.HEALTHY, Status.IDLE, Status.LAGGING]
+
+
+def _doc(spec: StreamSpec, what: str) -> str:
+    outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.type} |" for o in spec.outputs)
+    return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n"
+            f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}\n\n"
+            f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "
+            f"{spec.supervision.restart.max_attempts} failures in a row, backoff from "
+            f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
+            f"`{spec.spark.connection}`.")
+
+
+def _default_args(spec: StreamSpec) -> dict[str, Any]:
+    return {
+        "owner": spec.owner,
+        # a retry only follows the death of the task process itself: the supervisor adopts
+        # the driver still running, never starts a second one
+        "retries": 3,
+        "retry_delay": timedelta(seconds=10),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=5),
+        "on_failure_callback": alert_on_failure,
+    }
+
+
+def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | None = None) -> dict[str, DAG]:
+    spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
+    spec = load_spec(spec_dir / f"{name}.yaml")
+    paths = {"spec_dir": str(spec_dir), "data_root": data_root}
+    tags = ["stream", spec.name]
+    dags: dict[str, DAG] = {}
+
+    with DAG(f"stream_{spec.name}", doc_md=_doc(spec, "deploy and supervise"), schedule=None, start_date=START,
+             catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
+        StreamSupervisorOperator(
+            task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
+            conf={"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
+                  **{k: str(v) for k, v in spec.spark.conf.items()}},
+            driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory, **paths)
+        StreamHealthSensor(task_id="running", stream=spec.name, statuses=RUNNING, timeout=15 * 60, retries=0,
+                           **paths)
+    dags[run_dag.dag_id] = run_dag
+
+    stop_params = {"mode": Param("graceful", enum=["graceful", "immediate"],
+                                 description="graceful: between micro-batches; immediate: kill the driver")}
+    with DAG(f"stream_{spec.name}_stop", doc_md=_doc(spec, "stop (it stays stopped)"), schedule=None,
+             start_date=START, catchup=False, max_active_runs=1, tags=tags, params=stop_params,
+             default_args={**_default_args(spec), "retries": 0}) as stop_dag:
+        StopStreamOperator(task_id="stop", stream=spec.name, mode="{{ params.mode }}", **paths)
+    dags[stop_dag.dag_id] = stop_dag
+
+    with DAG(f"stream_{spec.name}_restart", doc_md=_doc(spec, "scheduled restart"),
+             schedule=spec.supervision.scheduled_restart, start_date=START, catchup=False, max_active_runs=1,
+             tags=tags, default_args={**_default_args(spec), "retries": 0}) as restart_dag:
+        stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
+        resume = ResumeStreamOperator(task_id="resume", stream=spec.name, **paths)
+        start = TriggerDagRunOperator(task_id="start", trigger_dag_id=run_dag.dag_id,
+                                      logical_date=None, wait_for_completion=False)
+        running = StreamHealthSensor(task_id="running", stream=spec.name, statuses=RUNNING, timeout=15 * 60,
+                                     **paths)
+
+        @task
+        def downtime(stopped: dict[str, Any], health: dict[str, Any]) -> float:
+            """Seconds from the stop request until the stream committed again (or is idle)."""
+            import time
+
+            seconds = stopped["seconds"] + max(0.0, time.time() - health["checked_at"])
+            print(f"stream {spec.name}: restarted from its checkpoint; status {health['status']}")
+            return round(seconds, 1)
+
+        stop >> resume >> start >> running
+        downtime(stop.output, running.output)
+    dags[restart_dag.dag_id] = restart_dag
+    return dags

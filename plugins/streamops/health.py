@@ -1,0 +1,167 @@
+"""A stream's health, read from its checkpoint, lease, landing directory and progress events.
+
+:func:`snapshot` gathers the facts (no Spark, no Airflow: just files); :func:`classify`
+decides what they mean:
+
+=========  ==============================================================================
+starting   a driver holds the lease but has committed nothing since it started
+healthy    a driver is alive and commits batches
+idle       a driver is alive and no input is waiting
+lagging    a driver is alive and commits, but more input waits than one trigger takes
+stalled    input is waiting and no batch was committed within the stall window
+dead       no live driver holds the checkpoint
+corrupt    the checkpoint is unreadable or inconsistent; never restarted automatically
+=========  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from spark_jobs.checkpoint import QueryCheckpoint, landing_backlog, read_query_checkpoint
+from spark_jobs.lease import holder_alive, read_holder
+from spark_jobs.progress import read_events
+from spark_jobs.spec import FileSource, Layout, StreamSpec, duration_seconds
+
+
+class Status(StrEnum):
+    STARTING = "starting"
+    HEALTHY = "healthy"
+    IDLE = "idle"
+    LAGGING = "lagging"
+    STALLED = "stalled"
+    DEAD = "dead"
+    CORRUPT = "corrupt"
+
+
+#: Statuses a supervisor must act on.
+NEEDS_ACTION = frozenset({Status.STALLED, Status.DEAD, Status.CORRUPT})
+
+
+@dataclass
+class Snapshot:
+    stream: str
+    taken_at: float
+    driver_alive: bool
+    driver_pid: int | None
+    driver_host: str | None
+    driver_started_at: float | None
+    queries: dict[str, QueryCheckpoint]
+    backlog_files: int
+    backlog_bytes: int
+    max_files_per_trigger: int
+    last_progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def last_commit_time(self) -> float | None:
+        times = [q.last_commit_time for q in self.queries.values() if q.last_commit_time]
+        return max(times) if times else None
+
+    @property
+    def oldest_commit_time(self) -> float | None:
+        """The commit time of the query that committed least recently: the laggard."""
+        times = [q.last_commit_time or 0.0 for q in self.queries.values()]
+        return min(times) if times else None
+
+
+@dataclass
+class Health:
+    stream: str
+    status: Status
+    reason: str
+    driver_pid: int | None
+    backlog_files: int
+    backlog_bytes: int
+    last_committed: dict[str, int | None]
+    last_commit_age_seconds: float | None
+    watermark: str | None
+    input_rows_per_second: float | None
+    processed_rows_per_second: float | None
+    problems: list[str]
+    notes: list[str]
+    checked_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = str(self.status)
+        return data
+
+    def summary(self) -> str:
+        age = "never" if self.last_commit_age_seconds is None else f"{self.last_commit_age_seconds:.0f}s ago"
+        return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {self.backlog_files} file(s); "
+                f"last commit {age}; watermark {self.watermark}; driver pid {self.driver_pid}")
+
+
+def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snapshot:
+    queries = {name: read_query_checkpoint(layout.checkpoint(name)) for name in spec.query_names()}
+    backlog = (0, 0)
+    if isinstance(spec.source, FileSource):
+        backlogs = [landing_backlog(layout.landing, q.processed_files) for q in queries.values()]
+        backlog = max(backlogs) if backlogs else (0, 0)
+    holder = read_holder(layout.lease_dir)
+    alive = holder_alive(layout.lease_dir)
+    last_progress: dict[str, dict[str, Any]] = {}
+    driver_started = None
+    for event in read_events(layout.events_file):
+        if event.get("event") == "progress":
+            last_progress[event.get("query")] = event
+        elif event.get("event") == "driver_started":
+            driver_started = event.get("logged_at")
+    return Snapshot(
+        stream=spec.name, taken_at=time.time() if now is None else now, driver_alive=alive,
+        driver_pid=holder.pid if holder and alive else None, driver_host=holder.host if holder and alive else None,
+        driver_started_at=(holder.started_at if holder and alive else driver_started), queries=queries,
+        backlog_files=backlog[0], backlog_bytes=backlog[1],
+        max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
+        last_progress=last_progress,
+    )
+
+
+def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
+    problems = [p for q in snap.queries.values() for p in q.problems]
+    if problems:
+        return Status.CORRUPT, problems[0]
+    if not snap.driver_alive:
+        return Status.DEAD, "no live driver holds the checkpoint"
+    started = snap.driver_started_at or snap.taken_at
+    committed_since_start = [q for q in snap.queries.values()
+                             if q.last_commit_time is not None and q.last_commit_time >= started]
+    waiting = snap.backlog_files > 0 or any(q.batch_in_flight for q in snap.queries.values())
+    if waiting:
+        # the laggard query decides: every query must keep committing
+        since = max(snap.oldest_commit_time or 0.0, started)
+        quiet = snap.taken_at - since
+        if quiet > stall_window_seconds:
+            return Status.STALLED, (f"input is waiting ({snap.backlog_files} file(s)) and a query has committed "
+                                    f"nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
+    if len(committed_since_start) < len(snap.queries) and waiting:
+        return Status.STARTING, "the driver started and has not committed a batch of every query yet"
+    if snap.backlog_files > 2 * snap.max_files_per_trigger:
+        return Status.LAGGING, (f"{snap.backlog_files} file(s) wait, more than two triggers take "
+                                f"({snap.max_files_per_trigger} each)")
+    if not waiting:
+        return Status.IDLE, "no input is waiting"
+    return Status.HEALTHY, "committing batches"
+
+
+def assess(spec: StreamSpec, layout: Layout, now: float | None = None) -> Health:
+    snap = snapshot(spec, layout, now)
+    status, reason = classify(snap, duration_seconds(spec.supervision.stall_window))
+    progress = list(snap.last_progress.values())
+    newest = max(progress, key=lambda e: e.get("logged_at", 0), default={})
+    last = snap.last_commit_time
+    return Health(
+        stream=spec.name, status=status, reason=reason, driver_pid=snap.driver_pid,
+        backlog_files=snap.backlog_files, backlog_bytes=snap.backlog_bytes,
+        last_committed={name: q.last_committed for name, q in snap.queries.items()},
+        last_commit_age_seconds=None if last is None else max(0.0, snap.taken_at - last),
+        watermark=newest.get("watermark"),
+        input_rows_per_second=newest.get("input_rows_per_second"),
+        processed_rows_per_second=newest.get("processed_rows_per_second"),
+        problems=[p for q in snap.queries.values() for p in q.problems],
+        notes=[n for q in snap.queries.values() for n in q.notes],
+        checked_at=snap.taken_at,
+    )

@@ -1,0 +1,91 @@
+"""StreamHook: everything Airflow reads or writes about a stream, without Spark."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from functools import cached_property
+from pathlib import Path
+
+from airflow.sdk import BaseHook
+
+from spark_jobs.lease import holder_alive, read_holder
+from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
+from streamops.health import Health, assess
+
+
+class StreamHook(BaseHook):
+    """Reads a stream's spec, checkpoint, lease and progress events; writes its stop marker.
+
+    :param stream: the stream's name (its spec is ``<spec_dir>/<stream>.yaml``).
+    :param spec_dir: folder of the specs (default ``$STREAMS_SPEC_DIR`` or ``include/streams``).
+    :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR`` or ``data``).
+    """
+
+    hook_name = "Stream"
+
+    def __init__(self, stream: str, spec_dir: str | None = None, data_root: str | None = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self.spec_dir = Path(spec_dir) if spec_dir else default_spec_dir()
+        self.data_root = Path(data_root) if data_root else default_data_root()
+
+    @cached_property
+    def spec(self) -> StreamSpec:
+        return load_spec(self.spec_dir / f"{self.stream}.yaml")
+
+    @cached_property
+    def layout(self) -> Layout:
+        return Layout(self.spec, self.data_root, self.spec_dir)
+
+    def health(self, now: float | None = None) -> Health:
+        return assess(self.spec, self.layout, now)
+
+    def driver_alive(self) -> bool:
+        return holder_alive(self.layout.lease_dir)
+
+    def driver_pid(self) -> int | None:
+        holder = read_holder(self.layout.lease_dir)
+        return holder.pid if holder is not None and self.driver_alive() else None
+
+    def request_stop(self) -> Path:
+        """Ask the driver to stop between micro-batches (it polls this marker)."""
+        marker = self.layout.stop_marker
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        return marker
+
+    def wait_for_exit(self, timeout: float, poll: float = 0.5) -> bool:
+        """Wait until no driver holds the checkpoint; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self.driver_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        return True
+
+    def kill_driver(self, sig: int = signal.SIGKILL) -> int | None:
+        """Signal the driver holding the lease (this host only), and the spark-submit JVM
+        that launched it; the driver's pid, or None if there was none to signal."""
+        pid = self.driver_pid()
+        holder = read_holder(self.layout.lease_dir)
+        if pid is None or holder is None or holder.host != socket.gethostname():
+            return None
+        targets = [pid]
+        if holder.launcher_pid > 1 and _is_spark_submit(holder.launcher_pid):
+            targets.append(holder.launcher_pid)
+        for target in targets:
+            try:
+                os.kill(target, sig)
+            except ProcessLookupError:
+                continue
+        return pid
+
+
+def _is_spark_submit(pid: int) -> bool:
+    try:
+        return b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False

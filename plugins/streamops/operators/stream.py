@@ -1,0 +1,236 @@
+"""Operators that run, supervise and stop a stream."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from streamops.health import Status
+from streamops.hooks.stream import StreamHook
+from streamops.restarts import RestartBudget
+
+STREAM_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "stream_job.py")
+HOLD_MARKER = "hold"  # in <checkpoint>/_control/: the stream was stopped on purpose; do not restart
+
+
+def _hold_marker(hook: StreamHook) -> Path:
+    return hook.layout.lease_dir / HOLD_MARKER
+
+
+class StreamSupervisorOperator(SparkSubmitOperator):
+    """Run a stream with ``spark-submit`` and keep it running.
+
+    The driver runs as a child of this task (client mode; on YARN or Kubernetes the
+    operator's durable reconnect applies). While it runs, the stream's health is read from
+    its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
+    hard) and started again; a dead driver is started again from its checkpoint. Restarts
+    back off exponentially and stop after ``restart.max_attempts`` failures in a row
+    (the count resets after a stable run); then the task fails and its failure callback
+    alerts. A corrupt checkpoint is never touched: the task fails with a diagnosis. A
+    driver left running by an earlier try of this task (a killed worker) is adopted, never
+    doubled. The task ends successfully when the stream is stopped on purpose.
+
+    :param stream: the stream's name. (templated)
+    :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
+    :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR``).
+    :param poll_seconds: how often health is checked; default 5.
+    :param grace_seconds: how long a graceful stop may take before the driver is killed; default 120.
+    All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream")
+
+    def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
+                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, **kwargs: Any) -> None:
+        args = ["--spec", f"{spec_dir}/{stream}.yaml" if spec_dir else f"include/streams/{stream}.yaml"]
+        if data_root:
+            args += ["--data-root", data_root]
+        kwargs.setdefault("application", STREAM_JOB)
+        kwargs.setdefault("application_args", args)
+        kwargs.setdefault("name", f"stream:{stream}")
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.spec_dir = spec_dir
+        self.data_root = data_root
+        self.poll_seconds = poll_seconds
+        self.grace_seconds = grace_seconds
+        self._stream_hook: StreamHook | None = None
+
+    @property
+    def stream_hook(self) -> StreamHook:
+        if self._stream_hook is None:
+            self._stream_hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        return self._stream_hook
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = self.stream_hook
+        budget = RestartBudget(hook.layout.lease_dir / "runs.json", hook.spec.supervision.restart)
+        _hold_marker(hook).unlink(missing_ok=True)
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        runs = 0
+        while True:
+            health = hook.health()
+            self.log.info("%s", health.summary())
+            if health.status == Status.CORRUPT:
+                raise AirflowFailException(_corrupt_message(health.problems, hook))
+            if _hold_marker(hook).exists():
+                self.log.info("stream %s was stopped on purpose; not restarting it", self.stream)
+                return health.to_dict()
+            if hook.driver_alive():
+                self.log.warning("a driver (pid %s) already runs stream %s, left by an earlier try: adopting it "
+                                 "instead of starting a second one", hook.driver_pid(), self.stream)
+                code, reason = self._supervise(None), "adopted driver exited"
+            else:
+                if budget.exhausted():
+                    raise AirflowFailException(
+                        f"stream {self.stream}: {budget.consecutive_failures()} failed runs in a row, the restart "
+                        f"budget ({hook.spec.supervision.restart.max_attempts}) is spent; the stream stays stopped. "
+                        f"Look at the driver logs above, fix the cause, then trigger this DAG again.")
+                delay = budget.next_delay()
+                if delay:
+                    self.log.warning("restarting stream %s in %.0fs (backoff after %d failed run(s))",
+                                     self.stream, delay, budget.consecutive_failures())
+                    time.sleep(delay)  # the backoff itself
+                budget.record_start(time.time())
+                runs += 1
+                self.log.info("starting stream %s (run %d of this task)", self.stream, runs)
+                code, reason = self._run_driver()
+            budget.record_end(time.time(), code, reason)
+            if code == 0:
+                self.log.info("stream %s stopped: %s", self.stream, reason)
+                return hook.health().to_dict()
+            self.log.warning("stream %s driver ended (%s, exit %s)", self.stream, reason, code)
+
+    def _run_driver(self) -> tuple[int | None, str]:
+        self._hook = self._get_hook()
+        outcome: dict[str, Any] = {}
+
+        def submit() -> None:
+            try:
+                self._hook.submit(self.application)
+                outcome["code"] = 0
+            except AirflowException as exc:
+                outcome["code"], outcome["error"] = 1, str(exc)
+            except Exception as exc:  # noqa: BLE001 - reported as a failed run
+                outcome["code"], outcome["error"] = 1, f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=submit, name=f"spark-submit:{self.stream}", daemon=True)
+        thread.start()
+        reason = self._supervise(thread)
+        thread.join()
+        if "error" in outcome:
+            self.log.error("spark-submit failed: %s", outcome["error"])
+        return outcome.get("code"), outcome.get("error", reason) if outcome.get("code") else reason
+
+    def _supervise(self, thread: threading.Thread | None) -> str:
+        """Watch the running driver until it exits; stop it if it stalls. Why it ended."""
+        hook = self.stream_hook
+        last_status = None
+        stopping_since: float | None = None
+        reason = "driver exited"
+        while thread.is_alive() if thread is not None else hook.driver_alive():
+            if thread is not None:
+                thread.join(self.poll_seconds)
+            else:
+                hook.wait_for_exit(self.poll_seconds)
+            health = hook.health()
+            if health.status != last_status:
+                self.log.info("%s", health.summary())
+                last_status = health.status
+            if stopping_since is None and health.status in (Status.STALLED, Status.CORRUPT):
+                self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
+                hook.request_stop()
+                stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
+            if stopping_since is not None and time.monotonic() - stopping_since > self.grace_seconds:
+                pid = hook.kill_driver()
+                self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", self.grace_seconds, pid)
+                stopping_since = float("inf")
+        return reason
+
+    def on_kill(self) -> None:
+        """Stop the stream gracefully, then hard if it does not stop in time."""
+        hook = self.stream_hook
+        if hook.driver_alive():
+            hook.request_stop()
+            if not hook.wait_for_exit(self.grace_seconds):
+                hook.kill_driver()
+        if self._hook is not None:
+            super().on_kill()
+
+
+def _corrupt_message(problems: list[str], hook: StreamHook) -> str:
+    lines = "\n  ".join(problems)
+    return (f"stream {hook.stream}: the checkpoint is corrupt and is not reset automatically:\n  {lines}\n"
+            f"What you can do: if only the newest offsets file is torn and its batch has no commit, delete that "
+            f"file and trigger the stream again (the batch is planned anew). Otherwise move the checkpoint "
+            f"{hook.layout.checkpoint_root} aside together with the stream's file sinks, and reprocess the input "
+            f"with a backfill.")
+
+
+class StopStreamOperator(BaseOperator):
+    """Stop a stream and keep it stopped: graceful (between micro-batches) or immediate.
+
+    Waits until the driver has exited. The supervisor then ends instead of restarting it.
+
+    :param stream: the stream's name. (templated)
+    :param mode: ``graceful`` or ``immediate`` (templated, e.g. from a UI param).
+    :param grace_seconds: a graceful stop that takes longer becomes immediate; default 120.
+    """
+
+    template_fields: Sequence[str] = ("stream", "mode")
+
+    def __init__(self, *, stream: str, mode: str = "graceful", spec_dir: str | None = None,
+                 data_root: str | None = None, grace_seconds: float = 120.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.mode = mode
+        self.spec_dir = spec_dir
+        self.data_root = data_root
+        self.grace_seconds = grace_seconds
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if self.mode not in ("graceful", "immediate"):
+            raise AirflowFailException(f"mode must be graceful or immediate, not {self.mode!r}")
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        hold = _hold_marker(hook)
+        hold.parent.mkdir(parents=True, exist_ok=True)
+        hold.touch()
+        started = time.monotonic()
+        pid = hook.driver_pid()
+        if pid is None:
+            self.log.info("stream %s has no running driver; it is marked stopped", self.stream)
+            return {"stream": self.stream, "stopped": True, "driver_pid": None, "seconds": 0.0}
+        if self.mode == "graceful":
+            hook.request_stop()
+            self.log.info("asked driver pid %s to stop between micro-batches", pid)
+            if not hook.wait_for_exit(self.grace_seconds):
+                self.log.warning("driver pid %s did not stop within %.0fs: killing it", pid, self.grace_seconds)
+                hook.kill_driver()
+        else:
+            hook.kill_driver()
+        if not hook.wait_for_exit(60):
+            raise AirflowException(f"driver pid {pid} of stream {self.stream} is still alive")
+        seconds = time.monotonic() - started
+        self.log.info("stream %s stopped: driver pid %s exited after %.1fs (%s)", self.stream, pid, seconds, self.mode)
+        return {"stream": self.stream, "stopped": True, "driver_pid": pid, "seconds": round(seconds, 1)}
+
+
+class ResumeStreamOperator(BaseOperator):
+    """Clear a stream's stopped mark so that its supervisor may run it again."""
+
+    template_fields: Sequence[str] = ("stream",)
+
+    def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.stream, self.spec_dir, self.data_root = stream, spec_dir, data_root
+
+    def execute(self, context: Context) -> None:
+        _hold_marker(StreamHook(self.stream, self.spec_dir, self.data_root)).unlink(missing_ok=True)

@@ -1,0 +1,88 @@
+"""Restart policy: exponential backoff, a bounded number of attempts, reset after a stable run.
+
+Every driver run of a stream is recorded in ``<checkpoint>/_control/runs.json`` (start,
+end, exit code, why it ended), so the policy holds across task retries, DAG runs and
+scheduler restarts. A run counts as a failure unless it exited 0 (a requested stop or a
+finished available-now run) or lasted at least ``stable_after_minutes``; a stable run
+resets the count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from spark_jobs.spec import Restart
+
+MAX_RECORDS = 200
+
+
+@dataclass
+class Run:
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class RestartBudget:
+    def __init__(self, path: str | os.PathLike[str], policy: Restart):
+        self.path = Path(path)
+        self.policy = policy
+
+    def runs(self) -> list[Run]:
+        try:
+            return [Run(**r) for r in json.loads(self.path.read_text())]
+        except FileNotFoundError:
+            return []
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{self.path} is not a valid run history ({exc}); move it aside to reset it") from None
+
+    def _save(self, runs: list[Run]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([asdict(r) for r in runs[-MAX_RECORDS:]], indent=1))
+        os.replace(tmp, self.path)
+
+    def record_start(self, now: float) -> None:
+        runs = self.runs()
+        if runs and runs[-1].ended_at is None:  # the previous supervisor died with its driver
+            runs[-1].ended_at, runs[-1].reason = now, "supervisor lost the driver"
+        runs.append(Run(started_at=now))
+        self._save(runs)
+
+    def record_end(self, now: float, exit_code: int | None, reason: str) -> None:
+        runs = self.runs() or [Run(started_at=now)]
+        runs[-1].ended_at, runs[-1].exit_code, runs[-1].reason = now, exit_code, reason
+        self._save(runs)
+
+    def _stable(self, run: Run) -> bool:
+        if run.exit_code == 0:
+            return True
+        end = run.ended_at if run.ended_at is not None else run.started_at
+        return end - run.started_at >= self.policy.stable_after_minutes * 60
+
+    def consecutive_failures(self) -> int:
+        count = 0
+        for run in reversed(self.runs()):
+            if run.ended_at is None:
+                continue
+            if self._stable(run):
+                break
+            count += 1
+        return count
+
+    def exhausted(self) -> bool:
+        return self.consecutive_failures() >= self.policy.max_attempts
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next start: 0 after a stable run, then doubling."""
+        failures = self.consecutive_failures()
+        if failures == 0:
+            return 0.0
+        return min(self.policy.backoff_initial_seconds * 2 ** (failures - 1), self.policy.backoff_max_seconds)
+
+    def restarts_since(self, since: float) -> int:
+        return sum(1 for r in self.runs()[1:] if r.started_at >= since)

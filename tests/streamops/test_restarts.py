@@ -1,0 +1,61 @@
+"""Restart policy: exponential backoff, bounded attempts, reset after a stable run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.spec import Restart
+from streamops.restarts import RestartBudget
+
+POLICY = Restart(max_attempts=3, backoff_initial_seconds=10, backoff_max_seconds=25, stable_after_minutes=30)
+
+
+def fail(budget: RestartBudget, at: float, lasted: float = 5) -> None:
+    budget.record_start(at)
+    budget.record_end(at + lasted, 1, "driver died")
+
+
+def test_backoff_doubles_up_to_the_cap_and_the_budget_runs_out(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    assert budget.next_delay() == 0 and not budget.exhausted()
+    delays = []
+    for i in range(3):
+        fail(budget, 100.0 * i)
+        delays.append(budget.next_delay())
+    assert delays == [10, 20, 25]
+    assert budget.exhausted()
+
+
+def test_a_stable_run_resets_the_count(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    fail(budget, 0)
+    fail(budget, 100)
+    fail(budget, 200, lasted=31 * 60)  # ran 31 minutes before dying: stable
+    assert budget.consecutive_failures() == 0 and budget.next_delay() == 0
+    fail(budget, 5000)
+    assert budget.consecutive_failures() == 1
+
+
+def test_a_requested_stop_is_not_a_failure(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    fail(budget, 0)
+    budget.record_start(100)
+    budget.record_end(110, 0, "stopped on request")
+    assert budget.consecutive_failures() == 0
+
+
+def test_a_lost_supervisor_counts_its_run_as_ended(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    budget.record_start(0)  # the task process died: no end recorded
+    budget.record_start(60)
+    runs = budget.runs()
+    assert runs[0].reason == "supervisor lost the driver" and runs[0].ended_at == 60
+    assert budget.restarts_since(30) == 1
+
+
+def test_a_damaged_history_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "runs.json").write_text("{not json")
+    with pytest.raises(ValueError, match="runs.json is not a valid run history"):
+        RestartBudget(tmp_path / "runs.json", POLICY).runs()
