@@ -20,6 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 
 def batch_ids(checkpoint: str | os.PathLike[str], log: str) -> list[int]:
@@ -176,15 +177,19 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0) -> set[
 
 
 def landing_backlog(landing: str | os.PathLike[str], processed: set[str]) -> tuple[int, int]:
-    """Files (and their bytes) in the landing directory that no batch has taken yet."""
-    seen = {p.removeprefix("file://").removeprefix("file:") for p in processed}
+    """Files (and their bytes) in the landing directory that no batch has taken yet.
+
+    The file source reads the landing directory's own files (not sub-folders), so a file
+    is known by its name; that also survives the data folder being moved or mounted
+    elsewhere."""
+    seen = {unquote(p.rstrip("/").rsplit("/", 1)[-1]) for p in processed}
     count = size = 0
     try:
         with os.scandir(landing) as it:
             for entry in it:
                 if entry.name.startswith((".", "_")) or not entry.is_file():
                     continue
-                if entry.path not in seen:
+                if entry.name not in seen:
                     count += 1
                     size += entry.stat().st_size
     except FileNotFoundError:

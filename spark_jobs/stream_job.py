@@ -110,6 +110,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     signal.signal(signal.SIGINT, on_signal)
 
     builder = SparkSession.builder.appName(f"stream:{spec.name}")
+    builder = builder.config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"))
     for key, value in pipeline.SESSION_CONF.items():
         builder = builder.config(key, value)
     builder = builder.config("spark.sql.shuffle.partitions", spec.spark.shuffle_partitions)

@@ -1,0 +1,98 @@
+"""DAG integrity: every DAG file imports, every spec has its DAGs, a broken spec is an import error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spark_jobs.spec import default_spec_dir, spec_files
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+
+
+def dagbag(folder: Path):  # noqa: ANN201
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(folder))
+
+
+@pytest.fixture(scope="module")
+def bag():  # noqa: ANN201
+    return dagbag(DAGS)
+
+
+def test_every_dag_file_imports(bag) -> None:
+    assert bag.import_errors == {}
+
+
+def test_every_spec_has_its_dag_file_and_dags(bag) -> None:
+    for spec in spec_files(default_spec_dir()):
+        name = spec.stem
+        assert (DAGS / f"stream_{name}.py").exists(), f"{spec} has no DAG file dags/stream_{name}.py"
+        for dag_id in (f"stream_{name}", f"stream_{name}_stop", f"stream_{name}_restart"):
+            assert dag_id in bag.dags, f"{dag_id} missing (from {spec})"
+
+
+def test_dags_are_documented_and_tasks_have_retries_and_alerts(bag) -> None:
+    from streamops.alerts import alert_on_failure
+
+    for dag in bag.dags.values():
+        assert dag.doc_md and dag.dag_id.removeprefix("stream_").split("_")[0] in dag.doc_md
+        assert dag.start_date is not None and not dag.catchup
+        for t in dag.tasks:
+            callbacks = t.on_failure_callback if isinstance(t.on_failure_callback, list) else [t.on_failure_callback]
+            assert alert_on_failure in callbacks, f"{dag.dag_id}.{t.task_id} has no failure alert"
+        supervise = bag.dags[dag.dag_id].task_dict.get("supervise")
+        if supervise is not None:
+            assert supervise.retries >= 1, "a killed supervisor must be retried (and adopt its driver)"
+
+
+def test_stop_dag_validates_its_params(bag) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = bag.dags["stream_sensors_stop"].params
+    params.validate()
+    with pytest.raises(ParamValidationError):
+        params["mode"] = "sometimes"
+        params.validate()
+
+
+def test_a_broken_spec_is_an_import_error_naming_its_field(tmp_path: Path, monkeypatch) -> None:
+    specs, dags = tmp_path / "streams", tmp_path / "dags"
+    shutil.copytree(default_spec_dir(), specs)
+    shutil.copytree(DAGS, dags, ignore=shutil.ignore_patterns("__pycache__"))
+    broken = yaml.safe_load((specs / "clicks.yaml").read_text())
+    broken["outputs"][1]["mode"] = "append"
+    (specs / "clicks.yaml").write_text(yaml.safe_dump(broken))
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(dags)
+    assert list(bag.import_errors) == [str(dags / "stream_clicks.py")]
+    error = bag.import_errors[str(dags / "stream_clicks.py")]
+    assert "clicks.yaml: outputs[1].mode: append mode on an aggregation needs" in error
+    assert not any(d.startswith("stream_clicks") for d in bag.dags)
+    assert "stream_sensors" in bag.dags  # the other streams keep working
+
+
+def test_parsing_is_cheap() -> None:
+    """No heavy imports at parse time; the measured parse time is printed."""
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        from airflow.dag_processing.dagbag import DagBag
+        started = time.perf_counter()
+        bag = DagBag(dag_folder={str(DAGS)!r})
+        print(json.dumps({{"seconds": time.perf_counter() - started, "dags": len(bag.dags),
+                          "heavy": [m for m in ("pyspark", "great_expectations") if m in sys.modules]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"parsed {result['dags']} DAGs in {result['seconds']:.2f}s")
+    assert result["heavy"] == []
+    assert result["dags"] >= 6

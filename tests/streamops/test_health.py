@@ -1,0 +1,180 @@
+"""Stream health classification on real checkpoints written by real Spark runs.
+
+One example stream is run once (available-now, shared SparkSession); each test copies
+its data folder and changes what it needs: a driver holding the lease (a real process
+that can be frozen with SIGSTOP), new input, a torn offsets file, a lost commit, a
+leftover temporary file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import generate, pipeline
+from spark_jobs.checkpoint import last_batch
+from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+from streamops.health import Status, assess
+
+SPEC = default_spec_dir() / "sensors.yaml"
+STALL = 180  # the spec's stall window, seconds
+
+DRIVER = """
+import sys
+from spark_jobs.lease import DriverLease
+DriverLease(sys.argv[1], stream="sensors").acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture(scope="module")
+def pristine(spark, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("stream") / "data"
+    assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
+                          "--events-per-file", "30", "--seed", "3"]) == 0
+    spec = load_spec(SPEC)
+    queries = pipeline.start(spark, spec, Layout(spec, root, default_spec_dir()), Trigger(available_now=True))
+    for q in queries.values():
+        q.awaitTermination(300)
+        assert q.exception() is None
+    return root
+
+
+@pytest.fixture
+def stream(pristine: Path, tmp_path: Path):
+    root = tmp_path / "data"
+    shutil.copytree(pristine, root)
+    spec = load_spec(SPEC)
+    return spec, Layout(spec, root, default_spec_dir())
+
+
+@pytest.fixture
+def driver(stream):
+    """A live process holding the stream's lease, as a running driver does."""
+    _, layout = stream
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(layout.lease_dir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield proc
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait()
+
+
+def land_files(layout: Layout, n: int) -> None:
+    for i in range(n):
+        path = Path(layout.landing) / f"part-9{i:05d}.json"
+        path.write_text('{"event_id": "x%d"}\n' % i)
+
+
+def newest_commit(layout: Layout) -> float:
+    return max(os.path.getmtime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
+               for q in load_spec(SPEC).query_names())
+
+
+def test_no_driver_is_dead(stream) -> None:
+    spec, layout = stream
+    health = assess(spec, layout)
+    assert health.status == Status.DEAD
+    assert health.backlog_files == 0
+    assert all(b is not None for b in health.last_committed.values())
+
+
+def test_live_driver_without_input_is_idle(stream, driver) -> None:
+    spec, layout = stream
+    health = assess(spec, layout)
+    assert health.status == Status.IDLE, health.summary()
+    assert health.driver_pid == driver.pid
+
+
+def test_live_driver_with_waiting_input_is_starting_then_healthy(stream, driver) -> None:
+    spec, layout = stream
+    land_files(layout, 1)
+    assert assess(spec, layout).status == Status.STARTING  # nothing committed since this driver started
+    for q in spec.query_names():  # every query commits a batch now
+        commits = Path(layout.checkpoint(q)) / "commits"
+        os.utime(commits / str(last_batch(layout.checkpoint(q), "commits")))
+    health = assess(spec, layout)
+    assert health.status == Status.HEALTHY, health.summary()
+    assert health.backlog_files == 1
+
+
+def test_growing_backlog_is_lagging(stream, driver) -> None:
+    spec, layout = stream
+    for q in spec.query_names():
+        os.utime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
+    land_files(layout, 2 * spec.source.max_files_per_trigger + 1)
+    health = assess(spec, layout)
+    assert health.status == Status.LAGGING, health.summary()
+    assert health.backlog_files == 5 and health.backlog_bytes > 0
+
+
+def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:
+    spec, layout = stream
+    for q in spec.query_names():
+        os.utime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
+    land_files(layout, 1)
+    os.kill(driver.pid, signal.SIGSTOP)  # frozen: alive, holds the lease, commits nothing
+    later = time.time() + STALL + 5
+    health = assess(spec, layout, now=later)
+    assert health.status == Status.STALLED, health.summary()
+    assert "stall window 180s" in health.reason
+    assert assess(spec, layout, now=time.time() + STALL - 30).status != Status.STALLED
+
+
+def test_torn_offsets_file_is_corrupt(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("readings"))
+    newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
+    newest.write_text(newest.read_text()[:12])
+    health = assess(spec, layout)
+    assert health.status == Status.CORRUPT
+    assert str(newest) in health.reason and "truncated" in health.reason
+
+
+def test_commit_missing_in_the_middle_is_corrupt(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("site_temperature_10m"))
+    last = last_batch(ckpt, "commits")
+    assert last >= 2
+    (ckpt / "commits" / str(last - 1)).unlink()
+    health = assess(spec, layout)
+    assert health.status == Status.CORRUPT
+    assert f"batch(es) [{last - 1}] were never committed" in health.reason
+
+
+def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("readings"))
+    last = last_batch(ckpt, "commits")
+    (ckpt / "commits" / str(last)).unlink()
+    (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    health = assess(spec, layout)
+    assert health.status == Status.DEAD  # restartable: Spark replays the batch
+    assert health.last_committed["readings"] == last - 1
+
+
+def test_leftover_temp_file_is_harmless_and_noted(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("readings"))
+    (ckpt / "offsets" / f".{last_batch(ckpt, 'offsets') + 1}.0a1b2c3d.tmp").write_text("v1\n{\"batchWat")
+    health = assess(spec, layout)
+    assert health.status == Status.DEAD
+    assert any("leftover temporary file" in n for n in health.notes)
+
+
+def test_backlog_counts_only_files_no_batch_has_taken(stream) -> None:
+    spec, layout = stream
+    assert assess(spec, layout).backlog_files == 0
+    land_files(layout, 3)
+    (Path(layout.landing) / ".hidden.json").write_text("{}\n")
+    assert assess(spec, layout).backlog_files == 3
