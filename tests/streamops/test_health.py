@@ -8,6 +8,7 @@ leftover temporary file.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -73,7 +74,7 @@ def driver(stream):
 def land_files(layout: Layout, n: int) -> None:
     for i in range(n):
         path = Path(layout.landing) / f"part-9{i:05d}.json"
-        path.write_text('{"event_id": "x%d"}\n' % i)
+        path.write_text(json.dumps({"event_id": f"x{i}"}) + "\n")
 
 
 def newest_commit(layout: Layout) -> float:
