@@ -157,7 +157,8 @@ def prepared(spark: SparkSession, spec: StreamSpec, layout: Layout, parsed: Data
     if spec.event_time is not None:
         df = df.withWatermark(spec.event_time.column, spec.event_time.watermark)
     if spec.deduplicate is not None:
-        df = df.dropDuplicatesWithinWatermark(list(spec.deduplicate.key))
+        keys = list(spec.deduplicate.key)
+        df = df.dropDuplicatesWithinWatermark(keys) if df.isStreaming else df.dropDuplicates(keys)
     for i, ref in enumerate(spec.enrich):
         extra = [c.name for c in ref.columns if c.name not in ref.key and c.name not in df.columns]
         static = reference_frame(spark, spec, layout, i).select(*ref.key, *extra)

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import generate, pipeline
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
 from streamops.health import Status, assess
 
 SPEC = default_spec_dir() / "sensors.yaml"
@@ -34,19 +33,6 @@ DriverLease(sys.argv[1], stream="sensors").acquire()
 print("held", flush=True)
 sys.stdin.read()
 """
-
-
-@pytest.fixture(scope="module")
-def pristine(spark, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("stream") / "data"
-    assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
-                          "--events-per-file", "30", "--seed", "3"]) == 0
-    spec = load_spec(SPEC)
-    queries = pipeline.start(spark, spec, Layout(spec, root, default_spec_dir()), Trigger(available_now=True))
-    for q in queries.values():
-        q.awaitTermination(300)
-        assert q.exception() is None
-    return root
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from streamops.hooks.stream import StreamHook
 from streamops.restarts import RestartBudget
 
 STREAM_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "stream_job.py")
+BACKFILL_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "backfill.py")
 HOLD_MARKER = "hold"  # in <checkpoint>/_control/: the stream was stopped on purpose; do not restart
 
 
@@ -63,6 +64,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
         self._stream_hook: StreamHook | None = None
+        self.adopted_pid: int | None = None
 
     @property
     def stream_hook(self) -> StreamHook:
@@ -85,9 +87,10 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.log.info("stream %s was stopped on purpose; not restarting it", self.stream)
                 return health.to_dict()
             if hook.driver_alive():
+                self.adopted_pid = hook.driver_pid()
                 self.log.warning("a driver (pid %s) already runs stream %s, left by an earlier try: adopting it "
-                                 "instead of starting a second one", hook.driver_pid(), self.stream)
-                code, reason = self._supervise(None), "adopted driver exited"
+                                 "instead of starting a second one", self.adopted_pid, self.stream)
+                code, reason = None, f"adopted driver: {self._supervise(None)}"
             else:
                 if budget.exhausted():
                     raise AirflowFailException(
@@ -234,3 +237,33 @@ class ResumeStreamOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         _hold_marker(StreamHook(self.stream, self.spec_dir, self.data_root)).unlink(missing_ok=True)
+
+
+class BackfillOperator(SparkSubmitOperator):
+    """Reprocess a stream's input for an event-time range with ``spark-submit`` (batch).
+
+    Output goes to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/`` and is
+    replaced whole on a rerun: the same range twice gives identical output.
+
+    :param stream: the stream's name. (templated)
+    :param start: range start, ISO-8601, inclusive. (templated)
+    :param end: range end, ISO-8601, exclusive. (templated)
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream", "start", "end")
+
+    def __init__(self, *, stream: str, start: str, end: str, spec_dir: str | None = None,
+                 data_root: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("application", BACKFILL_JOB)
+        kwargs.setdefault("name", f"backfill:{stream}")
+        super().__init__(**kwargs)
+        self.stream, self.start, self.end = stream, start, end
+        self.spec_dir, self.data_root = spec_dir, data_root
+
+    def execute(self, context: Context) -> None:
+        spec = f"{self.spec_dir}/{self.stream}.yaml" if self.spec_dir else f"include/streams/{self.stream}.yaml"
+        self.application_args = ["--spec", spec, "--start", self.start, "--end", self.end]
+        if self.data_root:
+            self.application_args += ["--data-root", self.data_root]
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        super().execute(context)

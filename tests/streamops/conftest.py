@@ -1,0 +1,27 @@
+"""Fixtures for the Airflow side: one real run of an example stream, copied per test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import generate, pipeline
+from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+
+SPEC = default_spec_dir() / "sensors.yaml"
+
+
+@pytest.fixture(scope="session")
+def pristine(spark, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("stream") / "data"
+    assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
+                          "--events-per-file", "30", "--seed", "3"]) == 0
+    spec = load_spec(SPEC)
+    queries = pipeline.start(spark, spec, Layout(spec, root, default_spec_dir()), Trigger(available_now=True))
+    for q in queries.values():
+        q.awaitTermination(300)
+        assert q.exception() is None
+    return root
+
+

@@ -1,0 +1,130 @@
+"""What the supervisor and stop operators do, on real checkpoints and real driver processes.
+
+A "driver" here is a real process holding the stream's lease, as the job does; it either
+honours the stop marker (like the job) or ignores it (a hung driver).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+
+from spark_jobs.checkpoint import last_batch
+from spark_jobs.lease import holder_alive
+from spark_jobs.spec import default_spec_dir
+from streamops.hooks.stream import StreamHook
+from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+from spark_jobs.lease import DriverLease
+control = Path(sys.argv[1])
+lease = DriverLease(control, stream="sensors").acquire()
+print("held", flush=True)
+honour = sys.argv[2] == "honour"
+while not (honour and (control / "stop").exists()):
+    time.sleep(0.05)
+(control / "stop").unlink()
+lease.release()
+"""
+
+
+@pytest.fixture
+def data_root(pristine: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(pristine, root)
+    return root
+
+
+def hook(data_root: Path) -> StreamHook:
+    return StreamHook("sensors", str(default_spec_dir()), str(data_root))
+
+
+def start_driver(data_root: Path, behaviour: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(hook(data_root).layout.lease_dir), behaviour],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def supervisor(data_root: Path) -> StreamSupervisorOperator:
+    return StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                    data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
+                                    grace_seconds=5)
+
+
+def test_supervisor_fails_on_a_corrupt_checkpoint_and_says_what_to_do(data_root: Path) -> None:
+    ckpt = Path(hook(data_root).layout.checkpoint("readings"))
+    newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
+    newest.write_text("v1\n{\"batchWaterm")
+    with pytest.raises(AirflowFailException) as err:
+        supervisor(data_root).execute({})
+    message = str(err.value)
+    assert "checkpoint is corrupt and is not reset automatically" in message
+    assert str(newest) in message and "What you can do" in message
+
+
+def test_supervisor_leaves_the_stream_stopped_when_the_budget_is_spent(data_root: Path) -> None:
+    runs = [{"started_at": 100.0 * i, "ended_at": 100.0 * i + 5, "exit_code": 1, "reason": "died"} for i in range(5)]
+    control = hook(data_root).layout.lease_dir
+    control.mkdir(parents=True, exist_ok=True)
+    (control / "runs.json").write_text(json.dumps(runs))
+    with pytest.raises(AirflowFailException, match=r"5 failed runs in a row, the restart budget \(5\) is spent"):
+        supervisor(data_root).execute({})
+
+
+def test_supervisor_adopts_a_live_driver_instead_of_starting_a_second(data_root: Path) -> None:
+    driver = start_driver(data_root, "honour")
+    op = supervisor(data_root)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(op.execute({})))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while op.adopted_pid != driver.pid:  # condition wait: the supervisor took the driver over
+            assert thread.is_alive() and time.monotonic() < deadline, "the supervisor did not adopt the driver"
+            time.sleep(0.05)
+        # while it watches the adopted driver, stop the stream on purpose
+        StopStreamOperator(task_id="stop", stream="sensors", spec_dir=str(default_spec_dir()),
+                           data_root=str(data_root)).execute({})
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        driver.kill()
+        driver.wait()
+    assert result["status"] == "dead"
+    runs = json.loads((hook(data_root).layout.lease_dir / "runs.json").read_text())
+    assert runs == [] or all(r["reason"].startswith("adopted driver") for r in runs)  # no spark-submit started
+
+
+def test_graceful_stop_waits_for_the_driver_to_exit(data_root: Path) -> None:
+    driver = start_driver(data_root, "honour")
+    result = StopStreamOperator(task_id="stop", stream="sensors", spec_dir=str(default_spec_dir()),
+                                data_root=str(data_root)).execute({})
+    assert result["stopped"] and result["driver_pid"] == driver.pid
+    assert driver.wait(10) == 0
+    assert not holder_alive(hook(data_root).layout.lease_dir)
+
+
+def test_graceful_stop_of_a_hung_driver_ends_in_a_kill(data_root: Path) -> None:
+    driver = start_driver(data_root, "ignore")
+    started = time.monotonic()
+    result = StopStreamOperator(task_id="stop", stream="sensors", spec_dir=str(default_spec_dir()),
+                                data_root=str(data_root), grace_seconds=1).execute({})
+    assert result["stopped"] and driver.wait(10) == -9
+    assert time.monotonic() - started < 30
+
+
+def test_stop_rejects_an_unknown_mode(data_root: Path) -> None:
+    with pytest.raises(AirflowFailException, match="mode must be graceful or immediate, not 'sometimes'"):
+        StopStreamOperator(task_id="stop", stream="sensors", mode="sometimes", spec_dir=str(default_spec_dir()),
+                           data_root=str(data_root)).execute({})
