@@ -128,3 +128,25 @@ def test_stop_rejects_an_unknown_mode(data_root: Path) -> None:
     with pytest.raises(AirflowFailException, match="mode must be graceful or immediate, not 'sometimes'"):
         StopStreamOperator(task_id="stop", stream="sensors", mode="sometimes", spec_dir=str(default_spec_dir()),
                            data_root=str(data_root)).execute({})
+
+
+def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: Path, tmp_path: Path) -> None:
+    specs = tmp_path / "include" / "streams"
+    specs.mkdir(parents=True)
+    shutil.copytree(default_spec_dir().parent / "reference", tmp_path / "include" / "reference")
+    text = (default_spec_dir() / "sensors.yaml").read_text().replace("stall_window: 3 minutes", "stall_window: 2 seconds")
+    (specs / "sensors.yaml").write_text(text)
+    stream = StreamHook("sensors", str(specs), str(data_root))
+    (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
+    driver = start_driver(data_root, "ignore")  # alive, holds the lease, commits nothing, ignores the marker
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
+                                  grace_seconds=1)
+    try:
+        reason = op._supervise(None)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert reason == "stopped because it was stalled"
+    assert driver.wait(10) == -9  # the stop marker was ignored, so it was killed after the grace period
+    assert stream.layout.stop_marker.exists()  # the graceful request came first
