@@ -99,11 +99,10 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
         @task
         def downtime(stopped: dict[str, Any], health: dict[str, Any]) -> float:
-            """Seconds from the stop request until the stream committed again (or is idle)."""
-            import time
-
-            seconds = stopped["seconds"] + max(0.0, time.time() - health["checked_at"])
-            print(f"stream {spec.name}: restarted from its checkpoint; status {health['status']}")
+            """Seconds the stream was down: from its driver's exit until it ran again."""
+            seconds = max(0.0, health["checked_at"] - stopped["stopped_at"])
+            print(f"stream {spec.name} restarted from its checkpoint: down for {seconds:.1f}s "
+                  f"(stopping took {stopped['seconds']:.1f}s); now {health['status']}")
             return round(seconds, 1)
 
         stop >> resume >> start >> running

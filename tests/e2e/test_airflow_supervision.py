@@ -1,7 +1,8 @@
 """The platform under a real Airflow: API server, scheduler (LocalExecutor), DAG processor
 and triggerer on SQLite. A stream is deployed through its DAG, its driver is SIGKILLed,
-the supervisor restarts it from the checkpoint, it catches up, it is stopped from its
-stop DAG, and every sink equals the ground truth; never two drivers at once.
+the supervisor restarts it from the checkpoint, it catches up, its scheduled restart
+runs, it is stopped from its stop DAG, and every sink equals the ground truth; never two
+drivers at once.
 """
 
 from __future__ import annotations
@@ -171,13 +172,25 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
         # it catches up with every file
         wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
 
+        # the scheduled restart: unpaused, its cron's latest interval runs at once: a graceful stop,
+        # a resume from the checkpoint and a new driver, with the downtime logged
+        before_restart = read_holder(layout.lease_dir)
+        airflow.cli("dags", "unpause", "stream_sensors_restart")
+        wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors_restart")] == ["success"],
+                 "the scheduled restart to succeed", timeout=300, every=3)
+        third = read_holder(layout.lease_dir)
+        assert third is not None and third.pid != before_restart.pid
+        downtime = airflow.cli("tasks", "state", "stream_sensors_restart", "downtime",
+                               airflow.runs("stream_sensors_restart")[0]["run_id"]).stdout
+        assert "success" in downtime
+
         # stop from the stop DAG (graceful), which waits for the driver to exit
         airflow.cli("dags", "trigger", "stream_sensors_stop", "--conf", json.dumps({"mode": "graceful"}))
         wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors_stop")] == ["success"],
                  "the stop DAG to succeed", timeout=180, every=3)
         wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
-        wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors")] == ["success"],
-                 "the supervisor to end", timeout=120, every=3)
+        wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors")] == ["success", "success"],
+                 "both supervisor runs to end", timeout=120, every=3)
     finally:
         watching.set()
         airflow.stop()
@@ -189,4 +202,4 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
     runs = json.loads((layout.lease_dir / "runs.json").read_text())
-    assert len(runs) == 2 and runs[-1]["exit_code"] == 0
+    assert [r["exit_code"] for r in runs] == [1, 0, 0]  # killed; stopped for the restart; stopped on request

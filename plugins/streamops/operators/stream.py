@@ -210,7 +210,7 @@ class StopStreamOperator(BaseOperator):
         pid = hook.driver_pid()
         if pid is None:
             self.log.info("stream %s has no running driver; it is marked stopped", self.stream)
-            return {"stream": self.stream, "stopped": True, "driver_pid": None, "seconds": 0.0}
+            return {"stream": self.stream, "stopped": True, "driver_pid": None, "seconds": 0.0, "stopped_at": time.time()}
         if self.mode == "graceful":
             hook.request_stop()
             self.log.info("asked driver pid %s to stop between micro-batches", pid)
@@ -223,7 +223,8 @@ class StopStreamOperator(BaseOperator):
             raise AirflowException(f"driver pid {pid} of stream {self.stream} is still alive")
         seconds = time.monotonic() - started
         self.log.info("stream %s stopped: driver pid %s exited after %.1fs (%s)", self.stream, pid, seconds, self.mode)
-        return {"stream": self.stream, "stopped": True, "driver_pid": pid, "seconds": round(seconds, 1)}
+        return {"stream": self.stream, "stopped": True, "driver_pid": pid, "seconds": round(seconds, 1),
+                "stopped_at": time.time()}
 
 
 class ResumeStreamOperator(BaseOperator):
