@@ -356,7 +356,6 @@ class StreamSpec(Strict):
     checkpoint: str
     supervision: Supervision = Field(default_factory=Supervision)
     spark: Spark = Field(default_factory=Spark)
-    expectations: str | None = None
 
     check_ckpt = field_validator("checkpoint")(_optional(_check_relative_or_uri))
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+# py4j logs its shutdown at exit, after pytest has closed the streams logging writes to.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 # Spark's Python workers must run the interpreter that runs the tests.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

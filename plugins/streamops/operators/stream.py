@@ -13,6 +13,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from spark_jobs.spec import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
 from streamops.restarts import RestartBudget
@@ -51,7 +52,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
                  poll_seconds: float = 5.0, grace_seconds: float = 120.0, **kwargs: Any) -> None:
-        args = ["--spec", f"{spec_dir}/{stream}.yaml" if spec_dir else f"include/streams/{stream}.yaml"]
+        args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
         if data_root:
             args += ["--data-root", data_root]
         kwargs.setdefault("application", STREAM_JOB)
@@ -262,7 +263,7 @@ class BackfillOperator(SparkSubmitOperator):
         self.spec_dir, self.data_root = spec_dir, data_root
 
     def execute(self, context: Context) -> None:
-        spec = f"{self.spec_dir}/{self.stream}.yaml" if self.spec_dir else f"include/streams/{self.stream}.yaml"
+        spec = f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml"
         self.application_args = ["--spec", spec, "--start", self.start, "--end", self.end]
         if self.data_root:
             self.application_args += ["--data-root", self.data_root]
