@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("backfill")
 
+#: Backfill output goes to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``.
+BACKFILL_DIR = "backfill"
+
 
 class BackfillError(ValueError):
     """Bad backfill parameters: the message says which and why."""
@@ -54,7 +57,7 @@ def range_label(lo: datetime, hi: datetime) -> str:
 
 
 def output_dir(spec: StreamSpec, layout: Layout, output: str, lo: datetime, hi: datetime) -> Path:
-    return Path(layout.data(f"backfill/{spec.name}/{output}")) / range_label(lo, hi)
+    return Path(layout.data(f"{BACKFILL_DIR}/{spec.name}/{output}")) / range_label(lo, hi)
 
 
 def input_paths(spec: StreamSpec, layout: Layout) -> list[str]:

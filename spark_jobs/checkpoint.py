@@ -147,8 +147,20 @@ def read_query_checkpoint(path: str | os.PathLike[str], with_files: bool = True)
     return info
 
 
-def processed_files(checkpoint: str | os.PathLike[str], source: int = 0) -> set[str]:
-    """Paths the file source has taken into batches, from its (compacted) log."""
+def batch_watermark_ms(checkpoint: str | os.PathLike[str], batch: int) -> int | None:
+    """The watermark batch ``batch`` ran with (from its offsets entry); None if unreadable.
+
+    Once the batch is committed, a window ending at or before it is final in the sink,
+    and rows with an earlier event time can no longer arrive."""
+    try:
+        return int(json.loads(_read_log_file(Path(checkpoint) / "offsets" / str(batch))[1])["batchWatermarkMs"])
+    except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through_batch: int | None = None) -> set[str]:
+    """Paths the file source has taken into batches, from its (compacted) log; with
+    ``through_batch``, only those of batches up to that one (e.g. the last committed)."""
     log_dir = Path(checkpoint) / "sources" / str(source)
     try:
         names = os.listdir(log_dir)
@@ -170,8 +182,10 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0) -> set[
             continue
         for line in lines[1:]:
             try:
-                paths.add(json.loads(line)["path"])
-            except (ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                if through_batch is None or entry.get("batchId", -1) <= through_batch:
+                    paths.add(entry["path"])
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
     return paths
 

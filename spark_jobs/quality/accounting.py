@@ -1,0 +1,190 @@
+"""Where every input row went: input = accepted + quarantined + duplicates + dropped late.
+
+Per output query, from evidence that Spark itself wrote:
+
+* ``input``, ``duplicates`` and ``dropped late``: the query's progress events
+  (``numInputRows``, the deduplication's dropped rows, ``numRowsDroppedByWatermark``),
+  for the batches its checkpoint has committed. Events are folded into running totals
+  kept in the quality ledger, so the check survives the rotation of the event log.
+* ``quarantined``: rows of the quarantine sink whose source file this query has taken
+  (the quarantine query reads the same files; its rows carry ``source_file``).
+* ``accepted``: read from the output's own sink, so rows lost from a sink show up:
+  the committed rows of a pass-through Parquet sink, or the sum of a plain ``count``
+  aggregate over a table without windows (every accepted row counted once).
+
+A windowed append output holds its open windows' rows in state, not in the sink, so
+its accepted rows cannot be read back; its balance is reported as not checkable. A
+batch whose progress event is missing (the driver died between its commit and the
+event) makes the balance ``incomplete``: reported, not failed.
+
+No Spark here: the validation job reads the sinks and passes the counts in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from spark_jobs.spec import Aggregation, Output, ParquetSink, Passthrough, StreamSpec, TableSink
+
+BALANCED, UNBALANCED, PENDING, INCOMPLETE, NOT_CHECKABLE = (
+    "balanced", "unbalanced", "pending", "incomplete", "not checkable")
+
+
+def file_name(path: str) -> str:
+    """Files are known by name: the landing directory is flat, and URIs differ in encoding."""
+    return unquote(path.rstrip("/").rsplit("/", 1)[-1])
+
+
+@dataclass
+class Totals:
+    """Running totals of one query's committed batches, folded from its progress events."""
+
+    query_id: str | None = None
+    through_batch: int = -1
+    input: int = 0
+    duplicates: int = 0
+    dropped_late: int = 0
+    sink_rows: int = 0
+    missing_batches: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Totals:
+        return cls(**data) if data else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, last_committed: int | None) -> Totals:
+    """Add the progress events of batches committed since the last fold.
+
+    A new query id (the checkpoint was reset) starts the totals again.
+    """
+    if query_id is None or last_committed is None:
+        return Totals(query_id=query_id)
+    if totals.query_id != query_id:
+        totals = Totals(query_id=query_id)
+    by_batch: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "progress" and e.get("id") == query_id and isinstance(e.get("batch_id"), int):
+            by_batch[e["batch_id"]] = e  # a batch replayed after a crash: its last run counts
+    out = Totals(**{**totals.to_dict(), "missing_batches": list(totals.missing_batches)})
+    for batch in range(totals.through_batch + 1, last_committed + 1):
+        e = by_batch.get(batch)
+        if e is None:
+            out.missing_batches.append(batch)
+            continue
+        out.input += int(e.get("input_rows") or 0)
+        out.duplicates += int(e.get("dropped_duplicates") or 0)
+        out.dropped_late += int(e.get("dropped_by_watermark") or 0)
+        out.sink_rows += max(0, int(e.get("sink_rows") or 0))
+    out.through_batch = max(totals.through_batch, last_committed)
+    return out
+
+
+def accepted_measure(spec: StreamSpec, output: Output) -> str | None:
+    """How an output's accepted rows are read from its sink, or None if they cannot be."""
+    q = output.query
+    if any(e.how == "inner" for e in spec.enrich):
+        return None  # rows without a reference match vanish uncounted
+    if isinstance(q, Passthrough) and isinstance(output.sink, ParquetSink):
+        return "rows"
+    if isinstance(q, Aggregation) and q.window is None and isinstance(output.sink, TableSink):
+        for agg in q.aggregates:
+            if agg.fn == "count" and agg.column is None:
+                return f"sum:{agg.name}"
+    return None
+
+
+@dataclass
+class Balance:
+    output: str
+    status: str
+    message: str
+    input: int = 0
+    accepted: int | None = None
+    quarantined: int = 0
+    duplicates: int = 0
+    dropped_late: int = 0
+    batches: int = 0
+
+    @property
+    def difference(self) -> int | None:
+        if self.accepted is None:
+            return None
+        return self.input - (self.accepted + self.quarantined + self.duplicates + self.dropped_late)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "difference": self.difference}
+
+    def describe(self) -> str:
+        accepted = "?" if self.accepted is None else self.accepted
+        return (f"{self.output}: {self.status}: {self.input} in = {accepted} accepted + {self.quarantined} quarantined "
+                f"+ {self.duplicates} duplicates + {self.dropped_late} dropped late"
+                + (f" ({self.message})" if self.message else ""))
+
+
+def balance(output: str, totals: Totals, files: set[str], quarantine_files: set[str],
+            quarantined_by_file: dict[str, int], accepted: int | None, accepted_batch: int | None,
+            measure: str | None) -> Balance:
+    """The balance of one output query at its last committed batch.
+
+    ``files``: names of the files the query has committed; ``quarantine_files``: those the
+    quarantine query has committed; ``accepted``: rows read from the sink, which holds the
+    output of batches up to ``accepted_batch``.
+    """
+    quarantined = sum(n for name, n in quarantined_by_file.items() if name in files)
+    b = Balance(output, BALANCED, "", totals.input, accepted, quarantined, totals.duplicates, totals.dropped_late,
+                totals.through_batch + 1)
+    if measure is None:
+        b.status, b.message, b.accepted = NOT_CHECKABLE, "its accepted rows are not readable from its sink", None
+        return b
+    if not files <= quarantine_files:
+        b.status = PENDING
+        b.message = f"the quarantine query has not yet taken {len(files - quarantine_files)} file(s) this query has"
+        return b
+    if accepted_batch is not None and accepted_batch != totals.through_batch:
+        b.status = PENDING
+        b.message = f"the sink holds batch {accepted_batch}, the checkpoint committed {totals.through_batch}"
+        return b
+    if totals.missing_batches:
+        shown = totals.missing_batches[:10]
+        b.status = INCOMPLETE
+        b.message = f"no progress event for batch(es) {shown}{'...' if len(totals.missing_batches) > 10 else ''}"
+        return b
+    if b.difference != 0:
+        b.status = UNBALANCED
+        b.message = (f"{abs(b.difference)} row(s) {'unaccounted for' if b.difference > 0 else 'more than the input'}"
+                     f": rows lost from or added to the sink, or quarantined twice")
+    return b
+
+
+@dataclass
+class StreamAccounting:
+    input: int
+    quarantined: int
+    max_quarantine_rate: float
+    balances: list[Balance]
+
+    @property
+    def quarantine_rate(self) -> float:
+        return self.quarantined / self.input if self.input else 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        out = [f"accounting of {b.describe()}" for b in self.balances if b.status == UNBALANCED]
+        if self.quarantine_rate > self.max_quarantine_rate:
+            out.append(f"quarantine rate {self.quarantine_rate:.2%} ({self.quarantined} of {self.input} input rows) "
+                       f"is above the threshold {self.max_quarantine_rate:.2%}")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "quarantined": self.quarantined, "quarantine_rate": self.quarantine_rate,
+                "max_quarantine_rate": self.max_quarantine_rate, "ok": self.ok, "problems": self.problems,
+                "balances": [b.to_dict() for b in self.balances]}

@@ -1,0 +1,68 @@
+"""What has been validated: ``<data root>/quality/<stream>/ledger.json``.
+
+Per output: the watermark up to which closed units have been validated (a unit closes
+when the watermark passes its end, so later runs only look beyond it), the checkpoint's
+query id it belongs to (a reset checkpoint starts again), the last validated table
+snapshot, and a record per unit: pass or fail, rows, failed checks, Data Docs page.
+Backfilled ranges have their own records, replaced when a range is backfilled again.
+The accounting's running totals live here too. Written atomically (temporary file,
+then rename): a crash leaves the previous ledger, and the next run repeats that work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+#: Unit records kept per output; older ones are summarised in ``pruned``.
+MAX_UNITS = 5000
+MAX_RUNS = 100
+
+
+class Ledger:
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            self.data = {}
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"the quality ledger {self.path} is unreadable ({exc}); move it aside to validate "
+                             f"every closed unit again") from None
+        self.data.setdefault("version", 1)
+        self.data.setdefault("outputs", {})
+        self.data.setdefault("totals", {})
+        self.data.setdefault("backfills", {})
+        self.data.setdefault("runs", [])
+
+    def output(self, name: str, query_id: str | None) -> dict[str, Any]:
+        """The output's record; reset (units kept) when its checkpoint has a new query id."""
+        entry = self.data["outputs"].setdefault(name, {"units": {}, "pruned": {"passed": 0, "failed": 0}})
+        if entry.get("query_id") != query_id:
+            entry.update(query_id=query_id, watermark_ms=None, snapshot_batch=None)
+        return entry
+
+    def record_units(self, name: str, records: list[dict[str, Any]]) -> None:
+        entry = self.data["outputs"][name]
+        units = entry["units"]
+        for r in records:
+            units.pop(r["unit"], None)
+            units[r["unit"]] = r
+        while len(units) > MAX_UNITS:
+            oldest = next(iter(units))
+            entry["pruned"][units.pop(oldest)["status"]] += 1
+
+    def record_backfill(self, name: str, record: dict[str, Any]) -> None:
+        self.data["backfills"].setdefault(name, {})[record["unit"]] = record
+
+    def record_run(self, summary: dict[str, Any]) -> None:
+        self.data["runs"] = (self.data["runs"] + [summary])[-MAX_RUNS:]
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str), encoding="utf-8")
+        os.replace(tmp, self.path)

@@ -1,0 +1,217 @@
+"""A stream's data-quality rules: ``include/expectations/<stream>.yaml``, beside the specs.
+
+A readable, reviewable file per stream; every entry of ``expectations`` is one Great
+Expectations expectation, written as its snake-case name and its arguments::
+
+    schedule: "*/10 * * * *"        # how often the stream's quality DAG validates
+    max_quarantine_rate: 0.05       # accounting fails above this share of input
+    outputs:
+      readings:
+        unit: 1 hour                # validation unit of a pass-through output
+        freshness: 2 hours          # newest closed unit at most this far behind the watermark
+        expectations:
+          - expect_column_values_to_be_between: {column: temperature, min_value: -40, max_value: 60}
+
+The platform adds the checks it can derive from the stream spec itself (see
+:func:`derived_expectations`): the schema, no nulls in keys, event time and required
+columns, unique result keys, and freshness. A stream without a rules file gets those.
+
+This module imports neither pyspark nor Great Expectations (Airflow parses it with the
+DAG files); whether an expectation name and its arguments are valid for Great
+Expectations is checked by :mod:`spark_jobs.quality.validation` before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from spark_jobs.spec import (
+    WINDOW_END,
+    WINDOW_START,
+    Aggregation,
+    Output,
+    ParquetSink,
+    Passthrough,
+    SpecError,
+    StreamSpec,
+    TableSink,
+    _check_duration,
+    _loc,
+)
+
+EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
+#: Arguments that name columns of the output, checked against its result columns.
+COLUMN_ARGS = ("column", "column_A", "column_B")
+COLUMN_LIST_ARGS = ("column_list", "column_set")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OutputRules(Strict):
+    unit: str | None = None
+    freshness: str | None = None
+    expectations: list[dict[str, dict[str, Any]]] = Field(default_factory=list)
+
+    @field_validator("unit", "freshness")
+    @classmethod
+    def _duration(cls, v: str | None) -> str | None:
+        return v if v is None else _check_duration(v)
+
+    @field_validator("expectations")
+    @classmethod
+    def _entries(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, entry in enumerate(v):
+            if len(entry) != 1:
+                raise ValueError(f"[{i}] must be one expectation: `- expect_...: {{arguments}}`")
+            (name, kwargs), = entry.items()
+            if not EXPECTATION_NAME.match(name):
+                raise ValueError(f"[{i}] {name!r} is not an expectation name (expect_...)")
+            if not isinstance(kwargs, dict):
+                raise ValueError(f"[{i}] the arguments of {name} must be a mapping")
+        return v
+
+
+class QualityRules(Strict):
+    schedule: str = "*/10 * * * *"
+    max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
+    outputs: dict[str, OutputRules] = Field(default_factory=dict)
+
+    def for_output(self, name: str) -> OutputRules:
+        return self.outputs.get(name, OutputRules())
+
+
+def rules_path(spec_dir: str | os.PathLike[str], stream: str) -> Path:
+    """``include/expectations/<stream>.yaml`` for specs in ``include/streams/``."""
+    return Path(spec_dir).parent / "expectations" / f"{stream}.yaml"
+
+
+def load_rules(spec: StreamSpec, spec_dir: str | os.PathLike[str]) -> QualityRules:
+    """The stream's rules, checked against its spec; defaults when it has no file."""
+    path = rules_path(spec_dir, spec.name)
+    if not path.exists():
+        return QualityRules()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(path, [("", f"cannot read: {exc}")]) from None
+    return parse_rules(data or {}, spec, path)
+
+
+def parse_rules(data: Any, spec: StreamSpec, source: str | os.PathLike[str] = "<rules>") -> QualityRules:
+    if not isinstance(data, dict):
+        raise SpecError(source, [("", "quality rules must be a YAML mapping")])
+    try:
+        rules = QualityRules.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            problems.append((_loc(err["loc"]), msg))
+        raise SpecError(source, problems) from None
+    problems = []
+    outputs = {o.name: o for o in spec.outputs}
+    for name, out_rules in rules.outputs.items():
+        where = f"outputs.{name}"
+        if name not in outputs:
+            problems.append((where, f"stream {spec.name!r} has no output {name!r}; it has {sorted(outputs)}"))
+            continue
+        output = outputs[name]
+        columns = spec.result_columns(output)
+        if out_rules.unit and not isinstance(output.query, Passthrough):
+            problems.append((f"{where}.unit", "only a pass-through output has a unit; a windowed output is "
+                                              "validated window by window, a table as a whole"))
+        for i, entry in enumerate(out_rules.expectations):
+            (exp, kwargs), = entry.items()
+            for arg in COLUMN_ARGS:
+                if arg in kwargs and kwargs[arg] not in columns:
+                    problems.append((f"{where}.expectations[{i}].{exp}.{arg}",
+                                     f"unknown column {kwargs[arg]!r}; the output has {columns}"))
+            for arg in COLUMN_LIST_ARGS:
+                for c in kwargs.get(arg) or []:
+                    if c not in columns:
+                        problems.append((f"{where}.expectations[{i}].{exp}.{arg}",
+                                         f"unknown column {c!r}; the output has {columns}"))
+    if problems:
+        raise SpecError(source, problems)
+    return rules
+
+
+# ---- what is validated, and how it is cut into units ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One output to validate: which column cuts it into units, and its checks."""
+
+    output: Output
+    #: ``window``: one unit per window (by ``window_end``); ``period``: event-time periods of a
+    #: pass-through output; ``snapshot``: a table, whole, at each newly applied batch.
+    kind: str
+    unit_column: str | None
+    unit_seconds: float | None
+    freshness_seconds: float | None
+    #: derived from the spec (see :func:`derived_expectations`)
+    derived: list[tuple[str, dict[str, Any]]]
+    #: from the rules file, in its order (``outputs.<name>.expectations[i]``)
+    declared: list[tuple[str, dict[str, Any]]]
+
+
+def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[str]]:
+    """The outputs that can be validated, and a note for each that cannot."""
+    from spark_jobs.spec import duration_seconds
+
+    found, skipped = [], []
+    for output in spec.outputs:
+        r = rules.for_output(output.name)
+        q = output.query
+        freshness = duration_seconds(r.freshness) if r.freshness else None
+        checks = (derived_expectations(spec, output), [next(iter(e.items())) for e in r.expectations])
+        if isinstance(output.sink, TableSink):
+            found.append(Target(output, "snapshot", None, None, None, *checks))
+        elif not isinstance(output.sink, ParquetSink):
+            skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
+        elif isinstance(q, Aggregation) and q.window is not None:
+            found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
+        elif isinstance(q, Passthrough) and spec.event_time and spec.event_time.column in spec.result_columns(output):
+            unit = duration_seconds(r.unit or "1 hour")
+            found.append(Target(output, "period", spec.event_time.column, unit, freshness, *checks))
+        else:
+            skipped.append(f"{output.name}: no event-time column to cut closed units by; not validated")
+    return found, skipped
+
+
+def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, dict[str, Any]]]:
+    """Checks that follow from the spec: schema, nulls, unique keys.
+
+    Column types are added by the validation job from the query's real Spark schema.
+    """
+    columns = spec.result_columns(output)
+    checks: list[tuple[str, dict[str, Any]]] = [
+        ("expect_table_columns_to_match_set", {"column_set": columns, "exact_match": True}),
+    ]
+    required = {c.name for c in spec.source.columns if c.required}
+    not_null = [c for c in columns if c in required]
+    q = output.query
+    if isinstance(q, Aggregation) and q.window is not None:
+        not_null = [WINDOW_START, WINDOW_END] + not_null
+    if spec.event_time is not None and spec.event_time.column in columns and spec.event_time.column not in not_null:
+        not_null.append(spec.event_time.column)
+    checks += [("expect_column_values_to_not_be_null", {"column": c}) for c in not_null]
+    if isinstance(q, Aggregation):
+        key = spec.result_key(output)
+    else:
+        key = [k for k in (spec.deduplicate.key if spec.deduplicate else []) if k in columns]
+    if len(key) == 1:
+        checks.append(("expect_column_values_to_be_unique", {"column": key[0]}))
+    elif key:
+        checks.append(("expect_compound_columns_to_be_unique", {"column_list": key}))
+    return checks

@@ -1,0 +1,500 @@
+"""Validate a stream's sinks with Great Expectations, closed unit by closed unit.
+
+Units (see :class:`~spark_jobs.quality.rules.Target`):
+
+* a windowed output: each window, once its batch is committed (in append mode a window
+  reaches the sink only when the watermark has passed its end, so it is final);
+* a pass-through output: each event-time period (``unit`` in the rules, default one
+  hour) once the watermark of the last committed batch has passed its end;
+* a table: its whole content, once per newly applied batch.
+
+Only committed output is read: a Parquet sink through ``spark.read`` of its root, which
+honours the file sink's ``_spark_metadata`` log (orphan files of a crash are ignored);
+only units ending at or before the watermark of the last *committed* batch. The ledger
+keeps the watermark validated up to, so a rerun neither repeats nor skips a unit.
+
+All new units of an output are validated in one Great Expectations run (one Spark
+data source per stream, a batch definition, a suite, a validation definition and a
+checkpoint with a Data Docs action); failing rows are attributed to their units through
+the results' unexpected index lists, and a failed table-level check fails every unit in
+the run. Data Docs go to ``<data root>/quality/<stream>/gx/uncommitted/data_docs/local_site/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs import pipeline
+from spark_jobs.checkpoint import batch_watermark_ms, processed_files, read_query_checkpoint
+from spark_jobs.progress import read_events
+from spark_jobs.quality import accounting as acc
+from spark_jobs.quality.ledger import Ledger
+from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
+from spark_jobs.spec import (
+    QUARANTINE_QUERY,
+    SOURCE_FILE_COLUMN,
+    Layout,
+    Output,
+    ParquetSink,
+    SpecError,
+    StreamSpec,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+EXAMPLES = 5
+#: Result format of every run: counts, a few example values, and the unit of each failing row.
+RESULT_FORMAT = {"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES, "return_unexpected_index_query": False}
+
+
+def quality_dir(spec: StreamSpec, layout: Layout) -> Path:
+    return Path(layout.data(f"quality/{spec.name}"))
+
+
+def docs_index(spec: StreamSpec, layout: Layout) -> Path:
+    return quality_dir(spec, layout) / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+
+
+def iso(value: datetime) -> str:
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
+    """A Parquet sink's committed rows, or None if nothing was committed yet."""
+    try:
+        return spark.read.parquet(path)
+    except Exception as exc:  # noqa: BLE001 - an absent sink has nothing to validate
+        if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+            return None
+        raise
+
+
+def sink_batch(path: str) -> int | None:
+    """The newest batch recorded in a file sink's ``_spark_metadata`` log."""
+    try:
+        names = [n.name.removesuffix(".compact") for n in Path(path, "_spark_metadata").iterdir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    ids = [int(n) for n in names if n.isdigit()]
+    return max(ids) if ids else None
+
+
+def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> StructType:
+    """The schema the output's query produces, from its plan over no rows."""
+    from pyspark.sql import types as T
+
+    columns = pipeline.ddl(spec.source.columns, corrupt=True)
+    empty = spark.createDataFrame([], f"{columns}, `{SOURCE_FILE_COLUMN}` string")
+    frame = pipeline.output_frame(pipeline.prepared(spark, spec, layout, parsed=empty), spec, output)
+    return T.StructType(frame.schema.fields)
+
+
+class Validator:
+    """One validation run of one stream."""
+
+    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, rules: QualityRules,
+                 run_id: str | None = None):
+        import great_expectations as gx
+
+        self.spark, self.spec, self.layout, self.rules = spark, spec, layout, rules
+        self.run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        self.dir = quality_dir(spec, layout)
+        self.ledger = Ledger(self.dir / "ledger.json")
+        self.context = gx.get_context(mode="file", project_root_dir=str(self.dir))
+        self.context.variables.progress_bars = {"globally": False}
+        self.source = self.context.data_sources.add_or_update_spark(name=spec.name)
+        self.rules_file = str(rules_path(layout.spec_dir, spec.name))
+
+    # ---- Great Expectations objects ----------------------------------------------------
+
+    def _expectations(self, target: Target, schema: StructType) -> list[Any]:
+        from great_expectations.expectations.registry import get_expectation_impl
+
+        name = target.output.name
+        made = []
+        platform = {"source": "platform (from the stream spec)"}
+        checks = [(n, kw, platform, None) for n, kw in target.derived]
+        checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},
+                    platform, None) for f in schema.fields]
+        checks += [(n, kw, {"source": self.rules_file}, f"outputs.{name}.expectations[{i}].{n}")
+                   for i, (n, kw) in enumerate(target.declared)]
+        for exp, kwargs, meta, where in checks:
+            try:
+                cls = get_expectation_impl(exp)
+            except Exception:  # noqa: BLE001 - GE raises its own error types
+                raise SpecError(self.rules_file, [(where or exp, f"{exp!r} is not a Great Expectations expectation")]) from None
+            try:
+                made.append(cls(**kwargs, meta=meta))
+            except Exception as exc:  # noqa: BLE001
+                raise SpecError(self.rules_file, [(where or exp, f"invalid arguments for {exp}: {exc}")]) from None
+        if target.freshness_seconds and target.unit_column:
+            made.append(get_expectation_impl("expect_column_max_to_be_between")(
+                column=target.unit_column, min_value={"$PARAMETER": "fresh_after"},
+                meta={"source": self.rules_file, "scope": "output", "check": "freshness"}))
+        return made
+
+    def checkpoint(self, target: Target, schema: StructType, label: str = "closed units") -> Any:
+        """The output's suite, validation definition and checkpoint, (re)stored in the context."""
+        import great_expectations as gx
+
+        name = f"{self.spec.name}.{target.output.name}"
+        asset_name = target.output.name if label == "closed units" else f"{target.output.name}.backfill"
+        try:
+            asset = self.source.get_asset(asset_name)
+        except LookupError:
+            asset = self.source.add_dataframe_asset(asset_name)
+        try:
+            batch = asset.get_batch_definition(label)
+        except KeyError:
+            batch = asset.add_batch_definition_whole_dataframe(label)
+        suite = self.context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=self._expectations(target, schema)))
+        vd_name = name if label == "closed units" else f"{name}.backfill"
+        vd = self.context.validation_definitions.add_or_update(gx.ValidationDefinition(name=vd_name, data=batch, suite=suite))
+        result_format = dict(RESULT_FORMAT)
+        if target.unit_column:
+            result_format["unexpected_index_column_names"] = [target.unit_column]
+        return self.context.checkpoints.add_or_update(gx.Checkpoint(
+            name=vd_name, validation_definitions=[vd], result_format=result_format,
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")]))
+
+    # ---- one GE run, its results attributed to units ----------------------------------------
+
+    def _run(self, checkpoint: Any, frame: DataFrame, units: dict[str, dict[str, Any]],
+             unit_of: Any, unit_column: str | None, parameters: dict[str, Any]) -> tuple[list[str], str | None]:
+        """Validate ``frame``; mark each unit passed or failed. Output-level problems."""
+        result = checkpoint.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters)
+        output_problems: list[str] = []
+        docs = None
+        for identifier, vr in result.run_results.items():
+            docs = self._docs_path(identifier)
+            for r in vr.results:
+                if r.success:
+                    continue
+                cfg = r.expectation_config
+                label = _label(cfg.type, cfg.kwargs)
+                res = r.result or {}
+                error = _exception(r.exception_info)
+                detail = f"{label}: {error}" if error else _describe(label, res)
+                if (cfg.meta or {}).get("scope") == "output":
+                    output_problems.append(detail)
+                    continue
+                index = res.get("unexpected_index_list")
+                if error or not index or unit_column is None:
+                    for u in units.values():
+                        u["failed"].append(detail)
+                    continue
+                hits: dict[str | None, int] = {}
+                for row in index:
+                    key = unit_of(row.get(unit_column)) if isinstance(row, dict) else None
+                    hits[key] = hits.get(key, 0) + 1
+                for key, n in hits.items():
+                    for u in ([units[key]] if key in units else units.values()):
+                        u["failed"].append(f"{label}: {n} of {u['rows']} rows unexpected"
+                                           + _examples(res))
+        for u in units.values():
+            u["status"] = "failed" if u["failed"] else "passed"
+            u["docs"] = docs
+        return output_problems, docs
+
+    def _docs_path(self, identifier: Any) -> str | None:
+        try:
+            url = self.context.get_docs_sites_urls(resource_identifier=identifier)[0]["site_url"]
+        except Exception:  # noqa: BLE001 - a missing link must not fail the validation
+            return None
+        root = str(docs_index(self.spec, self.layout).parent)
+        path = url.removeprefix("file://")
+        return path[len(root) + 1:] if path.startswith(root) else None
+
+    def _unit_record(self, unit: str, start: datetime | None, end: datetime | None, rows: int) -> dict[str, Any]:
+        return {"unit": unit, "start": iso(start) if start else None, "end": iso(end) if end else None,
+                "rows": rows, "status": "pending", "failed": [], "run": self.run_id,
+                "validated_at": iso(datetime.now(UTC))}
+
+    # ---- closed units of the live sinks -------------------------------------------------------
+
+    def validate_output(self, target: Target) -> dict[str, Any]:
+        from pyspark.sql import functions as F
+
+        output = target.output
+        ckpt = read_query_checkpoint(self.layout.checkpoint(output.name), with_files=False)
+        entry = self.ledger.output(output.name, ckpt.query_id)
+        report: dict[str, Any] = {"output": output.name, "kind": target.kind, "units": [], "problems": []}
+        if ckpt.last_committed is None:
+            report["note"] = "no batch committed yet"
+            return report
+        schema = expected_schema(self.spark, self.spec, self.layout, output)
+        if target.kind == "snapshot":
+            return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
+
+        wm_ms = batch_watermark_ms(ckpt.path, ckpt.last_committed) or 0
+        prev_ms = entry.get("watermark_ms")
+        frame = read_committed(self.spark, self.layout.data(output.sink.path))
+        report["watermark"] = iso(from_ms(wm_ms)) if wm_ms else None
+        if frame is None or wm_ms <= 0 or (prev_ms is not None and wm_ms <= prev_ms):
+            report["note"] = "no unit closed since the last run"
+            self._check_stale(target, entry, wm_ms, report)
+            return report
+
+        col = F.col(target.unit_column)
+        if target.kind == "window":
+            window = output.query.window
+            length = timedelta(seconds=_seconds(window.duration))
+            unit_expr = col
+            lo, hi = prev_ms, wm_ms
+            closed = (col <= F.timestamp_millis(F.lit(hi)))
+            if lo is not None:
+                closed &= col > F.timestamp_millis(F.lit(lo))
+
+            def unit_of(value: Any) -> str | None:
+                return iso(value) if isinstance(value, datetime) else None
+
+            def bounds(value: datetime) -> tuple[datetime, datetime]:
+                return value - length, value
+        else:
+            period_ms = int(target.unit_seconds * 1000)
+            hi = wm_ms // period_ms * period_ms
+            lo = None if prev_ms is None else prev_ms // period_ms * period_ms
+            unit_expr = F.timestamp_millis(F.floor(F.unix_millis(col) / period_ms) * period_ms)
+            closed = col < F.timestamp_millis(F.lit(hi))
+            if lo is not None:
+                closed &= col >= F.timestamp_millis(F.lit(lo))
+
+            def unit_of(value: Any) -> str | None:
+                if not isinstance(value, datetime):
+                    return None
+                ms = int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
+                return iso(from_ms(ms // period_ms * period_ms))
+
+            def bounds(value: datetime) -> tuple[datetime, datetime]:
+                return value, value + timedelta(milliseconds=period_ms)
+
+        batch = frame.where(closed | col.isNull())
+        counts = batch.groupBy(unit_expr.alias("unit")).count().collect()
+        units: dict[str, dict[str, Any]] = {}
+        unplaced = 0
+        for row in counts:
+            if row["unit"] is None:
+                unplaced += row["count"]
+                continue
+            start, end = bounds(row["unit"])
+            key = unit_of(row["unit"])
+            units[key] = self._unit_record(key, start, end, row["count"])
+        if not units and not unplaced:
+            entry["watermark_ms"] = wm_ms
+            report["note"] = "no rows in the units closed since the last run"
+            self._check_stale(target, entry, wm_ms, report)
+            return report
+        if unplaced:
+            report["problems"].append(f"{unplaced} row(s) have no {target.unit_column}: they belong to no unit "
+                                      f"and fail every unit validated with them")
+        fresh_after = from_ms(wm_ms) - timedelta(seconds=target.freshness_seconds or 0)
+        started = time.monotonic()
+        problems, docs = self._run(self.checkpoint(target, schema), batch, units, unit_of, target.unit_column,
+                                   {"fresh_after": fresh_after.replace(tzinfo=None)})
+        report["seconds"] = round(time.monotonic() - started, 2)
+        report["problems"] += [f"freshness: {p}" for p in problems]
+        report["units"] = sorted(units.values(), key=lambda u: u["unit"])
+        report["docs"] = docs
+        self.ledger.record_units(output.name, report["units"])
+        entry["watermark_ms"] = wm_ms
+        return report
+
+    def _check_stale(self, target: Target, entry: dict[str, Any], wm_ms: int, report: dict[str, Any]) -> None:
+        """Freshness when no unit closed: the newest validated unit against the watermark."""
+        if not target.freshness_seconds or not wm_ms or not entry["units"]:
+            return
+        newest = max(u["end"] for u in entry["units"].values() if u.get("end"))
+        behind = from_ms(wm_ms) - datetime.fromisoformat(newest.replace("Z", "+00:00"))
+        if behind.total_seconds() > target.freshness_seconds:
+            report["problems"].append(f"freshness: the newest closed unit ends {newest}, {behind} before the "
+                                      f"watermark (allowed: {timedelta(seconds=target.freshness_seconds)})")
+
+    def _validate_snapshot(self, target: Target, schema: StructType, query_id: str | None,
+                           entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        writer = self._table_writer(target.output, schema, query_id)
+        for _ in range(5):  # a batch applied while reading: read again
+            applied = writer.applied_batches()
+            rows = writer.read_all()
+            if writer.applied_batches() == applied:
+                break
+        last = applied[-1] if applied else None
+        if last is None or last == entry.get("snapshot_batch"):
+            report["note"] = "no batch applied since the last run"
+            return report
+        unit = f"batch {last}"
+        units = {unit: self._unit_record(unit, None, None, len(rows))}
+        frame = self.spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
+        started = time.monotonic()
+        _, docs = self._run(self.checkpoint(target, schema), frame, units, lambda _v: unit, None, {})
+        report["seconds"] = round(time.monotonic() - started, 2)
+        report["units"], report["docs"] = list(units.values()), docs
+        self.ledger.record_units(target.output.name, report["units"])
+        entry["snapshot_batch"] = last
+        return report
+
+    def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
+        from spark_jobs.tables import TableWriter
+
+        columns = [(f.name, pipeline.spec_type(f.dataType)) for f in schema.fields]
+        return TableWriter(url=self.layout.table_url(output.sink), table=output.sink.table, columns=columns,
+                           key=self.spec.result_key(output), mode=output.mode,
+                           sink_id=f"{self.spec.name}.{output.name}@{query_id}")
+
+    # ---- backfilled ranges ------------------------------------------------------------------
+
+    def validate_backfill(self, target: Target, label: str) -> dict[str, Any]:
+        """Validate one backfilled range of an output as a whole (it is replaced whole on a rerun)."""
+        from spark_jobs.backfill import BACKFILL_DIR
+
+        output = target.output
+        report: dict[str, Any] = {"output": output.name, "kind": "backfill", "units": [], "problems": []}
+        path = self.layout.data(f"{BACKFILL_DIR}/{self.spec.name}/{output.name}/{label}")
+        frame = read_committed(self.spark, path)
+        if frame is None:
+            report["note"] = f"no backfill output at {path}"
+            return report
+        schema = expected_schema(self.spark, self.spec, self.layout, output)
+        unit = f"backfill {label}"
+        units = {unit: self._unit_record(unit, None, None, frame.count())}
+        plain = Target(output, "backfill", None, None, None, target.derived, target.declared)
+        started = time.monotonic()
+        _, docs = self._run(self.checkpoint(plain, schema, label="backfill"), frame, units, lambda _v: unit, None, {})
+        report["seconds"] = round(time.monotonic() - started, 2)
+        report["units"], report["docs"] = list(units.values()), docs
+        self.ledger.record_backfill(output.name, units[unit])
+        return report
+
+    # ---- accounting ---------------------------------------------------------------------------
+
+    def account(self) -> acc.StreamAccounting | None:
+        """input = accepted + quarantined + duplicates + dropped late, per output query."""
+        from pyspark.sql import functions as F
+
+        if self.spec.quarantine is None:
+            return None
+        events = list(read_events(self.layout.events_file))
+        totals = self.ledger.data["totals"]
+
+        def committed(query: str) -> tuple[acc.Totals, set[str], Any]:
+            ck = read_query_checkpoint(self.layout.checkpoint(query), with_files=False)
+            t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed)
+            totals[query] = t.to_dict()
+            files = set()
+            if ck.last_committed is not None:
+                files = {acc.file_name(p) for p in processed_files(ck.path, through_batch=ck.last_committed)}
+            return t, files, ck
+
+        q_totals, q_files, _ = committed(QUARANTINE_QUERY)
+        quarantine = read_committed(self.spark, self.layout.data(self.spec.quarantine.path))
+        by_file: dict[str, int] = {}
+        if quarantine is not None:
+            for row in quarantine.groupBy("source_file").agg(F.count(F.lit(1)).alias("n")).collect():
+                name = acc.file_name(row["source_file"] or "")
+                by_file[name] = by_file.get(name, 0) + row["n"]
+        balances = []
+        for output in self.spec.outputs:
+            t, files, ck = committed(output.name)
+            measure = acc.accepted_measure(self.spec, output)
+            accepted, accepted_batch = self._accepted(output, measure, ck.query_id)
+            balances.append(acc.balance(output.name, t, files, q_files, by_file, accepted, accepted_batch, measure))
+        return acc.StreamAccounting(q_totals.input, sum(by_file.values()), self.rules.max_quarantine_rate, balances)
+
+    def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
+        if measure is None:
+            return None, None
+        if measure == "rows":
+            assert isinstance(output.sink, ParquetSink)
+            path = self.layout.data(output.sink.path)
+            frame = read_committed(self.spark, path)
+            return (0 if frame is None else frame.count()), sink_batch(path)
+        column = measure.removeprefix("sum:")
+        writer = self._table_writer(output, expected_schema(self.spark, self.spec, self.layout, output), query_id)
+        for _ in range(5):
+            applied = writer.applied_batches()
+            total = sum(int(r[column] or 0) for r in writer.read_all())
+            if writer.applied_batches() == applied:
+                break
+        return total, (applied[-1] if applied else None)
+
+    # ---- the whole run ------------------------------------------------------------------------
+
+    def run(self, backfill_label: str | None = None) -> dict[str, Any]:
+        started = datetime.now(UTC)
+        found, skipped = targets(self.spec, self.rules)
+        outputs = []
+        for target in found:
+            outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
+                           else self.validate_output(target))
+        accounting = None if backfill_label else self.account()
+        problems = [f"{o['output']}: {p}" for o in outputs for p in o["problems"]]
+        for o in outputs:
+            for u in o["units"]:
+                for f in u["failed"]:
+                    problems.append(f"{o['output']} {u['unit']} ({u['rows']} rows): {f}")
+        if accounting is not None:
+            problems += accounting.problems
+        result = {
+            "stream": self.spec.name, "run_id": self.run_id, "started": iso(started), "finished": iso(datetime.now(UTC)),
+            "backfill": backfill_label, "outputs": outputs, "skipped": skipped,
+            "accounting": accounting.to_dict() if accounting else None, "problems": problems, "ok": not problems,
+            "docs": str(docs_index(self.spec, self.layout)), "summary": str(self.dir / "index.html"),
+        }
+        units = [u for o in outputs for u in o["units"]]
+        self.ledger.record_run({"run_id": self.run_id, "at": result["finished"], "backfill": backfill_label,
+                                "units": len(units), "failed": sum(u["status"] == "failed" for u in units),
+                                "ok": result["ok"], "accounting": result["accounting"]})
+        self.ledger.save()
+        from spark_jobs.quality.report import write_summary
+
+        write_summary(self.spec, self.ledger, self.dir, docs_index(self.spec, self.layout))
+        return result
+
+
+def _seconds(text: str) -> float:
+    from spark_jobs.spec import duration_seconds
+
+    return duration_seconds(text)
+
+
+def _label(name: str, kwargs: dict[str, Any]) -> str:
+    target = kwargs.get("column") or kwargs.get("column_list") or kwargs.get("column_set")
+    return f"{name}({target})" if target else name
+
+
+def _examples(res: dict[str, Any]) -> str:
+    values = res.get("partial_unexpected_list") or []
+    return f", e.g. {values[:EXAMPLES]}" if values else ""
+
+
+def _describe(label: str, res: dict[str, Any]) -> str:
+    if "unexpected_count" in res:
+        return f"{label}: {res['unexpected_count']} of {res.get('element_count')} rows unexpected" + _examples(res)
+    if "observed_value" in res:
+        return f"{label}: observed {res['observed_value']!r}"
+    return f"{label}: failed"
+
+
+def _exception(info: Any) -> str | None:
+    """The message of an exception Great Expectations caught while computing a check."""
+    if not isinstance(info, dict):
+        return None
+    if info.get("raised_exception"):
+        return str(info.get("exception_message") or "raised an exception").splitlines()[0][:300]
+    for value in info.values():
+        if isinstance(value, dict) and value.get("raised_exception"):
+            return str(value.get("exception_message") or "raised an exception").splitlines()[0][:300]
+    return None

@@ -1,0 +1,101 @@
+"""Data-quality validation of one stream: ``spark-submit spark_jobs/quality_job.py --spec <spec>``.
+
+Validates every unit of the stream's sinks that closed since the last run (or, with
+``--backfill START END``, the outputs a backfill wrote for that range) with Great
+Expectations, checks the accounting of every input row, rebuilds Data Docs and the
+stream's summary page, and writes the run's result as JSON (``--result``).
+
+Exit codes: 0 the validation ran (the result says whether it passed), 2 invalid spec,
+rules or parameters (the message names the file and field), 1 the run itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from spark_jobs.spec import Layout, SpecError, load_spec
+
+log = logging.getLogger("quality_job")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", required=True, help="the stream's spec file")
+    p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
+    p.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="validate this backfilled range instead")
+    p.add_argument("--result", type=Path, help="write the run's result here as JSON")
+    args = p.parse_args(argv)
+
+    from spark_jobs.backfill import BackfillError, parse_range, range_label
+    from spark_jobs.quality.rules import load_rules
+
+    try:
+        spec = load_spec(args.spec)
+        layout = Layout(spec, args.data_root, Path(args.spec).resolve().parent)
+        rules = load_rules(spec, layout.spec_dir)
+        label = range_label(*parse_range(*args.backfill)) if args.backfill else None
+    except (SpecError, BackfillError) as exc:
+        log.error("%s", exc)
+        return 2
+
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.pipeline import SESSION_CONF
+    from spark_jobs.quality.validation import Validator
+
+    spark = (SparkSession.builder.appName(f"quality:{spec.name}").config(map=SESSION_CONF)
+             .config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN")).getOrCreate())
+    try:
+        result = Validator(spark, spec, layout, rules).run(backfill_label=label)
+    except SpecError as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        spark.stop()
+    if args.result:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        args.result.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    for line in describe(result):
+        log.info("%s", line)
+    return 0
+
+
+def describe(result: dict) -> list[str]:
+    """A readable account of a run: what was validated, what failed, the accounting."""
+    lines = []
+    for o in result["outputs"]:
+        units = o["units"]
+        failed = [u for u in units if u["status"] == "failed"]
+        what = f"{len(units)} unit(s), {sum(u['rows'] for u in units)} rows" if units else o.get("note", "nothing new")
+        lines.append(f"{o['output']}: {what}; {len(failed)} failed" if units else f"{o['output']}: {what}")
+    for note in result["skipped"]:
+        lines.append(note)
+    acc = result.get("accounting")
+    if acc:
+        lines.append(f"accounting: {acc['input']} input rows, {acc['quarantined']} quarantined "
+                     f"({acc['quarantine_rate']:.2%}, threshold {acc['max_quarantine_rate']:.2%})")
+        for b in acc["balances"]:
+            accepted = "?" if b["accepted"] is None else b["accepted"]
+            lines.append(f"  {b['output']}: {b['status']}: {b['input']} = {accepted} accepted + {b['quarantined']} "
+                         f"quarantined + {b['duplicates']} duplicates + {b['dropped_late']} dropped late"
+                         + (f" ({b['message']})" if b["message"] else ""))
+    if result["problems"]:
+        lines.append(f"FAILED: {len(result['problems'])} problem(s):")
+        lines += [f"  - {p}" for p in result["problems"][:30]]
+        if len(result["problems"]) > 30:
+            lines.append(f"  ... and {len(result['problems']) - 30} more (see {result['summary']})")
+    else:
+        lines.append("all checks passed")
+    lines.append(f"summary: {result['summary']}; Data Docs: {result['docs']}")
+    return lines
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    sys.exit(main())
