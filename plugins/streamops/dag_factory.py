@@ -8,9 +8,12 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 * ``stream_<name>_restart``: stop gracefully, then resume from the checkpoint; on the
   spec's ``supervision.scheduled_restart`` cron, or by hand.
 * ``stream_<name>_backfill``: reprocess an event-time range in batch (UI params ``start`` and
-  ``end``, or the run's data interval, so Airflow's own backfills work), idempotently.
+  ``end``, or the run's data interval, so Airflow's own backfills work), idempotently, then
+  validate what it wrote.
+* ``stream_<name>_quality``: validate every unit of the sinks closed since the last run with
+  Great Expectations, and the accounting of every input row; on the rules' ``schedule``.
 
-An invalid spec raises :class:`~spark_jobs.spec.SpecError` here, so the DAG file shows an
+An invalid spec (or quality rules file) raises :class:`~spark_jobs.spec.SpecError` here, so the DAG file shows an
 import error naming the spec file and field, and nothing is deployed from it.
 """
 
@@ -23,9 +26,11 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, Param, task
 
+from spark_jobs.quality.rules import load_rules, rules_path
 from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
 from streamops.alerts import alert_on_failure
 from streamops.health import Status
+from streamops.operators.quality import QUALITY_URL, ValidateStreamOperator
 from streamops.operators.stream import (
     BackfillOperator,
     ResumeStreamOperator,
@@ -45,7 +50,8 @@ def _doc(spec: StreamSpec, what: str) -> str:
             f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "
             f"{spec.supervision.restart.max_attempts} failures in a row, backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
-            f"`{spec.spark.connection}`.")
+            f"`{spec.spark.connection}`.\n\n[Data quality of this stream]({QUALITY_URL}/{spec.name}/) "
+            f"(per-unit results, accounting) and its [Data Docs]({QUALITY_URL}/{spec.name}/docs/index.html).")
 
 
 def _default_args(spec: StreamSpec) -> dict[str, Any]:
@@ -64,6 +70,7 @@ def _default_args(spec: StreamSpec) -> dict[str, Any]:
 def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | None = None) -> dict[str, DAG]:
     spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
     spec = load_spec(spec_dir / f"{name}.yaml")
+    rules = load_rules(spec, spec_dir)
     paths = {"spec_dir": str(spec_dir), "data_root": data_root}
     tags = ["stream", spec.name]
     dags: dict[str, DAG] = {}
@@ -134,8 +141,19 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
             return {"start": lo.isoformat(), "end": hi.isoformat()}
 
         bounds = check_range()
-        BackfillOperator(task_id="backfill", stream=spec.name, conn_id=spec.spark.connection,
-                         start="{{ ti.xcom_pull(task_ids='check_range')['start'] }}",
-                         end="{{ ti.xcom_pull(task_ids='check_range')['end'] }}", **paths).set_upstream(bounds)
+        start, end = "{{ ti.xcom_pull(task_ids='check_range')['start'] }}", "{{ ti.xcom_pull(task_ids='check_range')['end'] }}"
+        backfill = BackfillOperator(task_id="backfill", stream=spec.name, conn_id=spec.spark.connection,
+                                    start=start, end=end, **paths)
+        validate = ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection,
+                                          backfill_start=start, backfill_end=end, **paths)
+        bounds >> backfill >> validate
     dags[backfill_dag.dag_id] = backfill_dag
+
+    quality_doc = (f"{_doc(spec, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
+                   f"`include/expectations/` (plus the checks derived from the spec). Schedule: `{rules.schedule}`.")
+    with DAG(f"stream_{spec.name}_quality", doc_md=quality_doc, schedule=rules.schedule, start_date=START,
+             catchup=False, max_active_runs=1, tags=[*tags, "quality"],
+             default_args={**_default_args(spec), "retries": 0}) as quality_dag:
+        ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, **paths)
+    dags[quality_dag.dag_id] = quality_dag
     return dags

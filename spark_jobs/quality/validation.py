@@ -78,7 +78,8 @@ def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
     try:
         return spark.read.parquet(path)
     except Exception as exc:  # noqa: BLE001 - an absent sink has nothing to validate
-        if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+        text = f"{getattr(exc, 'getCondition', lambda: '')()} {exc}"
+        if "PATH_NOT_FOUND" in text or "UNABLE_TO_INFER_SCHEMA" in text:
             return None
         raise
 

@@ -1,0 +1,87 @@
+"""The operator that validates a stream's sinks with Great Expectations."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from spark_jobs.spec import default_spec_dir
+from streamops.hooks.stream import StreamHook
+
+QUALITY_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "quality_job.py")
+#: Where the UI serves each stream's quality pages (``plugins/streams_ui.py``).
+QUALITY_URL = "/stream-quality"
+
+
+class ValidateStreamOperator(SparkSubmitOperator):
+    """Validate what a stream wrote: every unit closed since the last run, or a backfilled range.
+
+    Runs ``spark_jobs/quality_job.py`` with ``spark-submit`` (where: the Spark connection),
+    then reads the run's result: it logs what was validated and the accounting, and fails
+    with a readable summary (which checks, which units, how many rows, example values) when
+    a check failed, so the task's failure callback alerts. The stream itself is never
+    touched. Returns the run's counts (XCom).
+
+    :param stream: the stream's name. (templated)
+    :param backfill_start: with ``backfill_end``, validate that backfilled range instead. (templated)
+    :param backfill_end: see ``backfill_start``. (templated)
+    :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
+    :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR``).
+    All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream", "backfill_start",
+                                      "backfill_end")
+
+    def __init__(self, *, stream: str, backfill_start: str | None = None, backfill_end: str | None = None,
+                 spec_dir: str | None = None, data_root: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("application", QUALITY_JOB)
+        kwargs.setdefault("name", f"quality:{stream}")
+        super().__init__(**kwargs)
+        self.stream, self.backfill_start, self.backfill_end = stream, backfill_start, backfill_end
+        self.spec_dir, self.data_root = spec_dir, data_root
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        run = context["run_id"] if "run_id" in context else "manual"
+        result_file = Path(hook.layout.data(f"quality/{self.stream}/runs/{_safe(run)}.json"))
+        result_file.unlink(missing_ok=True)
+        self.application_args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml",
+                                 "--result", str(result_file)]
+        if self.data_root:
+            self.application_args += ["--data-root", self.data_root]
+        if self.backfill_start or self.backfill_end:
+            self.application_args += ["--backfill", str(self.backfill_start), str(self.backfill_end)]
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        super().execute(context)
+        try:
+            result = json.loads(result_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise AirflowFailException(f"the validation job of {self.stream} wrote no result ({exc})") from None
+        from spark_jobs.quality_job import describe
+
+        for line in describe(result):
+            self.log.info("%s", line)
+        units = [u for o in result["outputs"] for u in o["units"]]
+        failed = [u for u in units if u["status"] == "failed"]
+        if not result["ok"]:
+            shown = "\n  - ".join(result["problems"][:20])
+            more = f"\n  ... {len(result['problems']) - 20} more" if len(result["problems"]) > 20 else ""
+            raise AirflowFailException(
+                f"data quality of stream {self.stream} FAILED: {len(failed)} of {len(units)} unit(s) failed; "
+                f"{len(result['problems'])} problem(s):\n  - {shown}{more}\n"
+                f"Summary: {QUALITY_URL}/{self.stream}/ in the Airflow UI ({result['summary']}).")
+        return {"stream": self.stream, "units": len(units), "failed": len(failed),
+                "rows": sum(u["rows"] for u in units), "accounting": (result.get("accounting") or {}).get("ok"),
+                "summary": result["summary"]}
+
+
+def _safe(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)

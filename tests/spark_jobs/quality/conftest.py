@@ -1,0 +1,70 @@
+"""Fixtures for data-quality tests: one real run of the sensors stream with closed windows."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import generate, pipeline
+from spark_jobs.checkpoint import last_batch
+from spark_jobs.progress import EventLog, make_listener, read_events
+from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+
+INCLUDE = default_spec_dir().parent
+
+
+@pytest.fixture(scope="session")
+def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
+    """A finished run (8 files, 80 minutes of event time, so windows and an hour close): its
+    data root and a pristine copy of it.
+
+    A file sink's metadata log holds absolute paths, so a copy elsewhere is no sink: tests
+    work in the run's own folder, restored from the copy before each test.
+    """
+    root = tmp_path_factory.mktemp("quality") / "data"
+    spec_path = default_spec_dir() / "sensors.yaml"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8",
+                          "--events-per-file", "40", "--event-interval-ms", "15000", "--seed", "11"]) == 0
+    spec = load_spec(spec_path)
+    layout = Layout(spec, root, default_spec_dir())
+    names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
+    listener = make_listener(EventLog(layout.events_file), spec.name, names)  # as the job does
+    spark.streams.addListener(listener)
+    try:
+        queries = pipeline.start(spark, spec, layout, Trigger(available_now=True))
+        for q in queries.values():
+            q.awaitTermination(300)
+            assert q.exception() is None
+
+        def events_written() -> bool:  # the listener bus delivers events asynchronously
+            seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
+            return all((name, last_batch(layout.checkpoint(name), "commits")) in seen for name in spec.query_names())
+
+        deadline = time.monotonic() + 60
+        while not events_written():
+            assert time.monotonic() < deadline, "progress events of the last batches were not written"
+            time.sleep(0.1)
+    finally:
+        spark.streams.removeListener(listener)
+    pristine = root.with_name("pristine")
+    shutil.copytree(root, pristine, symlinks=True)
+    return root, pristine
+
+
+@pytest.fixture
+def include(tmp_path: Path) -> Path:
+    """A copy of include/ (specs, reference data, rules) that a test may change."""
+    copy = tmp_path / "include"
+    shutil.copytree(INCLUDE, copy)
+    return copy
+
+
+@pytest.fixture
+def data_root(closed_run: tuple[Path, Path]) -> Path:
+    root, pristine = closed_run
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root, symlinks=True)
+    return root

@@ -1,0 +1,206 @@
+"""Great Expectations validation of a real run's sinks: closed units, failures, orphans, accounting, backfills."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from spark_jobs import backfill
+from spark_jobs.checkpoint import batch_watermark_ms, last_batch
+from spark_jobs.quality.rules import load_rules, targets
+from spark_jobs.quality.validation import Validator, expected_schema, from_ms, iso
+from spark_jobs.spec import Layout, SpecError, load_spec
+
+
+def validator(spark, include: Path, data_root: Path) -> Validator:
+    spec = load_spec(include / "streams" / "sensors.yaml")
+    layout = Layout(spec, data_root, include / "streams")
+    return Validator(spark, spec, layout, load_rules(spec, layout.spec_dir))
+
+
+def target(v: Validator, name: str):
+    return next(t for t in targets(v.spec, v.rules)[0] if t.output.name == name)
+
+
+def closed_windows(spark, v: Validator) -> set[str]:
+    """Window ends the sink holds at or before the committed watermark, read independently."""
+    ckpt = v.layout.checkpoint("site_temperature_10m")
+    wm = from_ms(batch_watermark_ms(ckpt, last_batch(ckpt, "commits")))
+    rows = spark.read.parquet(v.layout.data("sinks/sensors/site_temperature_10m")).select("window_end").distinct()
+    return {iso(r["window_end"]) for r in rows.collect() if iso(r["window_end"]) <= iso(wm)}
+
+
+def test_clean_output_passes_once_per_closed_unit_and_a_rerun_changes_nothing(spark, include, data_root) -> None:
+    v = validator(spark, include, data_root)
+    result = v.run()
+
+    assert result["ok"], result["problems"]
+    by_output = {o["output"]: o for o in result["outputs"]}
+    windows = closed_windows(spark, v)
+    assert len(windows) >= 5
+    assert {u["unit"] for u in by_output["site_temperature_10m"]["units"]} == windows
+    readings_units = {u["unit"] for u in by_output["readings"]["units"]}
+    assert "2026-01-01T00:00:00Z" in readings_units  # the first event-time hour has closed
+    assert "2026-01-01T01:00:00Z" not in readings_units  # the watermark is inside the second
+    hour = spark.read.parquet(v.layout.data("sinks/sensors/readings")).where(
+        (F.col("ts") >= "2026-01-01 00:00:00") & (F.col("ts") < "2026-01-01 01:00:00")).count()
+    assert next(u for u in by_output["readings"]["units"] if u["unit"] == "2026-01-01T00:00:00Z")["rows"] == hour
+    assert [u["unit"] for u in by_output["device_status"]["units"]] == [f"batch {last_batch(v.layout.checkpoint('device_status'), 'commits')}"]
+    assert all(u["status"] == "passed" for o in result["outputs"] for u in o["units"])
+
+    balances = {b["output"]: b for b in result["accounting"]["balances"]}
+    assert balances["readings"]["status"] == "balanced" and balances["readings"]["difference"] == 0
+    assert balances["device_status"]["status"] == "balanced"
+    assert balances["site_temperature_10m"]["status"] == "not checkable"
+    manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())["counts"]
+    assert result["accounting"]["input"] == manifest["input_records"]
+    assert result["accounting"]["quarantined"] == manifest["quarantined"]
+    assert balances["readings"]["accepted"] == manifest["accepted"]
+    assert balances["readings"]["dropped_late"] == manifest["dropped_late"]
+
+    docs = Path(result["docs"])
+    assert docs.is_file()
+    unit = by_output["site_temperature_10m"]["units"][0]
+    assert (docs.parent / unit["docs"]).is_file()  # the unit's Data Docs page
+    summary = (v.dir / "index.html").read_text()
+    assert unit["unit"] in summary and "balanced" in summary
+
+    ledger_before = json.loads((v.dir / "ledger.json").read_text())
+    results_before = sorted((v.dir / "gx" / "uncommitted" / "validations").rglob("*.json"))
+    again = validator(spark, include, data_root).run()
+    assert again["ok"]
+    assert all(o["units"] == [] for o in again["outputs"])  # nothing validated twice
+    ledger_after = json.loads((v.dir / "ledger.json").read_text())
+    assert ledger_after["outputs"] == ledger_before["outputs"]
+    assert sorted((v.dir / "gx" / "uncommitted" / "validations").rglob("*.json")) == results_before
+
+
+@pytest.fixture
+def windows_frame(spark, include, data_root):
+    v = validator(spark, include, data_root)
+    t = target(v, "site_temperature_10m")
+    frame = spark.read.parquet(v.layout.data("sinks/sensors/site_temperature_10m"))
+    return v, t, frame
+
+
+def run_suite(v: Validator, t, frame, schema=None):
+    schema = schema or expected_schema(v.spark, v.spec, v.layout, t.output)
+    units = {}
+    for row in frame.groupBy("window_end").count().collect():
+        if row["window_end"] is not None:
+            key = iso(row["window_end"])
+            units[key] = v._unit_record(key, None, row["window_end"], row["count"])
+    problems, _ = v._run(v.checkpoint(t, schema), frame, units, lambda x: iso(x) if x else None, "window_end",
+                         {"fresh_after": from_ms(0).replace(tzinfo=None)})
+    return units, problems
+
+
+def failed(units: dict) -> dict[str, list[str]]:
+    return {k: u["failed"] for k, u in units.items() if u["status"] == "failed"}
+
+
+def test_injected_nulls_duplicates_and_out_of_range_values_fail_their_unit_only(windows_frame) -> None:
+    v, t, frame = windows_frame
+    units, _ = run_suite(v, t, frame)
+    assert failed(units) == {}
+
+    first = frame.orderBy("window_end", "site").limit(1).collect()[0]
+    bad_end = iso(first["window_end"])
+    null_row = frame.limit(0).unionByName(v.spark.createDataFrame([{**first.asDict(), "window_start": None}], frame.schema))
+    hot = v.spark.createDataFrame([{**first.asDict(), "site": "site-hot", "max_temperature": 999.0}], frame.schema)
+    duplicate = frame.where((F.col("window_end") == first["window_end"]) & (F.col("site") == first["site"]))
+    units, _ = run_suite(v, t, frame.unionByName(null_row).unionByName(hot).unionByName(duplicate))
+
+    assert set(failed(units)) == {bad_end}, "only the window holding the bad rows fails"
+    messages = "\n".join(failed(units)[bad_end])
+    assert "expect_column_values_to_not_be_null(window_start)" in messages
+    assert "expect_compound_columns_to_be_unique(['window_start', 'window_end', 'site'])" in messages
+    assert "expect_column_values_to_be_between(max_temperature): 1 of" in messages and "999.0" in messages
+
+
+def test_schema_drift_fails_every_unit_naming_the_schema_checks(windows_frame) -> None:
+    v, t, frame = windows_frame
+    drifted = frame.withColumn("readings", F.col("readings").cast("string")).withColumn("extra", F.lit(1))
+    units, _ = run_suite(v, t, drifted)
+    assert set(failed(units)) == set(units)
+    messages = "\n".join(next(iter(failed(units).values())))
+    assert "expect_table_columns_to_match_set" in messages
+    assert "expect_column_values_to_be_of_type(readings): observed 'StringType'" in messages
+
+
+def test_orphan_files_in_a_sink_are_not_validated(spark, include, data_root, tmp_path) -> None:
+    v = validator(spark, include, data_root)
+    sink = Path(v.layout.data("sinks/sensors/site_temperature_10m"))
+    bad = spark.read.parquet(str(sink)).withColumn("max_temperature", F.lit(999.0))
+    bad.coalesce(1).write.parquet(str(tmp_path / "orphan"))
+    orphan = next((tmp_path / "orphan").glob("part-*.parquet"))
+    orphan.rename(sink / "part-99999-orphan-left-by-a-crash.snappy.parquet")  # in no _spark_metadata entry
+
+    result = v.run()
+    assert result["ok"], result["problems"]
+    units = next(o for o in result["outputs"] if o["output"] == "site_temperature_10m")["units"]
+    assert {u["unit"] for u in units} == closed_windows(spark, v)
+
+
+def test_accounting_fails_when_rows_are_missing(spark, include, data_root) -> None:
+    v = validator(spark, include, data_root)
+    with sqlite3.connect(data_root / "tables.db") as db:
+        assert db.execute("DELETE FROM sensors_device_status WHERE device_id = "
+                          "(SELECT MIN(device_id) FROM sensors_device_status)").rowcount == 1
+    result = v.run()
+    assert not result["ok"]
+    balance = next(b for b in result["accounting"]["balances"] if b["output"] == "device_status")
+    assert balance["status"] == "unbalanced" and balance["difference"] > 0
+    assert any(p.startswith("accounting of device_status: unbalanced") and "unaccounted for" in p
+               for p in result["problems"])
+
+
+def test_tight_freshness_and_quarantine_threshold_fail_with_reasons(spark, include, data_root) -> None:
+    rules = include / "expectations" / "sensors.yaml"
+    text = rules.read_text().replace("max_quarantine_rate: 0.10", "max_quarantine_rate: 0.001")
+    rules.write_text(text.replace("    freshness: 1 hour", "    freshness: 1 second"))
+    result = validator(spark, include, data_root).run()
+    assert any("quarantine rate" in p and "above the threshold 0.10%" in p for p in result["problems"])
+    assert any(p.startswith("site_temperature_10m: freshness: expect_column_max_to_be_between(window_end)")
+               for p in result["problems"])
+
+
+def test_a_backfilled_range_is_validated_and_revalidated_when_rewritten(spark, include, data_root) -> None:
+    v = validator(spark, include, data_root)
+    lo, hi = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"
+    label = backfill.range_label(*backfill.parse_range(lo, hi))
+    backfill.run(spark, v.spec, v.layout, lo, hi)
+    first = v.run(backfill_label=label)
+    assert first["ok"], first["problems"]
+    assert {o["output"]: [u["unit"] for u in o["units"]] for o in first["outputs"]} == {
+        name: [f"backfill {label}"] for name in ("readings", "site_temperature_10m", "device_status")}
+
+    backfill.run(spark, v.spec, v.layout, lo, hi)
+    second = validator(spark, include, data_root).run(backfill_label=label)
+    ledger = json.loads((v.dir / "ledger.json").read_text())
+    assert list(ledger["backfills"]["readings"]) == [f"backfill {label}"]
+    assert ledger["backfills"]["readings"][f"backfill {label}"]["run"] == second["run_id"] != first["run_id"]
+
+
+def test_an_unknown_expectation_names_the_rules_file_and_field(spark, include, data_root) -> None:
+    rules = include / "expectations" / "sensors.yaml"
+    rules.write_text(rules.read_text().replace("expect_column_values_to_be_in_set: {column: status",
+                                               "expect_column_values_to_be_nice: {column: status", 1))
+    with pytest.raises(SpecError) as err:
+        validator(spark, include, data_root).run()
+    assert f"{rules}: outputs.readings.expectations[2].expect_column_values_to_be_nice: " in str(err.value)
+    assert "is not a Great Expectations expectation" in str(err.value)
+
+
+def test_bad_arguments_name_the_rules_file_and_field(spark, include, data_root) -> None:
+    rules = include / "expectations" / "sensors.yaml"
+    rules.write_text(rules.read_text().replace("{column: humidity, min_value: 0, max_value: 100}",
+                                               "{column: humidity, minimum: 0}", 1))
+    with pytest.raises(SpecError, match=r"outputs.readings.expectations\[1\].expect_column_values_to_be_between: "
+                                        r"invalid arguments"):
+        validator(spark, include, data_root).run()
+
