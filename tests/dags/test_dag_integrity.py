@@ -37,8 +37,20 @@ def test_every_spec_has_its_dag_file_and_dags(bag) -> None:
     for spec in spec_files(default_spec_dir()):
         name = spec.stem
         assert (DAGS / f"stream_{name}.py").exists(), f"{spec} has no DAG file dags/stream_{name}.py"
-        for dag_id in (f"stream_{name}", f"stream_{name}_stop", f"stream_{name}_restart", f"stream_{name}_backfill"):
-            assert dag_id in bag.dags, f"{dag_id} missing (from {spec})"
+        for suffix in ("", "_stop", "_restart", "_backfill", "_quality"):
+            assert f"stream_{name}{suffix}" in bag.dags, f"stream_{name}{suffix} missing (from {spec})"
+
+
+def test_quality_runs_on_the_rules_schedule_and_after_every_backfill(bag) -> None:
+    from streamops.operators.quality import ValidateStreamOperator
+
+    quality = bag.dags["stream_sensors_quality"]
+    assert quality.max_active_runs == 1 and "/stream-quality/sensors/" in quality.doc_md
+    assert quality.timetable.expression == "*/10 * * * *"  # include/expectations/sensors.yaml
+    assert isinstance(quality.task_dict["validate"], ValidateStreamOperator)
+    backfill = bag.dags["stream_sensors_backfill"]
+    assert backfill.task_dict["validate"].upstream_task_ids == {"backfill"}
+    assert backfill.task_dict["validate"].backfill_start == backfill.task_dict["backfill"].start
 
 
 def test_dags_are_documented_and_tasks_have_retries_and_alerts(bag) -> None:
@@ -81,6 +93,18 @@ def test_a_broken_spec_is_an_import_error_naming_its_field(tmp_path: Path, monke
     assert "stream_sensors" in bag.dags  # the other streams keep working
 
 
+def test_broken_quality_rules_are_an_import_error_naming_the_rules_file(tmp_path: Path, monkeypatch) -> None:
+    include = tmp_path / "include"
+    shutil.copytree(default_spec_dir().parent, include)
+    rules = include / "expectations" / "sensors.yaml"
+    rules.write_text(rules.read_text().replace("column: temperature, min_value: -40", "column: temp, min_value: -40"))
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(include / "streams"))
+    bag = dagbag(DAGS)
+    error = bag.import_errors[str(DAGS / "stream_sensors.py")]
+    assert f"{rules}: outputs.readings.expectations[0].expect_column_values_to_be_between.column: unknown column 'temp'" in error
+    assert "stream_clicks_quality" in bag.dags
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""
@@ -95,4 +119,4 @@ def test_parsing_is_cheap() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"parsed {result['dags']} DAGs in {result['seconds']:.2f}s")
     assert result["heavy"] == []
-    assert result["dags"] >= 8
+    assert result["dags"] >= 10

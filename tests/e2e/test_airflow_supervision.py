@@ -1,7 +1,7 @@
 """The platform under a real Airflow: API server, scheduler (LocalExecutor), DAG processor
 and triggerer on SQLite. A stream is deployed through its DAG, its driver is SIGKILLed,
-the supervisor restarts it from the checkpoint, it catches up, its scheduled restart
-runs, it is stopped from its stop DAG, and every sink equals the ground truth; never two
+the supervisor restarts it from the checkpoint, it catches up, its quality DAG validates
+the closed units with Great Expectations, its scheduled restart runs, it is stopped from its stop DAG, and every sink equals the ground truth; never two
 drivers at once.
 """
 
@@ -171,6 +171,16 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
 
         # it catches up with every file
         wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+
+        # data quality: unpaused, the quality DAG validates the closed units of the live sinks
+        airflow.cli("dags", "unpause", "stream_sensors_quality")
+        wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors_quality")] == ["success"],
+                 "the quality DAG to succeed", timeout=300, every=3)
+        quality = json.loads((data_root / "quality" / "sensors" / "summary.json").read_text())
+        assert quality["ok"] and quality["outputs"]["site_temperature_10m"]["validated"] >= 1
+        assert quality["outputs"]["device_status"]["validated"] == 1
+        balances = {b["output"]: b["status"] for b in quality["accounting"]["balances"]}
+        assert balances["device_status"] in ("balanced", "incomplete"), balances  # incomplete: an event lost in the kill
 
         # the scheduled restart: unpaused, its cron's latest interval runs at once: a graceful stop,
         # a resume from the checkpoint and a new driver, with the downtime logged

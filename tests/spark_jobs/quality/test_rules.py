@@ -1,0 +1,92 @@
+"""Quality rules files: parsing, errors naming file and field, and the checks derived from specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spark_jobs.quality.rules import derived_expectations, load_rules, parse_rules, rules_path, targets
+from spark_jobs.spec import SpecError, default_spec_dir, load_spec
+
+SENSORS = load_spec(default_spec_dir() / "sensors.yaml")
+CLICKS = load_spec(default_spec_dir() / "clicks.yaml")
+
+
+def problems(data: dict, spec=SENSORS) -> str:
+    with pytest.raises(SpecError) as err:
+        parse_rules(data, spec, "rules.yaml")
+    return str(err.value)
+
+
+def test_every_example_stream_has_valid_rules_beside_its_spec() -> None:
+    for spec in (SENSORS, CLICKS):
+        path = rules_path(default_spec_dir(), spec.name)
+        assert path == default_spec_dir().parent / "expectations" / f"{spec.name}.yaml"
+        rules = load_rules(spec, default_spec_dir())
+        assert set(rules.outputs) == {o.name for o in spec.outputs}
+
+
+def test_a_stream_without_a_rules_file_gets_the_defaults(tmp_path: Path) -> None:
+    rules = load_rules(SENSORS, tmp_path / "streams")
+    assert rules.outputs == {} and rules.max_quarantine_rate == 0.05
+    found, skipped = targets(SENSORS, rules)
+    assert [(t.output.name, t.kind, t.unit_column, t.unit_seconds) for t in found] == [
+        ("readings", "period", "ts", 3600.0), ("site_temperature_10m", "window", "window_end", None),
+        ("device_status", "snapshot", None, None)]
+    assert skipped == []
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"outputs": {"nope": {}}}, "rules.yaml: outputs.nope: stream 'sensors' has no output 'nope'"),
+    ({"outputs": {"readings": {"expectations": [{"expect_column_values_to_be_between": {"column": "temp"}}]}}},
+     "rules.yaml: outputs.readings.expectations[0].expect_column_values_to_be_between.column: unknown column 'temp'"),
+    ({"outputs": {"device_status": {"expectations": [
+        {"expect_compound_columns_to_be_unique": {"column_list": ["device_id", "site"]}}]}}},
+     "outputs.device_status.expectations[0].expect_compound_columns_to_be_unique.column_list: unknown column 'site'"),
+    ({"outputs": {"readings": {"expectations": [{"check_temperature": {}}]}}},
+     "'check_temperature' is not an expectation name"),
+    ({"outputs": {"readings": {"expectations": [{"expect_a": {}, "expect_b": {}}]}}}, "must be one expectation"),
+    ({"outputs": {"readings": {"expectations": [{"expect_a": [1, 2]}]}}}, "outputs.readings.expectations[0].expect_a: Input should be a valid dictionary"),
+    ({"outputs": {"site_temperature_10m": {"unit": "1 hour"}}}, "outputs.site_temperature_10m.unit: only a pass-through"),
+    ({"outputs": {"readings": {"freshness": "soon"}}}, "outputs.readings.freshness: 'soon' is not a duration"),
+    ({"max_quarantine_rate": 2}, "max_quarantine_rate: Input should be less than or equal to 1"),
+    ({"schedul": "@daily"}, "rules.yaml: schedul: unknown field"),
+])
+def test_bad_rules_name_the_file_and_field(data: dict, message: str) -> None:
+    assert message in problems(data)
+
+
+def test_an_unreadable_rules_file_names_itself(tmp_path: Path) -> None:
+    (tmp_path / "streams").mkdir()
+    (tmp_path / "expectations").mkdir()
+    bad = tmp_path / "expectations" / "sensors.yaml"
+    bad.write_text("outputs: [unclosed\n")
+    with pytest.raises(SpecError, match=f"{bad}: <spec>: cannot read"):
+        load_rules(SENSORS, tmp_path / "streams")
+
+
+def test_derived_checks_cover_schema_nulls_and_unique_keys() -> None:
+    windows = derived_expectations(SENSORS, SENSORS.output("site_temperature_10m"))
+    assert windows == [
+        ("expect_table_columns_to_match_set", {"column_set": ["window_start", "window_end", "site", "readings",
+                                                              "avg_temperature", "max_temperature"], "exact_match": True}),
+        ("expect_column_values_to_not_be_null", {"column": "window_start"}),
+        ("expect_column_values_to_not_be_null", {"column": "window_end"}),
+        ("expect_compound_columns_to_be_unique", {"column_list": ["window_start", "window_end", "site"]}),
+    ]  # site comes from a left join: it may be null for unknown devices
+    readings = dict((n, kw) for n, kw in derived_expectations(SENSORS, SENSORS.output("readings"))[1:]
+                    if n != "expect_column_values_to_not_be_null")
+    nulls = [kw["column"] for n, kw in derived_expectations(SENSORS, SENSORS.output("readings"))
+             if n == "expect_column_values_to_not_be_null"]
+    assert nulls == ["event_id", "device_id", "ts", "temperature"]
+    assert readings == {"expect_column_values_to_be_unique": {"column": "event_id"}}
+    status = derived_expectations(SENSORS, SENSORS.output("device_status"))
+    assert ("expect_column_values_to_be_unique", {"column": "device_id"}) in status
+
+
+def test_rules_files_are_plain_yaml_people_can_review() -> None:
+    data = yaml.safe_load(rules_path(default_spec_dir(), "sensors").read_text())
+    assert data["outputs"]["readings"]["expectations"][0] == {
+        "expect_column_values_to_be_between": {"column": "temperature", "min_value": -40, "max_value": 60}}
