@@ -2,9 +2,10 @@
 
 For every spec in the spec folder: generate a fixed input (with late, duplicate and
 malformed events), run the stream job through ``spark-submit`` (Spark local mode) until
-the input is processed, then compare every sink with the generator's ground truth and
-print the accounting: input = accepted + quarantined + duplicates + dropped late.
-Exit status 1 if any sink differs from the ground truth.
+the input is processed, validate every sink with Great Expectations (``quality_job.py``:
+closed units, accounting measured from progress events and the quarantine sink, Data
+Docs), then compare every sink with the generator's ground truth. Exit status 1 if any
+sink differs from the ground truth or fails validation.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from spark_jobs import generate
 from spark_jobs.spec import Layout, default_data_root, default_spec_dir, load_specs
 
 STREAM_JOB = Path(__file__).resolve().parent / "stream_job.py"
+QUALITY_JOB = Path(__file__).resolve().parent / "quality_job.py"
 
 
-def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, *extra: str) -> int:
+def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, *extra: str,
+                 job: Path = STREAM_JOB) -> int:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
-           "--conf", "spark.ui.showConsoleProgress=false", str(STREAM_JOB),
+           "--conf", "spark.ui.showConsoleProgress=false", str(job),
            "--spec", str(spec_path), "--data-root", str(data_root), *extra]
     with open(log_path, "w") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
@@ -69,7 +72,20 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join((logs / f"{name}.log").read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
             return 1
 
+    quality: dict[str, dict] = {}
+    for name in sorted(specs):
+        print(f"==> {name}: validating the sinks with Great Expectations", flush=True)
+        result_file = args.data_root / "quality" / name / "runs" / "demo.json"
+        code = spark_submit(args.spec_dir / f"{name}.yaml", args.data_root, args.master, logs / f"{name}.quality.log",
+                            "--result", str(result_file), job=QUALITY_JOB)
+        if code != 0:
+            print(f"validation of {name} failed (exit {code}); see {logs / (name + '.quality.log')}", file=sys.stderr)
+            return 1
+        quality[name] = json.loads(result_file.read_text())
+
     from pyspark.sql import SparkSession
+
+    from spark_jobs.quality_job import describe
 
     from spark_jobs import verify
     from spark_jobs.pipeline import SESSION_CONF
@@ -85,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             c = manifest["counts"]
             print(f"\n{name}: {c['input_records']} records in {timings[name]:.1f} s "
                   f"({c['input_records'] / timings[name]:.0f} records/s end to end, JVM start included)")
-            print(f"  accounting: {c['input_records']} in = {c['accepted']} accepted + {c['quarantined']} quarantined"
+            print(f"  expected: {c['input_records']} in = {c['accepted']} accepted + {c['quarantined']} quarantined"
                   f" + {c['duplicates']} duplicates + {c['dropped_late']} dropped late")
             for line in report.describe().splitlines():
                 print(f"  {line}")
@@ -93,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
                 sink = output.sink
                 where = layout.data(sink.path) if hasattr(sink, "path") else f"{layout.table_url(sink)} table {sink.table}"
                 print(f"  {output.name} -> {where}")
-            ok &= report.ok
+            print("  data quality (measured):")
+            for line in describe(quality[name]):
+                print(f"    {line}")
+            ok &= report.ok and quality[name]["ok"]
     finally:
         spark.stop()
-    print("\nall sinks equal the ground truth" if ok else "\nSOME SINKS DIFFER FROM THE GROUND TRUTH")
+    print("\nall sinks equal the ground truth and pass validation" if ok
+          else "\nSOME SINKS DIFFER FROM THE GROUND TRUTH OR FAIL VALIDATION")
     return 0 if ok else 1
 
 

@@ -13,11 +13,12 @@ honours the file sink's ``_spark_metadata`` log (orphan files of a crash are ign
 only units ending at or before the watermark of the last *committed* batch. The ledger
 keeps the watermark validated up to, so a rerun neither repeats nor skips a unit.
 
-All new units of an output are validated in one Great Expectations run (one Spark
-data source per stream, a batch definition, a suite, a validation definition and a
-checkpoint with a Data Docs action); failing rows are attributed to their units through
-the results' unexpected index lists, and a failed table-level check fails every unit in
-the run. Data Docs go to ``<data root>/quality/<stream>/gx/uncommitted/data_docs/local_site/``.
+All new units of an output are validated together (one Spark data source per stream,
+a batch definition, a suite, validation definitions and checkpoints with a Data Docs
+action). A screening run only counts (``BOOLEAN_ONLY``, which Great Expectations bundles
+into a few aggregations); only when a check fails does a detail run collect example
+values and the unit of every failing row (``COMPLETE`` with unexpected index lists).
+A failed table-level check fails every unit of the run. Data Docs go to ``<data root>/quality/<stream>/gx/uncommitted/data_docs/local_site/``.
 """
 
 from __future__ import annotations
@@ -148,36 +149,60 @@ class Validator:
                 meta={"source": self.rules_file, "scope": "output", "check": "freshness"}))
         return made
 
-    def checkpoint(self, target: Target, schema: StructType, label: str = "closed units") -> Any:
-        """The output's suite, validation definition and checkpoint, (re)stored in the context."""
+    def checkpoint(self, target: Target, schema: StructType, label: str = "", detail: bool = False) -> Any:
+        """The output's suite, validation definition and checkpoint, (re)stored in the context.
+
+        ``detail``: the checkpoint that reports example values and the unit of every failing
+        row (``COMPLETE``); else the screening one, which only counts (``BOOLEAN_ONLY``: Great
+        Expectations bundles every check into a few aggregations). ``label`` names a separate
+        asset, e.g. ``backfill``.
+        """
         import great_expectations as gx
 
-        name = f"{self.spec.name}.{target.output.name}"
-        asset_name = target.output.name if label == "closed units" else f"{target.output.name}.backfill"
+        base = f"{self.spec.name}.{target.output.name}" + (f".{label}" if label else "")
+        asset_name = target.output.name + (f".{label}" if label else "")
         try:
             asset = self.source.get_asset(asset_name)
         except LookupError:
             asset = self.source.add_dataframe_asset(asset_name)
         try:
-            batch = asset.get_batch_definition(label)
+            batch = asset.get_batch_definition("rows")
         except KeyError:
-            batch = asset.add_batch_definition_whole_dataframe(label)
-        suite = self.context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=self._expectations(target, schema)))
-        vd_name = name if label == "closed units" else f"{name}.backfill"
-        vd = self.context.validation_definitions.add_or_update(gx.ValidationDefinition(name=vd_name, data=batch, suite=suite))
-        result_format = dict(RESULT_FORMAT)
-        if target.unit_column:
+            batch = asset.add_batch_definition_whole_dataframe("rows")
+        suite = self.context.suites.add_or_update(gx.ExpectationSuite(
+            name=f"{self.spec.name}.{target.output.name}", expectations=self._expectations(target, schema)))
+        name = base + (".details" if detail else "")
+        vd = self.context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        result_format: dict[str, Any] = dict(RESULT_FORMAT) if detail else {"result_format": "BOOLEAN_ONLY"}
+        if detail and target.unit_column:
             result_format["unexpected_index_column_names"] = [target.unit_column]
         return self.context.checkpoints.add_or_update(gx.Checkpoint(
-            name=vd_name, validation_definitions=[vd], result_format=result_format,
+            name=name, validation_definitions=[vd], result_format=result_format,
             actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")]))
 
-    # ---- one GE run, its results attributed to units ----------------------------------------
+    # ---- one validation of a batch of units, its results attributed to units -------------------
 
-    def _run(self, checkpoint: Any, frame: DataFrame, units: dict[str, dict[str, Any]],
-             unit_of: Any, unit_column: str | None, parameters: dict[str, Any]) -> tuple[list[str], str | None]:
-        """Validate ``frame``; mark each unit passed or failed. Output-level problems."""
-        result = checkpoint.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters)
+    def validate_units(self, target: Target, schema: StructType, frame: DataFrame, units: dict[str, dict[str, Any]],
+                       unit_of: Any, parameters: dict[str, Any], label: str = "") -> tuple[list[str], str | None]:
+        """Validate ``frame`` (the rows of ``units``); mark each unit passed or failed.
+
+        A screening run counts; only if a check fails does a second run collect the detail
+        (example values, the unit of each failing row). Both results go to Data Docs.
+        Returns output-level problems (freshness) and the Data Docs page of the result.
+        """
+        screen = self.checkpoint(target, schema, label).run(batch_parameters={"dataframe": frame},
+                                                            expectation_parameters=parameters)
+        if screen.success:
+            docs = next((self._docs_path(i) for i in screen.run_results), None)
+            for u in units.values():
+                u["status"], u["docs"] = "passed", docs
+            return [], docs
+        detail = self.checkpoint(target, schema, label, detail=True)
+        return self._attribute(detail.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters),
+                               units, unit_of, target.unit_column)
+
+    def _attribute(self, result: Any, units: dict[str, dict[str, Any]], unit_of: Any,
+                   unit_column: str | None) -> tuple[list[str], str | None]:
         output_problems: list[str] = []
         docs = None
         for identifier, vr in result.run_results.items():
@@ -304,8 +329,8 @@ class Validator:
                                       f"and fail every unit validated with them")
         fresh_after = from_ms(wm_ms) - timedelta(seconds=target.freshness_seconds or 0)
         started = time.monotonic()
-        problems, docs = self._run(self.checkpoint(target, schema), batch, units, unit_of, target.unit_column,
-                                   {"fresh_after": fresh_after.replace(tzinfo=None)})
+        problems, docs = self.validate_units(target, schema, batch, units, unit_of,
+                                             {"fresh_after": fresh_after.replace(tzinfo=None)})
         report["seconds"] = round(time.monotonic() - started, 2)
         report["problems"] += [f"freshness: {p}" for p in problems]
         report["units"] = sorted(units.values(), key=lambda u: u["unit"])
@@ -340,7 +365,7 @@ class Validator:
         units = {unit: self._unit_record(unit, None, None, len(rows))}
         frame = self.spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
         started = time.monotonic()
-        _, docs = self._run(self.checkpoint(target, schema), frame, units, lambda _v: unit, None, {})
+        _, docs = self.validate_units(target, schema, frame, units, lambda _v: unit, {})
         report["seconds"] = round(time.monotonic() - started, 2)
         report["units"], report["docs"] = list(units.values()), docs
         self.ledger.record_units(target.output.name, report["units"])
@@ -373,7 +398,7 @@ class Validator:
         units = {unit: self._unit_record(unit, None, None, frame.count())}
         plain = Target(output, "backfill", None, None, None, target.derived, target.declared)
         started = time.monotonic()
-        _, docs = self._run(self.checkpoint(plain, schema, label="backfill"), frame, units, lambda _v: unit, None, {})
+        _, docs = self.validate_units(plain, schema, frame, units, lambda _v: unit, {}, label="backfill")
         report["seconds"] = round(time.monotonic() - started, 2)
         report["units"], report["docs"] = list(units.values()), docs
         self.ledger.record_backfill(output.name, units[unit])

@@ -1,8 +1,8 @@
 """The platform under a real Airflow: API server, scheduler (LocalExecutor), DAG processor
 and triggerer on SQLite. A stream is deployed through its DAG, its driver is SIGKILLed,
 the supervisor restarts it from the checkpoint, it catches up, its quality DAG validates
-the closed units with Great Expectations, its scheduled restart runs, it is stopped from its stop DAG, and every sink equals the ground truth; never two
-drivers at once.
+the closed units with Great Expectations, its scheduled restart runs, it is stopped
+from its stop DAG, and every sink equals the ground truth; never two drivers at once.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ def run_suite(v: Validator, t, frame, schema=None):
         if row["window_end"] is not None:
             key = iso(row["window_end"])
             units[key] = v._unit_record(key, None, row["window_end"], row["count"])
-    problems, _ = v._run(v.checkpoint(t, schema), frame, units, lambda x: iso(x) if x else None, "window_end",
-                         {"fresh_after": from_ms(0).replace(tzinfo=None)})
+    problems, _ = v.validate_units(t, schema, frame, units, lambda x: iso(x) if x else None,
+                                   {"fresh_after": from_ms(0).replace(tzinfo=None)})
     return units, problems
 
 
