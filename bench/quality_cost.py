@@ -8,6 +8,8 @@ realistic values) is written as Parquet and read back, then validated:
 * ``platform``: the platform's own validation of the unit (:class:`Validator`: suite with
   the derived and declared checks, Great Expectations checkpoint with the Data Docs action,
   results attributed to units), as the quality DAG runs it;
+* ``checks only``: the same Great Expectations validation definition run without storing
+  its result or rendering Data Docs: what the checks themselves cost;
 * ``gx COMPLETE``: one Great Expectations run with full detail (example values and the unit
   of every failing row) for every check: the cost the platform avoids for passing units;
 * ``baseline``: one ``DataFrame.agg`` computing the same checks (schema, nulls, uniqueness,
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-quality").config(map=SESSION_CONF)
-             .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False).getOrCreate())
+             .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False)
+             .config("spark.ui.showConsoleProgress", False).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     spec = load_spec(default_spec_dir() / "sensors.yaml")
@@ -111,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         v = Validator(spark, spec, layout, rules, run_id="bench")
         complete = v.checkpoint(target, schema, label="bench", detail=True)
-        print(f"{'rows':>10} {'baseline s':>11} {'platform s':>11} {'ratio':>7} {'gx COMPLETE s':>14} {'ratio':>7}")
+        checks_only = v.checkpoint(target, schema, label="bench").validation_definitions[0]
+        print(f"{'rows':>10} {'baseline s':>11} {'platform s':>11} {'ratio':>7} {'checks only s':>14} {'ratio':>7} "
+              f"{'gx COMPLETE s':>14} {'ratio':>7}")
         for rows in args.sizes:
             path = work / f"unit-{rows}"
             unit_frame(spark, rows, schema).write.parquet(str(path))
@@ -130,13 +135,20 @@ def main(argv: list[str] | None = None) -> int:
                                       expectation_parameters={"fresh_after": datetime(2025, 12, 31)})
                 assert result.success
 
+            def checks_run(frame=frame) -> None:  # noqa: ANN001
+                result = checks_only.run(batch_parameters={"dataframe": frame}, result_format="BOOLEAN_ONLY",
+                                         expectation_parameters={"fresh_after": datetime(2025, 12, 31)})
+                assert result.success
+
             base = timed(lambda frame=frame: baseline(frame, target.declared), args.repeats)
             plat = timed(platform_run, args.repeats)
+            checks = timed(checks_run, args.repeats)
             full = timed(complete_run, args.repeats)
-            results.append({"rows": rows, "baseline_s": base, "platform_s": plat, "gx_complete_s": full,
-                            "platform_ratio": plat / base, "complete_ratio": full / base})
-            print(f"{rows:>10} {base:>11.3f} {plat:>11.3f} {plat / base:>7.2f} {full:>14.3f} {full / base:>7.2f}",
-                  flush=True)
+            results.append({"rows": rows, "baseline_s": base, "platform_s": plat, "checks_only_s": checks,
+                            "gx_complete_s": full, "platform_ratio": plat / base, "checks_only_ratio": checks / base,
+                            "complete_ratio": full / base})
+            print(f"{rows:>10} {base:>11.3f} {plat:>11.3f} {plat / base:>7.2f} {checks:>14.3f} {checks / base:>7.2f} "
+                  f"{full:>14.3f} {full / base:>7.2f}", flush=True)
             frame.unpersist()
     finally:
         spark.stop()

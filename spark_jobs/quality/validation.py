@@ -120,6 +120,8 @@ class Validator:
         self.context.variables.progress_bars = {"globally": False}
         self.source = self.context.data_sources.add_or_update_spark(name=spec.name)
         self.rules_file = str(rules_path(layout.spec_dir, spec.name))
+        self._suites: dict[str, Any] = {}  # stored once per run, shared by the screening and detail runs
+        self._checkpoints: dict[str, Any] = {}
 
     # ---- Great Expectations objects ----------------------------------------------------
 
@@ -160,6 +162,9 @@ class Validator:
         import great_expectations as gx
 
         base = f"{self.spec.name}.{target.output.name}" + (f".{label}" if label else "")
+        name = base + (".details" if detail else "")
+        if name in self._checkpoints:
+            return self._checkpoints[name]
         asset_name = target.output.name + (f".{label}" if label else "")
         try:
             asset = self.source.get_asset(asset_name)
@@ -169,16 +174,19 @@ class Validator:
             batch = asset.get_batch_definition("rows")
         except KeyError:
             batch = asset.add_batch_definition_whole_dataframe("rows")
-        suite = self.context.suites.add_or_update(gx.ExpectationSuite(
-            name=f"{self.spec.name}.{target.output.name}", expectations=self._expectations(target, schema)))
-        name = base + (".details" if detail else "")
+        suite_name = f"{self.spec.name}.{target.output.name}"
+        if suite_name not in self._suites:
+            self._suites[suite_name] = self.context.suites.add_or_update(
+                gx.ExpectationSuite(name=suite_name, expectations=self._expectations(target, schema)))
+        suite = self._suites[suite_name]
         vd = self.context.validation_definitions.add_or_update(gx.ValidationDefinition(name=name, data=batch, suite=suite))
         result_format: dict[str, Any] = dict(RESULT_FORMAT) if detail else {"result_format": "BOOLEAN_ONLY"}
         if detail and target.unit_column:
             result_format["unexpected_index_column_names"] = [target.unit_column]
-        return self.context.checkpoints.add_or_update(gx.Checkpoint(
+        self._checkpoints[name] = self.context.checkpoints.add_or_update(gx.Checkpoint(
             name=name, validation_definitions=[vd], result_format=result_format,
             actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")]))
+        return self._checkpoints[name]
 
     # ---- one validation of a batch of units, its results attributed to units -------------------
 
