@@ -85,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import SparkSession
 
-    from spark_jobs.quality_job import describe
-
     from spark_jobs import verify
     from spark_jobs.pipeline import SESSION_CONF
+    from spark_jobs.quality_job import describe
 
     spark = SparkSession.builder.master("local[1]").appName("demo-verify").config(map=SESSION_CONF).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

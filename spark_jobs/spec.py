@@ -577,6 +577,15 @@ def _loc(loc: Iterable[Any]) -> str:
     return out
 
 
+def field_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Pydantic's errors as ``(field, message)`` pairs in the spec's own terms."""
+    problems = []
+    for err in exc.errors():
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        problems.append((_loc(err["loc"]), msg))
+    return problems
+
+
 def parse_spec(data: Any, source: str | os.PathLike[str] = "<spec>") -> StreamSpec:
     """Validate already-loaded YAML data; raise :class:`SpecError` naming each field."""
     if not isinstance(data, dict):
@@ -584,13 +593,7 @@ def parse_spec(data: Any, source: str | os.PathLike[str] = "<spec>") -> StreamSp
     try:
         spec = StreamSpec.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown field"
-            problems.append((_loc(err["loc"]), msg))
-        raise SpecError(source, problems) from None
+        raise SpecError(source, field_problems(exc)) from None
     problems = _semantic_problems(spec) + _shared_path_problems({str(source): spec}).get(str(source), [])
     if problems:
         raise SpecError(source, problems)

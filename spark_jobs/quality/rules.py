@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from spark_jobs.spec import (
     WINDOW_END,
@@ -41,19 +41,16 @@ from spark_jobs.spec import (
     Passthrough,
     SpecError,
     StreamSpec,
+    Strict,
     TableSink,
     _check_duration,
-    _loc,
+    field_problems,
 )
 
 EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
 #: Arguments that name columns of the output, checked against its result columns.
 COLUMN_ARGS = ("column", "column_A", "column_B")
 COLUMN_LIST_ARGS = ("column_list", "column_set")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class OutputRules(Strict):
@@ -72,11 +69,9 @@ class OutputRules(Strict):
         for i, entry in enumerate(v):
             if len(entry) != 1:
                 raise ValueError(f"[{i}] must be one expectation: `- expect_...: {{arguments}}`")
-            (name, kwargs), = entry.items()
+            (name, _kwargs), = entry.items()
             if not EXPECTATION_NAME.match(name):
                 raise ValueError(f"[{i}] {name!r} is not an expectation name (expect_...)")
-            if not isinstance(kwargs, dict):
-                raise ValueError(f"[{i}] the arguments of {name} must be a mapping")
         return v
 
 
@@ -84,6 +79,15 @@ class QualityRules(Strict):
     schedule: str = "*/10 * * * *"
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
     outputs: dict[str, OutputRules] = Field(default_factory=dict)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        from croniter import croniter
+
+        if not v.startswith("@") and not croniter.is_valid(v):
+            raise ValueError(f"{v!r} is not a cron expression (e.g. '*/10 * * * *') or a preset such as '@hourly'")
+        return v
 
     def for_output(self, name: str) -> OutputRules:
         return self.outputs.get(name, OutputRules())
@@ -112,11 +116,7 @@ def parse_rules(data: Any, spec: StreamSpec, source: str | os.PathLike[str] = "<
     try:
         rules = QualityRules.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-            problems.append((_loc(err["loc"]), msg))
-        raise SpecError(source, problems) from None
+        raise SpecError(source, field_problems(exc)) from None
     problems = []
     outputs = {o.name: o for o in spec.outputs}
     for name, out_rules in rules.outputs.items():

@@ -53,6 +53,7 @@ def test_a_stream_without_a_rules_file_gets_the_defaults(tmp_path: Path) -> None
     ({"outputs": {"readings": {"freshness": "soon"}}}, "outputs.readings.freshness: 'soon' is not a duration"),
     ({"max_quarantine_rate": 2}, "max_quarantine_rate: Input should be less than or equal to 1"),
     ({"schedul": "@daily"}, "rules.yaml: schedul: unknown field"),
+    ({"schedule": "every 10 minutes"}, "rules.yaml: schedule: 'every 10 minutes' is not a cron expression"),
 ])
 def test_bad_rules_name_the_file_and_field(data: dict, message: str) -> None:
     assert message in problems(data)
