@@ -28,9 +28,10 @@ from airflow.sdk import DAG, Param, task
 
 from spark_jobs.quality.rules import load_rules, rules_path
 from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
+from streamops import STREAMS_URL
 from streamops.alerts import alert_on_failure
 from streamops.health import Status
-from streamops.operators.quality import QUALITY_URL, ValidateStreamOperator
+from streamops.operators.quality import ValidateStreamOperator
 from streamops.operators.stream import (
     BackfillOperator,
     ResumeStreamOperator,
@@ -50,8 +51,9 @@ def _doc(spec: StreamSpec, what: str) -> str:
             f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "
             f"{spec.supervision.restart.max_attempts} failures in a row, backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
-            f"`{spec.spark.connection}`.\n\n[Data quality of this stream]({QUALITY_URL}/{spec.name}/) "
-            f"(per-unit results, accounting) and its [Data Docs]({QUALITY_URL}/{spec.name}/docs/index.html).")
+            f"`{spec.spark.connection}`.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
+            f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
+            f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
 
 
 def _default_args(spec: StreamSpec) -> dict[str, Any]:

@@ -1,44 +1,58 @@
-"""The streams' pages inside the Airflow UI: data-quality summaries and Data Docs.
+"""The streams' pages inside the Airflow UI: status, actions, data quality and Data Docs.
 
 A FastAPI app that the plugin ``plugins/streams_ui.py`` mounts on Airflow's API server
-at :data:`~streamops.operators.quality.QUALITY_URL`:
+at :data:`streamops.STREAMS_URL` (``/streams``):
 
-* ``/``: every stream with its last validation and accounting;
-* ``/<stream>/``: the stream's summary (every validated unit, pass or fail, rows, accounting);
-* ``/<stream>/docs/...``: its Great Expectations Data Docs;
-* ``/dag/<dag_id>``: the summary of the stream a DAG belongs to (the tab on DAG pages).
+* ``/``: every stream: its status (the checkpoint sensor's classification), last
+  committed batch and when, rates, backlog, watermark, restarts in the last day, last
+  validation, and the operator's actions;
+* ``/api/status``: the same as JSON;
+* ``/<stream>/``: one stream, with forms that trigger its DAGs with their params
+  (start, stop graceful or immediate, restart, backfill a range, validate);
+* ``/<stream>/quality/``: its data-quality summary, and ``/<stream>/quality/docs/`` its
+  Great Expectations Data Docs;
+* ``/dag/<dag_id>``: the page of the stream a DAG belongs to (the tab on DAG pages).
 
 Airflow does not guard plugin apps, so every route checks the caller itself with
-Airflow's own authentication (the UI's session token, or a bearer token): anonymous
-requests get 401, and a stream's pages need read access to its DAG.
+Airflow's own authentication (the UI's session cookie, or a bearer token): anonymous
+requests get 401; reading needs read access to the stream's DAG, an action needs the
+right to run the DAG it triggers. Actions are POSTs; the session cookie is SameSite=Lax,
+so another site cannot post them in the user's name.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from html import escape
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+from fastapi import Depends, FastAPI, Form, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 
-from spark_jobs.spec import default_data_root, default_spec_dir, load_specs
+from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
 
 DAG_SUFFIXES = ("", "_stop", "_restart", "_backfill", "_quality")
+DAY = 86400.0
 
-app = FastAPI(title="Streams", description="Data quality of the streams", docs_url=None, redoc_url=None)
+app = FastAPI(title="Streams", description="Status, actions and data quality of the streams",
+              docs_url=None, redoc_url=None, openapi_url=None)
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;font-size:.9rem;vertical-align:top}
+.healthy,.idle,.passed{color:#126b12}.lagging,.starting{color:#9a6700}.stalled,.dead,.corrupt,.failed{color:#b00020;font-weight:600}
+form{display:inline-block;margin:0 .6rem .6rem 0;padding:.4rem;border:1px solid #ddd}.muted{color:#666}"""
 
 
 async def current_user(request: Request):  # noqa: ANN201 - Airflow's BaseUser
     """The caller, authenticated by Airflow; 401 (or 403 for a bad token) otherwise."""
     from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPAuthorizationCredentials
 
     header = request.headers.get("authorization", "")
     bearer = None
     if header.lower().startswith("bearer "):
-        from fastapi.security import HTTPAuthorizationCredentials
-
         bearer = HTTPAuthorizationCredentials(scheme="Bearer", credentials=header[7:].strip())
     return await get_user(request, None, bearer)
 
@@ -46,65 +60,193 @@ async def current_user(request: Request):  # noqa: ANN201 - Airflow's BaseUser
 User = Annotated[object, Depends(current_user)]
 
 
-def _may_read(user: object, dag_id: str) -> bool:
+def _allowed(user: object, dag_id: str, run: bool = False) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 
-    return get_auth_manager().is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user)
+    return get_auth_manager().is_authorized_dag(
+        method="POST" if run else "GET", access_entity=DagAccessEntity.RUN if run else None,
+        details=DagDetails(id=dag_id), user=user)
 
 
-def _streams() -> list[str]:
+def _specs() -> dict[str, StreamSpec]:
     specs, _errors = load_specs(default_spec_dir())
-    return sorted(specs)
+    return specs
+
+
+def _spec(stream: str, user: object) -> StreamSpec:
+    spec = _specs().get(stream)
+    if spec is None:
+        raise HTTPException(404, f"no stream {stream!r}")
+    if not _allowed(user, f"stream_{stream}"):
+        raise HTTPException(403, f"no read access to stream_{stream}")
+    return spec
+
+
+def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
+    """What an operator wants to know about a stream, from its files (no Spark)."""
+    from streamops.health import assess
+    from streamops.restarts import RestartBudget
+
+    now = time.time() if now is None else now
+    layout = Layout(spec, default_data_root(), default_spec_dir())
+    status: dict[str, Any] = {"stream": spec.name, "description": spec.description}
+    try:
+        health = assess(spec, layout, now)
+        status.update(health.to_dict())
+    except (OSError, ValueError) as exc:
+        status.update(status="unknown", reason=f"cannot read the checkpoint: {exc}")
+    try:
+        budget = RestartBudget(layout.lease_dir / "runs.json", spec.supervision.restart)
+        status["restarts_last_day"] = budget.restarts_since(now - DAY)
+        status["failures_in_a_row"] = budget.consecutive_failures()
+    except ValueError as exc:
+        status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
+    status["stopped_on_purpose"] = (layout.lease_dir / "hold").exists()
+    try:
+        summary = json.loads((_quality_root() / spec.name / "summary.json").read_text(encoding="utf-8"))
+        last = summary.get("last_run") or {}
+        status["validation"] = {"ok": summary.get("ok"), "at": last.get("at"), "units": last.get("units"),
+                                "failed_units": last.get("failed"),
+                                "accounting_ok": (summary.get("accounting") or {}).get("ok")}
+    except (OSError, ValueError):
+        status["validation"] = None
+    return status
 
 
 def _quality_root() -> Path:
     return (default_data_root() / "quality").resolve()
 
 
+def _page(title: str, body: str, refresh: bool = False) -> str:
+    meta = "<meta http-equiv='refresh' content='10'>" if refresh else ""
+    return (f"<!doctype html><html><head><meta charset='utf-8'>{meta}<title>{escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{body}</body></html>")
+
+
+def _age(seconds: float | None) -> str:
+    return "never" if seconds is None else f"{seconds:.0f}s ago"
+
+
+def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
+    if not v:
+        return "<span class='muted'>not validated yet</span>"
+    state = "passed" if v["ok"] else "failed"
+    return (f"<span class='{state}'>{state}</span> {escape(str(v['at']))}<br>{v['units']} unit(s), "
+            f"{v['failed_units']} failed; accounting {'balances' if v['accounting_ok'] else 'FAILS'}<br>"
+            f"<a href='{prefix}{name}/quality/'>summary</a> · <a href='{prefix}{name}/quality/docs/index.html'>Data Docs</a>")
+
+
+def _row(s: dict[str, Any], prefix: str) -> str:
+    committed = ", ".join(f"{q}: {b}" for q, b in (s.get("last_committed") or {}).items())
+    rates = s.get("input_rows_per_second"), s.get("processed_rows_per_second")
+    rate_text = " / ".join("-" if r is None else f"{r:.1f}" for r in rates)
+    stopped = " (stopped on purpose)" if s.get("stopped_on_purpose") else ""
+    return (f"<tr data-stream='{escape(s['stream'])}'><td><a href='{prefix}{escape(s['stream'])}/'>{escape(s['stream'])}</a></td>"
+            f"<td class='status {escape(str(s['status']))}'>{escape(str(s['status']))}{stopped}<br>"
+            f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>"
+            f"<td>{escape(committed)}<br>{_age(s.get('last_commit_age_seconds'))}</td><td>{rate_text}</td>"
+            f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark')))}</td>"
+            f"<td>{s.get('restarts_last_day')}</td><td>{_validation_cell(s['stream'], s.get('validation'), prefix)}</td></tr>")
+
+
+HEAD = ("<tr><th>stream</th><th>status</th><th>last committed batch</th><th>rows/s in / processed</th>"
+        "<th>backlog</th><th>watermark</th><th>restarts (24 h)</th><th>last validation</th></tr>")
+
+
 @app.get("/", response_class=HTMLResponse)
 def index(user: User) -> str:
-    rows = []
-    for name in _streams():
-        if not _may_read(user, f"stream_{name}"):
-            continue
-        try:
-            s = json.loads((_quality_root() / name / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            rows.append(f"<tr><td>{escape(name)}</td><td colspan=4>not validated yet</td></tr>")
-            continue
-        last = s.get("last_run") or {}
-        acc = s.get("accounting") or {}
-        units = sum(o["validated"] for o in s["outputs"].values())
-        failed = sum(o["failed"] for o in s["outputs"].values())
-        rows.append(f"<tr><td><a href='{escape(name)}/'>{escape(name)}</a></td>"
-                    f"<td>{'passed' if s.get('ok') else 'FAILED'} ({escape(str(last.get('at', '')))})</td>"
-                    f"<td>{units} validated, {failed} failed</td>"
-                    f"<td>{'balances' if acc.get('ok') else 'does not balance' if acc else '-'}</td>"
-                    f"<td><a href='{escape(name)}/docs/index.html'>Data Docs</a></td></tr>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>Stream quality</title>"
-            "<style>body{font-family:system-ui,sans-serif;margin:1.5rem}td,th{border:1px solid #ccc;"
-            "padding:.3rem .6rem}table{border-collapse:collapse}</style></head><body><h1>Stream quality</h1>"
-            "<table><tr><th>stream</th><th>last validation</th><th>units</th><th>accounting</th><th></th></tr>"
-            + "".join(rows) + "</table></body></html>")
+    rows = [_row(stream_status(spec), "") for name, spec in sorted(_specs().items())
+            if _allowed(user, f"stream_{name}")]
+    return _page("Streams", f"<h1>Streams</h1><table>{HEAD}{''.join(rows)}</table>"
+                            "<p class='muted'>Refreshes every 10 s. Open a stream for its actions.</p>", refresh=True)
+
+
+@app.get("/api/status")
+def status_json(user: User) -> JSONResponse:
+    return JSONResponse([stream_status(spec) for name, spec in sorted(_specs().items())
+                         if _allowed(user, f"stream_{name}")])
 
 
 @app.get("/dag/{dag_id}")
 def dag_page(dag_id: str, user: User) -> RedirectResponse:
-    for name in _streams():
+    for name in _specs():
         if dag_id in {f"stream_{name}{suffix}" for suffix in DAG_SUFFIXES}:
-            if not _may_read(user, dag_id):
+            if not _allowed(user, dag_id):
                 raise HTTPException(403, "no read access to this DAG")
             return RedirectResponse(f"../{name}/", status_code=307)
     raise HTTPException(404, f"{dag_id} is not a stream's DAG")
 
 
-@app.get("/{stream}/{path:path}")
-def stream_file(stream: str, path: str, user: User) -> FileResponse:
-    if stream not in _streams():
-        raise HTTPException(404, f"no stream {stream!r}")
-    if not _may_read(user, f"stream_{stream}"):
-        raise HTTPException(403, f"no read access to stream_{stream}")
+ACTIONS = {
+    "start": ("", "deploy and supervise the stream"),
+    "stop": ("_stop", "stop it (it stays stopped)"),
+    "restart": ("_restart", "graceful stop, then resume from the checkpoint"),
+    "backfill": ("_backfill", "reprocess an event-time range, then validate it"),
+    "validate": ("_quality", "validate the units closed since the last validation"),
+}
+
+
+@app.get("/{stream}/", response_class=HTMLResponse)
+def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
+    spec = _spec(stream, user)
+    s = stream_status(spec)
+    note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
+    forms = []
+    for action, (suffix, what) in ACTIONS.items():
+        fields = ""
+        if action == "stop":
+            fields = "<select name='mode'><option>graceful</option><option>immediate</option></select> "
+        if action == "backfill":
+            fields = ("<input name='start' placeholder='start, e.g. 2026-01-01T00:00:00Z' required> "
+                      "<input name='end' placeholder='end (exclusive)' required> ")
+        forms.append(f"<form method='post' action='actions/{action}'>{fields}<button type='submit' "
+                     f"name='action' value='{action}'>{action}</button> <span class='muted'>{what} "
+                     f"(<code>stream_{escape(stream)}{suffix}</code>)</span></form>")
+    return _page(f"Stream {stream}",
+                 f"<p><a href='../'>All streams</a></p><h1>Stream <code>{escape(stream)}</code></h1>"
+                 f"<p>{escape(spec.description)}</p>{note}<table>{HEAD}{_row(s, '../')}</table><h2>Actions</h2>"
+                 f"{''.join(forms)}", refresh=not note)
+
+
+@app.post("/{stream}/actions/{action}")
+def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()] = None,
+        start: Annotated[str | None, Form()] = None, end: Annotated[str | None, Form()] = None) -> RedirectResponse:
+    """Trigger the DAG behind an action with its params; bad params get 400 and trigger nothing."""
+    spec = _spec(stream, user)
+    if action not in ACTIONS:
+        raise HTTPException(404, f"no action {action!r}; actions: {sorted(ACTIONS)}")
+    dag_id = f"stream_{spec.name}{ACTIONS[action][0]}"
+    if not _allowed(user, dag_id, run=True):
+        raise HTTPException(403, f"no permission to run {dag_id}")
+    conf: dict[str, Any] = {}
+    if action == "stop":
+        if mode not in ("graceful", "immediate"):
+            raise HTTPException(400, f"mode must be graceful or immediate, not {mode!r}")
+        conf["mode"] = mode
+    if action == "backfill":
+        from spark_jobs.backfill import BackfillError, parse_range
+
+        try:
+            lo, hi = parse_range(start or "", end or "")
+        except BackfillError as exc:
+            raise HTTPException(400, str(exc)) from None
+        conf.update(start=lo.isoformat(), end=hi.isoformat())
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    try:
+        run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, conf=conf,
+                          triggering_user_name=getattr(user, "get_name", lambda: None)())
+    except Exception as exc:  # noqa: BLE001 - Airflow's own errors (unknown DAG, bad params) are the user's answer
+        raise HTTPException(400, f"could not trigger {dag_id}: {exc}") from None
+    run_id = getattr(run, "run_id", None) if run is not None else None
+    return RedirectResponse(f"../?triggered={dag_id}%20{run_id or ''}", status_code=303)
+
+
+@app.get("/{stream}/quality/{path:path}")
+def quality_file(stream: str, path: str, user: User) -> FileResponse:
+    _spec(stream, user)
     root = (_quality_root() / stream).resolve()
     target = (root / (path or "index.html")).resolve()
     if target.is_dir():

@@ -45,7 +45,7 @@ def test_quality_runs_on_the_rules_schedule_and_after_every_backfill(bag) -> Non
     from streamops.operators.quality import ValidateStreamOperator
 
     quality = bag.dags["stream_sensors_quality"]
-    assert quality.max_active_runs == 1 and "/stream-quality/sensors/" in quality.doc_md
+    assert quality.max_active_runs == 1 and "/streams/sensors/quality/" in quality.doc_md
     assert quality.timetable.expression == "*/10 * * * *"  # include/expectations/sensors.yaml
     assert isinstance(quality.task_dict["validate"], ValidateStreamOperator)
     backfill = bag.dags["stream_sensors_backfill"]

@@ -13,11 +13,10 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.spec import default_spec_dir
+from streamops import STREAMS_URL
 from streamops.hooks.stream import StreamHook
 
 QUALITY_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "quality_job.py")
-#: Where the UI serves each stream's quality pages (``plugins/streams_ui.py``).
-QUALITY_URL = "/stream-quality"
 
 
 class ValidateStreamOperator(SparkSubmitOperator):
@@ -77,7 +76,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
             raise AirflowFailException(
                 f"data quality of stream {self.stream} FAILED: {len(failed)} of {len(units)} unit(s) failed; "
                 f"{len(result['problems'])} problem(s):\n  - {shown}{more}\n"
-                f"Summary: {QUALITY_URL}/{self.stream}/ in the Airflow UI ({result['summary']}).")
+                f"Summary: {STREAMS_URL}/{self.stream}/quality/ in the Airflow UI ({result['summary']}).")
         return {"stream": self.stream, "units": len(units), "failed": len(failed),
                 "rows": sum(u["rows"] for u in units), "accounting": (result.get("accounting") or {}).get("ok"),
                 "summary": result["summary"]}

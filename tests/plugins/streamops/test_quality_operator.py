@@ -69,7 +69,7 @@ def test_a_failed_validation_fails_the_task_with_a_readable_summary(tmp_path: Pa
     assert isinstance(error, AirflowFailException)
     message = str(error)
     assert message.startswith("data quality of stream sensors FAILED: 1 of 2 unit(s) failed; 1 problem(s):")
-    assert problem in message and "/stream-quality/sensors/" in message
+    assert problem in message and "/streams/sensors/quality/" in message
 
 
 def test_a_job_that_wrote_no_result_fails_the_task(tmp_path: Path) -> None:

@@ -1,0 +1,36 @@
+# One image for every service of the platform: the Airflow services (API server,
+# scheduler, DAG processor, triggerer) and the Spark standalone master and workers.
+# Built as Airflow's image docs recommend: extend the official image, keep Airflow's own
+# version pinned while adding requirements, run as the non-root `airflow` user.
+ARG AIRFLOW_VERSION=3.3.2
+ARG PYTHON_VERSION=3.11
+FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+
+# Java for Spark (drivers run in the Airflow services, executors on the workers)
+USER root
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl \
+ && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/default-java \
+ && mkdir -p /opt/streams/data && chown -R airflow:0 /opt/streams
+ENV JAVA_HOME=/usr/lib/jvm/default-java
+
+USER airflow
+WORKDIR /opt/streams
+# the project's pinned stack first (a layer that changes only with pyproject.toml)...
+COPY --chown=airflow:0 pyproject.toml README.md ./
+RUN mkdir -p spark_jobs/quality plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors \
+             plugins/streamops/triggers \
+ && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check
+# ...then the code: Spark jobs, DAGs, the Airflow plugin, specs, rules and reference data
+COPY --chown=airflow:0 spark_jobs spark_jobs
+COPY --chown=airflow:0 plugins plugins
+COPY --chown=airflow:0 dags dags
+COPY --chown=airflow:0 include include
+
+ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/streams/dags \
+    AIRFLOW__CORE__PLUGINS_FOLDER=/opt/streams/plugins \
+    AIRFLOW__CORE__LOAD_EXAMPLES=False \
+    STREAMS_DATA_DIR=/opt/streams/data \
+    PYSPARK_PYTHON=python \
+    TZ=UTC

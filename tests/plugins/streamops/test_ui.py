@@ -1,0 +1,144 @@
+"""The streams' pages in the Airflow UI: served by the plugin on Airflow's own API server app,
+behind its login, over a real stream's checkpoint; actions trigger real DAG runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def metadata_db() -> None:
+    """Airflow's metadata database (the test home's SQLite) with the project's DAGs in it."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.utils.db import upgradedb
+
+    upgradedb()
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(DagBag(dag_folder=str(ROOT / "dags")), bundle_name="dags-folder", bundle_version=None)
+
+
+@pytest.fixture
+def data_root(pristine: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    shutil.copytree(pristine, root)
+    quality = root / "quality" / "sensors"
+    (quality / "gx" / "site").mkdir(parents=True)
+    (quality / "gx" / "site" / "index.html").write_text("<h1>Data Docs</h1>")
+    (quality / "docs").symlink_to("gx/site", target_is_directory=True)
+    (quality / "index.html").write_text("<h1>Data quality of stream sensors</h1>")
+    (quality / "summary.json").write_text(json.dumps({
+        "ok": True, "accounting": {"ok": True},
+        "last_run": {"at": "2026-01-01T00:10:00Z", "units": 3, "failed": 0, "ok": True}}))
+    (root / "secret.txt").write_text("not for the browser")
+    return root
+
+
+@pytest.fixture
+def client(data_root: Path, monkeypatch, metadata_db):  # noqa: ANN201 - a fastapi TestClient
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("STREAMS_DATA_DIR", str(data_root))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
+    from airflow import plugins_manager, settings
+    from airflow.api_fastapi import app as api_app
+
+    monkeypatch.setattr(settings, "PLUGINS_FOLDER", str(ROOT / "plugins"))
+    for name in dir(plugins_manager):  # the plugin manager caches what it found
+        cached = getattr(plugins_manager, name)
+        if callable(getattr(cached, "cache_clear", None)):
+            cached.cache_clear()
+    api_app.purge_cached_app()
+    with TestClient(api_app.create_app()) as c:
+        yield c
+    api_app.purge_cached_app()
+
+
+def login(client, role: str = "viewer") -> None:  # noqa: ANN001
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    client.cookies.set("_token", get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="ops", role=role)))
+
+
+def test_anonymous_requests_are_refused(client) -> None:
+    for path in ("/streams/", "/streams/api/status", "/streams/sensors/", "/streams/sensors/quality/",
+                 "/streams/sensors/quality/docs/index.html", "/streams/dag/stream_sensors_quality"):
+        response = client.get(path, follow_redirects=False)
+        assert (response.status_code, response.json()) == (401, {"detail": "Not authenticated"}), path
+    assert client.post("/streams/sensors/actions/stop", data={"mode": "graceful"}).status_code == 401
+    assert client.get("/streams/", headers={"Authorization": "Bearer forged"}).status_code in (401, 403)
+
+
+def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path) -> None:
+    from spark_jobs.checkpoint import last_batch
+
+    login(client)
+    status = {s["stream"]: s for s in client.get("/streams/api/status").json()}
+    sensors = status["sensors"]
+    assert sensors["status"] == "dead" and sensors["reason"] == "no live driver holds the checkpoint"
+    committed = last_batch(data_root / "checkpoints" / "sensors" / "readings", "commits")
+    assert sensors["last_committed"]["readings"] == committed is not None
+    assert sensors["backlog_files"] == 0 and sensors["restarts_last_day"] == 0
+    assert sensors["validation"] == {"ok": True, "at": "2026-01-01T00:10:00Z", "units": 3, "failed_units": 0,
+                                     "accounting_ok": True}
+    assert status["clicks"]["validation"] is None
+    page = client.get("/streams/").text
+    assert "<td class='status dead'>dead" in page and f"readings: {committed}" in page
+    assert "<a href='sensors/quality/docs/index.html'>Data Docs</a>" in page
+    stream = client.get("/streams/sensors/").text
+    for action in ("start", "stop", "restart", "backfill", "validate"):
+        assert f"<form method='post' action='actions/{action}'>" in stream
+    assert "Data quality of stream sensors" in client.get("/streams/sensors/quality/").text
+    assert client.get("/streams/sensors/quality/docs/index.html").text == "<h1>Data Docs</h1>"
+    tab = client.get("/streams/dag/stream_sensors_quality", follow_redirects=False)
+    assert tab.status_code == 307 and tab.headers["location"] == "../sensors/"
+
+
+def test_actions_trigger_the_dags_with_their_params(client) -> None:
+    from airflow.models.dagrun import DagRun
+
+    login(client, role="user")
+    response = client.post("/streams/sensors/actions/stop", data={"mode": "immediate"}, follow_redirects=False)
+    assert response.status_code == 303 and "triggered=stream_sensors_stop" in response.headers["location"]
+    response = client.post("/streams/sensors/actions/backfill", follow_redirects=False,
+                           data={"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T06:00:00Z"})
+    assert response.status_code == 303
+    runs = {r.dag_id: r.conf for r in DagRun.find(dag_id=["stream_sensors_stop", "stream_sensors_backfill"])}
+    assert runs["stream_sensors_stop"] == {"mode": "immediate"}
+    assert runs["stream_sensors_backfill"] == {"start": "2026-01-01T00:00:00+00:00", "end": "2026-01-01T06:00:00+00:00"}
+
+
+def test_bad_action_params_are_refused_and_trigger_nothing(client) -> None:
+    from airflow.models.dagrun import DagRun
+
+    login(client, role="user")
+    before = len(DagRun.find(dag_id="stream_sensors_backfill"))
+    bad_mode = client.post("/streams/sensors/actions/stop", data={"mode": "sometimes"})
+    assert bad_mode.status_code == 400 and "mode must be graceful or immediate" in bad_mode.json()["detail"]
+    backwards = client.post("/streams/sensors/actions/backfill", data={"start": "2026-01-02T00:00:00Z",
+                                                                      "end": "2026-01-01T00:00:00Z"})
+    assert backwards.status_code == 400 and "must be after start" in backwards.json()["detail"]
+    assert client.post("/streams/sensors/actions/explode").status_code == 404
+    assert len(DagRun.find(dag_id="stream_sensors_backfill")) == before
+
+
+def test_a_viewer_may_look_but_not_act(client) -> None:
+    login(client, role="viewer")
+    assert client.get("/streams/sensors/").status_code == 200
+    refused = client.post("/streams/sensors/actions/restart")
+    assert refused.status_code == 403 and "no permission to run stream_sensors_restart" in refused.json()["detail"]
+
+
+def test_nothing_outside_a_streams_quality_folder_is_served(client) -> None:
+    login(client)
+    assert client.get("/streams/sensors/quality/..%2F..%2F..%2Fsecret.txt").status_code == 404
+    assert client.get("/streams/nope/").status_code == 404
+    assert client.get("/streams/clicks/quality/").status_code == 404  # not validated yet
+    assert client.get("/streams/dag/some_other_dag").status_code == 404

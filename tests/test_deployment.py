@@ -1,0 +1,93 @@
+"""The container deployment, checked without a container engine: compose file, image, secrets."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+
+
+def pinned(package: str) -> str:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return next(d.split("==")[1] for d in deps if re.split(r"[\[=]", d)[0] == package)
+
+
+def test_every_platform_service_is_there() -> None:
+    assert {"postgres", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+            "spark-master", "spark-worker"} <= set(SERVICES)
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_has_a_healthcheck_and_waits_for_healthy_dependencies(name: str) -> None:
+    service = SERVICES[name]
+    assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    for dependency, condition in (service.get("depends_on") or {}).items():
+        assert dependency in SERVICES
+        assert condition == {"condition": "service_healthy"}, f"{name} does not wait for {dependency} to be healthy"
+
+
+def test_airflow_runs_on_postgres_and_streams_on_the_spark_cluster() -> None:
+    env = SERVICES["airflow-scheduler"]["environment"]
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://")
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert '"host": "spark://spark-master:7077"' in env["AIRFLOW_CONN_SPARK_STREAMS"]
+    assert "Worker spark://spark-master:7077" in SERVICES["spark-worker"]["command"][-1]
+    for name in ("spark-master", "spark-worker"):  # the image's entrypoint would run other words as airflow subcommands
+        assert SERVICES[name]["command"][:2] == ["bash", "-c"]
+    for name in ("airflow-scheduler", "airflow-api-server", "spark-worker"):  # drivers and executors share the data
+        assert "streams-data:/opt/streams/data" in SERVICES[name]["volumes"]
+
+
+def test_mounted_files_and_build_files_exist() -> None:
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes") or []:
+            source = volume.split(":")[0]
+            if source.startswith((".", "/")):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which is not in the repository"
+            else:
+                assert source in COMPOSE["volumes"], f"{name} uses an undeclared volume {source}"
+        if "build" in service:
+            assert (ROOT / service["build"] / "Dockerfile").exists()
+    for source in re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", DOCKERFILE, re.M):
+        for path in source.split():
+            assert (ROOT / path).exists(), f"the Dockerfile copies {path}, which does not exist"
+
+
+def test_the_image_pins_the_versions_of_pyproject() -> None:
+    assert f"ARG AIRFLOW_VERSION={pinned('apache-airflow')}" in DOCKERFILE
+    assert "ARG PYTHON_VERSION=3.11" in DOCKERFILE
+    assert 'pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e .' in DOCKERFILE
+    assert re.search(r"^USER airflow$", DOCKERFILE, re.M) and DOCKERFILE.rstrip().rfind("USER root") < DOCKERFILE.rfind("USER airflow")
+
+
+def test_no_secret_is_written_in_the_compose_file() -> None:
+    secretish = re.compile(r"(PASSWORD|SECRET|KEY|TOKEN)", re.I)
+
+    def walk(node, where: str) -> None:  # noqa: ANN001
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, str) and secretish.search(str(k)):
+                    assert re.fullmatch(r"\$\{\w+\}", v), f"{where}.{k} holds a literal value, not ${{VARIABLE}}"
+                walk(v, f"{where}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(node, str):
+            assert not re.search(r"://[^:/@\s]+:(?!\$\{)[^@\s]+@", node), f"{where} has credentials in a URL"
+
+    walk(COMPOSE, "compose")
+    example = (ROOT / ".env_example").read_text()
+    for line in example.splitlines():
+        if "=" in line and not line.startswith("#") and secretish.search(line.split("=")[0]):
+            assert re.fullmatch(r"<[a-z-]+>", line.split("=", 1)[1]), f".env_example must hold placeholders: {line}"
+    assert "/.env" in (ROOT / ".gitignore").read_text().splitlines()
+    ports = [p for s in SERVICES.values() for p in s.get("ports", [])]
+    assert all(p.startswith("127.0.0.1:") for p in ports), "published ports listen on loopback unless changed"
