@@ -29,7 +29,7 @@ SERVER_SETTINGS = {
     "fsync": "off",
     "synchronous_commit": "off",
     "full_page_writes": "off",
-    "max_connections": "50",
+    "max_connections": "120",  # Airflow's services each keep a connection pool
     "shared_buffers": "32MB",
     "log_min_messages": "warning",
 }

@@ -1,5 +1,5 @@
 """The platform under a real Airflow: API server, scheduler (LocalExecutor), DAG processor
-and triggerer on SQLite. A stream is deployed through its DAG, its driver is SIGKILLed,
+and triggerer, on SQLite (the embedded default) and on PostgreSQL (as in production). A stream is deployed through its DAG, its driver is SIGKILLed,
 the supervisor restarts it from the checkpoint, it catches up, its quality DAG validates
 the closed units with Great Expectations, its scheduled restart runs, it is stopped
 from its stop DAG, and every sink equals the ground truth; never two drivers at once.
@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from airflow_harness import Airflow, stream_drivers, wait_for  # tests/e2e/ is on sys.path (rootdir imports)
 
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
@@ -27,108 +25,19 @@ from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 SPEC = default_spec_dir() / "sensors.yaml"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def metadata_url(request) -> str | None:  # noqa: ANN001
+    """Airflow's metadata database: None for SQLite in the Airflow home, else a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return None
+    url = request.getfixturevalue("postgres_database")
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
-def wait_for(condition, what: str, timeout: float = 300, every: float = 0.5):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
-
-
-class Airflow:
-    """Airflow's own services for one test, on loopback, in a throwaway home."""
-
-    SERVICES = (["api-server"], ["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"])
-
-    def __init__(self, home: Path, data_root: Path):
-        self.home = home
-        port = free_port()
-        self.env = dict(
-            os.environ,
-            AIRFLOW_HOME=str(home), AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
-            AIRFLOW__CORE__PLUGINS_FOLDER=str(ROOT / "plugins"), AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-            AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db", AIRFLOW__CORE__LOAD_EXAMPLES="False",
-            AIRFLOW__CORE__UNIT_TEST_MODE="False", AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
-            AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(port),
-            AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-            AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
-            AIRFLOW_CONN_SPARK_STREAMS=json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            STREAMS_DATA_DIR=str(data_root), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", TZ="UTC",
-            PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        )
-        self.procs: list[subprocess.Popen] = []
-
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(BIN / "airflow"), *args], env=self.env, capture_output=True, text=True)
-        if check and result.returncode != 0:
-            raise AssertionError(f"airflow {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-        return result
-
-    def start(self) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.cli("db", "migrate")
-        for service in self.SERVICES:
-            log = open(self.home / f"{service[0]}.log", "w")  # noqa: SIM115 - closed with the process
-            self.procs.append(subprocess.Popen([str(BIN / "airflow"), *service], env=self.env, stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-
-    def dag_ids(self) -> set[str]:
-        result = self.cli("dags", "list", "-o", "json", check=False)
-        return {d["dag_id"] for d in json_lines(result.stdout)} if result.returncode == 0 else set()
-
-    def runs(self, dag_id: str) -> list[dict]:
-        return json_lines(self.cli("dags", "list-runs", dag_id, "-o", "json").stdout)
-
-
-def json_lines(stdout: str) -> list[dict]:
-    """The JSON list an airflow CLI command printed (it may print log lines too)."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("["):
-            return json.loads(line)
-    return []
-
-
-def stream_drivers() -> list[int]:
-    """Python driver processes of the stream job on this machine."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[1].endswith(b"stream_job.py") and b"python" in argv[0]:
-            pids.append(int(entry.name))
-    return pids
-
-
-def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_path: Path, spark) -> None:
+def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_path: Path, spark, metadata_url) -> None:
     data_root = tmp_path / "data"
     spec = load_spec(SPEC)
     layout = Layout(spec, data_root, default_spec_dir())
@@ -136,7 +45,7 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
     assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "5"]) == 0
 
-    airflow = Airflow(tmp_path / "airflow", data_root)
+    airflow = Airflow(tmp_path / "airflow", data_root, metadata_url)
     most_drivers, watching = [0], threading.Event()
 
     def watch_drivers() -> None:
