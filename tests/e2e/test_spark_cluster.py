@@ -57,11 +57,16 @@ class SparkCluster:
         except OSError:
             return 0
 
+    def master_alive(self) -> bool:
+        try:
+            return self.state().get("status") == "ALIVE"
+        except OSError:  # not listening yet
+            return False
+
     def start(self) -> None:
         self.master = self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                                   str(self.port), "--webui-port", str(self.ui), log="master.log")
-        wait_for(lambda: self.alive_workers() == 0 and self.state().get("status") == "ALIVE", "the master",
-                 timeout=120, every=1)
+        wait_for(self.master_alive, "the master", timeout=120, every=1)
         for i in range(self.count):
             self.workers.append(self._start("org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
                                             "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
