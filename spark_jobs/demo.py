@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.pipeline import SESSION_CONF
     from spark_jobs.quality_job import describe
 
-    spark = SparkSession.builder.master("local[1]").appName("demo-verify").config(map=SESSION_CONF).getOrCreate()
+    spark = (SparkSession.builder.master("local[1]").appName("demo-verify").config(map=SESSION_CONF)
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     ok = True
     try:

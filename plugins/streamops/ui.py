@@ -138,7 +138,7 @@ def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
 
 
 def _row(s: dict[str, Any], prefix: str) -> str:
-    committed = ", ".join(f"{q}: {b}" for q, b in (s.get("last_committed") or {}).items())
+    committed = ", ".join(f"{q}: {'-' if b is None else b}" for q, b in (s.get("last_committed") or {}).items())
     rates = s.get("input_rows_per_second"), s.get("processed_rows_per_second")
     rate_text = " / ".join("-" if r is None else f"{r:.1f}" for r in rates)
     stopped = " (stopped on purpose)" if s.get("stopped_on_purpose") else ""
@@ -146,7 +146,7 @@ def _row(s: dict[str, Any], prefix: str) -> str:
             f"<td class='status {escape(str(s['status']))}'>{escape(str(s['status']))}{stopped}<br>"
             f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>"
             f"<td>{escape(committed)}<br>{_age(s.get('last_commit_age_seconds'))}</td><td>{rate_text}</td>"
-            f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark')))}</td>"
+            f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark') or '-'))}</td>"
             f"<td>{s.get('restarts_last_day')}</td><td>{_validation_cell(s['stream'], s.get('validation'), prefix)}</td></tr>")
 
 
