@@ -17,6 +17,7 @@ from streamops import STREAMS_URL
 from streamops.hooks.stream import StreamHook
 
 QUALITY_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "quality_job.py")
+KEEP_RESULTS = 200
 
 
 class ValidateStreamOperator(SparkSubmitOperator):
@@ -64,6 +65,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
             result = json.loads(result_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise AirflowFailException(f"the validation job of {self.stream} wrote no result ({exc})") from None
+        _prune(result_file.parent)
         from spark_jobs.quality_job import describe
 
         for line in describe(result):
@@ -80,6 +82,13 @@ class ValidateStreamOperator(SparkSubmitOperator):
         return {"stream": self.stream, "units": len(units), "failed": len(failed),
                 "rows": sum(u["rows"] for u in units), "accounting": (result.get("accounting") or {}).get("ok"),
                 "summary": result["summary"]}
+
+
+def _prune(folder: Path, keep: int = KEEP_RESULTS) -> None:
+    """Keep the newest ``keep`` run results (the ledger keeps the history)."""
+    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    for old in files[:-keep]:
+        old.unlink(missing_ok=True)
 
 
 def _safe(run_id: str) -> str:

@@ -72,6 +72,19 @@ def test_a_failed_validation_fails_the_task_with_a_readable_summary(tmp_path: Pa
     assert problem in message and "/streams/sensors/quality/" in message
 
 
+def test_only_the_newest_run_results_are_kept(tmp_path: Path) -> None:
+    import os
+
+    runs = tmp_path / "quality" / "sensors" / "runs"
+    runs.mkdir(parents=True)
+    for i in range(205):
+        (runs / f"old-{i:03d}.json").write_text("{}")
+        os.utime(runs / f"old-{i:03d}.json", (1000 + i, 1000 + i))
+    run(tmp_path, result(True))
+    kept = sorted(p.name for p in runs.glob("*.json"))
+    assert len(kept) == 200 and "old-000.json" not in kept and "scheduled__2026-01-01T00_00_00_00_00.json" in kept
+
+
 def test_a_job_that_wrote_no_result_fails_the_task(tmp_path: Path) -> None:
     op = ValidateStreamOperator(task_id="validate", stream="sensors", data_root=str(tmp_path))
     with mock.patch.object(SparkSubmitOperator, "execute", lambda self, context: None):
