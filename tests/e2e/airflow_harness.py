@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,3 +129,34 @@ def stream_drivers() -> list[int]:
         if len(argv) > 1 and argv[1].endswith(b"stream_job.py") and b"python" in argv[0]:
             pids.append(int(entry.name))
     return pids
+
+
+class DriverWatcher:
+    """Counts the stream's driver processes every 0.1 s between start and stop; ``most`` is the highest count."""
+
+    def __init__(self) -> None:
+        self.most = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.most = max(self.most, len(stream_drivers()))
+            self._done.wait(0.1)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def deploy(airflow: Airflow, stream: str) -> None:
+    """Wait for the stream's DAGs to be parsed, unpause its run and stop DAGs, trigger the run DAG."""
+    wait_for(lambda: {f"stream_{stream}", f"stream_{stream}_stop"} <= airflow.dag_ids(),
+             f"the DAG processor to parse stream_{stream}", timeout=180, every=2)
+    airflow.cli("dags", "unpause", f"stream_{stream}")
+    airflow.cli("dags", "unpause", f"stream_{stream}_stop")
+    airflow.cli("dags", "trigger", f"stream_{stream}")

@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from airflow_harness import Airflow, stream_drivers, wait_for  # tests/e2e/ is on sys.path (rootdir imports)
+from airflow_harness import (  # tests/e2e/ is on sys.path (rootdir imports)
+    Airflow,
+    DriverWatcher,
+    deploy,
+    stream_drivers,
+    wait_for,
+)
 
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
@@ -46,22 +51,11 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
                           "--events-per-file", "40", "--seed", "5"]) == 0
 
     airflow = Airflow(tmp_path / "airflow", data_root, metadata_url)
-    most_drivers, watching = [0], threading.Event()
-
-    def watch_drivers() -> None:
-        while not watching.is_set():
-            most_drivers[0] = max(most_drivers[0], len(stream_drivers()))
-            watching.wait(0.1)
-
-    watcher = threading.Thread(target=watch_drivers, daemon=True)
+    watcher = DriverWatcher()
     try:
         airflow.start()
         watcher.start()
-        wait_for(lambda: {"stream_sensors", "stream_sensors_stop"} <= airflow.dag_ids(),
-                 "the DAG processor to parse stream_sensors", timeout=180, every=2)
-        airflow.cli("dags", "unpause", "stream_sensors")
-        airflow.cli("dags", "unpause", "stream_sensors_stop")
-        airflow.cli("dags", "trigger", "stream_sensors")
+        deploy(airflow, "sensors")
 
         # deployed: batches get committed
         wait_for(lambda: (last_batch(readings, "commits") or -1) >= 1, "2 committed batches", timeout=240)
@@ -111,12 +105,12 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
         wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors")] == ["success", "success"],
                  "both supervisor runs to end", timeout=120, every=3)
     finally:
-        watching.set()
+        watcher.stop()
         airflow.stop()
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
 
-    assert most_drivers[0] == 1, f"{most_drivers[0]} drivers ran at once"
+    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()

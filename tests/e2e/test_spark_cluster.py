@@ -9,12 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
-from airflow_harness import BIN, Airflow, free_port, stream_drivers, wait_for
+from airflow_harness import BIN, Airflow, DriverWatcher, deploy, free_port, stream_drivers, wait_for
 
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
@@ -95,23 +94,12 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
 
     cluster = SparkCluster(tmp_path / "spark")
     airflow = Airflow(tmp_path / "airflow", data_root, spark_master=cluster.url)
-    most_drivers, watching = [0], threading.Event()
-
-    def watch_drivers() -> None:
-        while not watching.is_set():
-            most_drivers[0] = max(most_drivers[0], len(stream_drivers()))
-            watching.wait(0.1)
-
-    watcher = threading.Thread(target=watch_drivers, daemon=True)
+    watcher = DriverWatcher()
     try:
         cluster.start()
         airflow.start()
         watcher.start()
-        wait_for(lambda: {"stream_sensors", "stream_sensors_stop"} <= airflow.dag_ids(),
-                 "the DAG processor to parse stream_sensors", timeout=180, every=2)
-        airflow.cli("dags", "unpause", "stream_sensors")
-        airflow.cli("dags", "unpause", "stream_sensors_stop")
-        airflow.cli("dags", "trigger", "stream_sensors")
+        deploy(airflow, "sensors")
 
         # the application runs on the cluster, its executors on both workers
         wait_for(lambda: (last_batch(readings, "commits") or -1) >= 1, "2 committed batches", timeout=300)
@@ -133,13 +121,13 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
                  "the stop DAG to succeed", timeout=180, every=3)
         wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
     finally:
-        watching.set()
+        watcher.stop()
         airflow.stop()
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
         cluster.stop()
 
-    assert most_drivers[0] == 1, f"{most_drivers[0]} drivers ran at once"
+    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
