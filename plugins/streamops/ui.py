@@ -240,8 +240,19 @@ def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()
                           triggering_user_name=getattr(user, "get_name", lambda: None)())
     except Exception as exc:  # noqa: BLE001 - Airflow's own errors (unknown DAG, bad params) are the user's answer
         raise HTTPException(400, f"could not trigger {dag_id}: {exc}") from None
+    _unpause(dag_id)  # as Airflow's own trigger form does: a run of a paused DAG would never start
     run_id = getattr(run, "run_id", None) if run is not None else None
     return RedirectResponse(f"../?triggered={dag_id}%20{run_id or ''}", status_code=303)
+
+
+def _unpause(dag_id: str) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        model = session.get(DagModel, dag_id)
+        if model is not None and model.is_paused:
+            model.is_paused = False
 
 
 @app.get("/{stream}/quality/{path:path}")

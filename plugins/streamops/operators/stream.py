@@ -30,8 +30,9 @@ def _hold_marker(hook: StreamHook) -> Path:
 class StreamSupervisorOperator(SparkSubmitOperator):
     """Run a stream with ``spark-submit`` and keep it running.
 
-    The driver runs as a child of this task (client mode; on YARN or Kubernetes the
-    operator's durable reconnect applies). While it runs, the stream's health is read from
+    The driver runs as a child of this task (client mode), or in the cluster (YARN or
+    Kubernetes cluster mode), where the lease's heartbeat tells a retried task that it
+    still runs. While it runs, the stream's health is read from
     its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
     hard) and started again; a dead driver is started again from its checkpoint. Restarts
     back off exponentially and stop after ``restart.max_attempts`` failures in a row
@@ -45,13 +46,16 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR``).
     :param poll_seconds: how often health is checked; default 5.
     :param grace_seconds: how long a graceful stop may take before the driver is killed; default 120.
+    :param stalled_grace_seconds: the same for a stalled driver, which has already committed
+        nothing for the whole stall window (a frozen or hung driver); default 15.
     All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream")
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
-                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, **kwargs: Any) -> None:
+                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, stalled_grace_seconds: float = 15.0,
+                 **kwargs: Any) -> None:
         args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
         if data_root:
             args += ["--data-root", data_root]
@@ -64,6 +68,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.data_root = data_root
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
+        self.stalled_grace_seconds = stalled_grace_seconds
         self._stream_hook: StreamHook | None = None
         self.adopted_pid: int | None = None
 
@@ -153,9 +158,10 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
                 hook.request_stop()
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
-            if stopping_since is not None and time.monotonic() - stopping_since > self.grace_seconds:
+            grace = min(self.grace_seconds, self.stalled_grace_seconds)
+            if stopping_since is not None and time.monotonic() - stopping_since > grace:
                 pid = hook.kill_driver()
-                self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", self.grace_seconds, pid)
+                self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
                 stopping_since = float("inf")
         return reason
 

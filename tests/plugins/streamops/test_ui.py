@@ -102,6 +102,7 @@ def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path)
 
 
 def test_actions_trigger_the_dags_with_their_params(client) -> None:
+    from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
 
     login(client, role="user")
@@ -112,6 +113,7 @@ def test_actions_trigger_the_dags_with_their_params(client) -> None:
     assert response.status_code == 303
     runs = {r.dag_id: r.conf for r in DagRun.find(dag_id=["stream_sensors_stop", "stream_sensors_backfill"])}
     assert runs["stream_sensors_stop"] == {"mode": "immediate"}
+    assert not DagModel.get_dagmodel("stream_sensors_stop").is_paused  # else the run would never start
     assert runs["stream_sensors_backfill"] == {"start": "2026-01-01T00:00:00+00:00", "end": "2026-01-01T06:00:00+00:00"}
 
 

@@ -1,0 +1,213 @@
+"""Faults under the real platform (Airflow's scheduler, DAG processor, triggerer and API
+server; the stream deployed through its DAG), one after another on one live stream:
+
+1. SIGKILL of the driver at three kinds of moment (mid-batch, right after a commit, at a
+   random time), then more as ``STREAMS_FAULT_KILLS`` asks (the soak);
+2. SIGSTOP of the driver (and its JVM) past the stall window: detected as stalled,
+   stopped (graceful first, then hard) and restarted;
+3. SIGKILL of the Airflow task process that supervises the driver: the retried task
+   adopts the driver still running instead of starting a second one;
+4. a crash followed by the loss of the newest commit file: the batch is replayed, and the
+   sinks skip what they already hold;
+5. a crash that leaves half-written temporary files in the checkpoint: harmless;
+
+after which every sink equals the ground truth exactly, and
+
+6. a crash followed by a torn newest offsets file: the supervisor does not restart the
+   stream; its task fails saying what is wrong and what to do.
+
+Never two drivers at once, throughout. The times from each fault to the first new
+committed batch are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow_harness import Airflow, DriverWatcher, deploy, stream_drivers, wait_for
+
+from spark_jobs import generate, verify
+from spark_jobs.checkpoint import batch_ids
+from spark_jobs.lease import read_holder
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from streamops.health import Status, assess
+
+pytestmark = pytest.mark.e2e
+
+KILLS = max(3, int(os.environ.get("STREAMS_FAULT_KILLS", "3")))
+SEED = int(os.environ.get("STREAMS_FAULT_SEED", "11"))
+STALL_WINDOW_SECONDS = 30
+
+
+def fault_specs(root: Path) -> Path:
+    """The sensors stream with a short trigger, stall window and restart backoff, in its own include/."""
+    include = default_spec_dir().parent
+    for folder in ("expectations", "reference"):
+        shutil.copytree(include / folder, root / folder)
+    spec = yaml.safe_load((include / "streams" / "sensors.yaml").read_text())
+    spec["trigger"] = {"processing_time": "2 seconds"}
+    spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds",
+                           "restart": {"max_attempts": 12, "backoff_initial_seconds": 1, "backoff_max_seconds": 4,
+                                       "stable_after_minutes": 10}}
+    (root / "streams").mkdir(parents=True)
+    (root / "streams" / "sensors.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root / "streams"
+
+
+class Stream:
+    """The live stream as the test sees it: its files, its driver, its input."""
+
+    def __init__(self, spec_dir: Path, data_root: Path):
+        self.spec_path = spec_dir / "sensors.yaml"
+        self.spec = load_spec(self.spec_path)
+        self.layout = Layout(self.spec, data_root, spec_dir)
+        self.data_root = data_root
+        self.readings = Path(self.layout.checkpoint("readings"))
+        self.seed = SEED
+
+    def feed(self, files: int) -> None:
+        self.seed += 1
+        assert generate.main(["--spec", str(self.spec_path), "--data-root", str(self.data_root), "--files", str(files),
+                              "--events-per-file", "40", "--seed", str(self.seed)]) == 0
+
+    def driver(self):  # noqa: ANN201 - the lease holder
+        holder = read_holder(self.layout.lease_dir)
+        assert holder is not None and holder.pid in stream_drivers(), "no live driver holds the lease"
+        return holder
+
+    def committed_after(self, moment: float) -> bool:
+        return any(p.stat().st_mtime > moment for p in (self.readings / "commits").glob("[0-9]*"))
+
+    def in_flight(self) -> bool:
+        offsets, commits = batch_ids(self.readings, "offsets"), batch_ids(self.readings, "commits")
+        return bool(offsets) and (not commits or offsets[-1] > commits[-1])
+
+    def recovered(self, since: float, old_pid: int, what: str, timeout: float = 240) -> float:
+        """Wait for a new driver's first committed batch; seconds since the fault."""
+        def new_driver_committed() -> bool:
+            holder = read_holder(self.layout.lease_dir)
+            return holder is not None and holder.pid != old_pid and self.committed_after(since)
+
+        wait_for(new_driver_committed, f"a new driver to commit a batch after {what}", timeout=timeout, every=0.2)
+        seconds = time.time() - since
+        print(f"{what}: first new committed batch after {seconds:.1f}s")
+        return seconds
+
+
+def kill_driver(stream: Stream) -> tuple[int, float]:
+    holder = stream.driver()
+    os.kill(holder.pid, signal.SIGKILL)
+    return holder.pid, time.time()
+
+
+def supervise_log(airflow: Airflow) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in
+                     sorted((airflow.home / "logs").glob("dag_id=stream_sensors/run_id=*/task_id=supervise/attempt=*.log")))
+
+
+def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp_path: Path, spark) -> None:
+    rng = random.Random(SEED)
+    spec_dir = fault_specs(tmp_path / "include")
+    data_root = tmp_path / "data"
+    stream = Stream(spec_dir, data_root)
+    stream.feed(10)
+    airflow = Airflow(tmp_path / "airflow", data_root, extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
+    watcher = DriverWatcher()
+    timings: dict[str, float] = {}
+    try:
+        airflow.start()
+        watcher.start()
+        deploy(airflow, "sensors")
+        wait_for(lambda: len(batch_ids(stream.readings, "commits")) >= 2, "2 committed batches", timeout=300)
+
+        # 1. SIGKILL at three kinds of moment, in a seeded random order, and more for a soak
+        moments = ["mid-batch", "after a commit", "at a random time"]
+        rng.shuffle(moments)
+        moments += [rng.choice(moments) for _ in range(KILLS - 3)]
+        for n, moment in enumerate(moments, start=1):
+            stream.feed(6)
+            if moment == "mid-batch":
+                wait_for(stream.in_flight, "a batch in flight", timeout=120, every=0.02)
+            elif moment == "after a commit":
+                commits = len(batch_ids(stream.readings, "commits"))
+                wait_for(lambda c=commits: len(batch_ids(stream.readings, "commits")) > c, "a new commit",
+                         timeout=120, every=0.02)
+            else:
+                time.sleep(rng.uniform(0.0, 4.0))  # the fault's moment itself, drawn at random
+            pid, killed_at = kill_driver(stream)
+            timings[f"kill {n} ({moment})"] = stream.recovered(killed_at, pid, f"SIGKILL {n} {moment}")
+
+        # 2. a frozen driver (Python and JVM) with input waiting: stalled, stopped, restarted
+        holder = stream.driver()
+        frozen = [holder.pid] + ([holder.launcher_pid] if holder.launcher_pid > 1 else [])
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.time()
+        stream.feed(4)
+        wait_for(lambda: assess(stream.spec, stream.layout).status == Status.STALLED, "the stall to be seen",
+                 timeout=STALL_WINDOW_SECONDS + 60, every=1)
+        timings["freeze (stall window 30s)"] = stream.recovered(frozen_at, holder.pid, "SIGSTOP")
+        assert "is stalled" in supervise_log(airflow)
+
+        # 3. the Airflow task process supervising the driver dies: the retry adopts the driver
+        holder = stream.driver()
+        task_pid = int(Path(f"/proc/{holder.launcher_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert Path(f"/proc/{task_pid}/cmdline").read_bytes().startswith(b"airflow worker --"), "not the task process"
+        os.kill(task_pid, signal.SIGKILL)
+        killed_at = time.time()
+        wait_for(lambda: "adopting it instead of starting a second one" in supervise_log(airflow),
+                 "the retried task to adopt the running driver", timeout=180, every=1)
+        fed_at = time.time()
+        stream.feed(4)
+        wait_for(lambda: stream.committed_after(fed_at), "the adopted driver to take new input", timeout=120, every=0.5)
+        assert stream.driver().pid == holder.pid
+        timings["task process killed (driver adopted)"] = time.time() - killed_at
+
+        # 4. a crash, then the newest commit file is lost: the batch is replayed, sinks skip what they hold
+        stream.feed(4)
+        wait_for(lambda: len(batch_ids(stream.readings, "commits")) >= 2, "commits", timeout=60)
+        pid, killed_at = kill_driver(stream)
+        newest = stream.readings / "commits" / str(batch_ids(stream.readings, "commits")[-1])
+        newest.unlink()
+        timings["kill + lost commit file"] = stream.recovered(killed_at, pid, f"SIGKILL, {newest} deleted")
+
+        # 5. a crash that leaves half-written temporary files in the checkpoint
+        stream.feed(4)
+        pid, killed_at = kill_driver(stream)
+        next_batch = batch_ids(stream.readings, "offsets")[-1] + 1
+        (stream.readings / "offsets" / f".{next_batch}.6f1c2e0a.tmp").write_text('v1\n{"batchWatermarkMs":17')
+        (stream.readings / "commits" / f".{next_batch}.0b9d4c11.tmp").write_text("v")
+        timings["kill + half-written temp files"] = stream.recovered(killed_at, pid, "SIGKILL with temp files left")
+
+        # caught up: every sink equals the ground truth, nothing lost, nothing duplicated
+        wait_for(lambda: assess(stream.spec, stream.layout).status == Status.IDLE, "the stream to catch up",
+                 timeout=300, every=2)
+        manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
+        report = verify.compare(spark, stream.spec, stream.layout, manifest)
+        assert report.ok, report.describe()
+
+        # 6. a crash, then a torn newest offsets file: diagnosed, not restarted
+        pid, _ = kill_driver(stream)
+        torn = stream.readings / "offsets" / str(batch_ids(stream.readings, "offsets")[-1])
+        torn.write_bytes(torn.read_bytes()[: len(torn.read_bytes()) // 2])
+        wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors")] == ["failed"],
+                 "the supervisor to fail on the torn checkpoint", timeout=240, every=2)
+        log = supervise_log(airflow)
+        assert "the checkpoint is corrupt and is not reset automatically" in log
+        assert str(torn) in log and "What you can do" in log
+        assert stream_drivers() == []
+    finally:
+        watcher.stop()
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
+    print("\n".join(f"{what}: {seconds:.1f}s" for what, seconds in timings.items()))
+    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
