@@ -11,7 +11,9 @@ orders new files by modification time).
 
 Besides on-time events the files hold late events that Spark must keep (``late_within``)
 or drop (``late_beyond``) whatever the micro-batch boundaries, exact duplicates, events
-whose join keys are missing from the reference data, malformed records and empty files.
+whose join keys are missing from the reference data, malformed records and empty files;
+if asked (``future``, default 0), events dated far beyond ``event_time.max_future`` ahead
+of now, which Spark must quarantine before they reach the watermark.
 Every record goes to ``ledger.jsonl``; ``state.json`` lets a later run continue the
 stream (sequence, clock, history); ``manifest.json`` is :func:`groundtruth.expected`
 over the whole ledger, rewritten after every run. A ledger line per record (``line`` is
@@ -22,7 +24,7 @@ the line in the file; a CSV header is line 1)::
     {"file": 4, ..., "kind": "duplicate", "flags": [], "of": {"file": 3, "line": 88}, "event": {...}}
     {"file": 4, ..., "kind": "malformed", "reason": "wrong_type", "column": "temperature", "raw": "..."}
 
-``kind`` is one of ok, late_within, late_beyond, duplicate, malformed.
+``kind`` is one of ok, late_within, late_beyond, duplicate, future, malformed.
 
 Event time comes from a virtual clock (batch mode: ``--start`` plus ``--event-interval-ms``
 per on-time event) or the wall clock (rate mode). On-time event times are unique and
@@ -67,6 +69,9 @@ DEFAULT_START = "2026-01-01T00:00:00Z"
 LATE_MARGIN_MS = 30_000
 #: Share of optional columns left null in valid events.
 NULL_SHARE = 0.02
+#: How much further than ``event_time.max_future`` ahead of now a ``future`` event lies (100 years),
+#: so that it is still too far ahead whenever Spark reads it.
+FUTURE_LEAD_MS = 36_500 * 86_400_000
 STATE_VERSION = 1
 PART_NAME = re.compile(r"^part-(\d{6,})\.(json|csv)$")
 
@@ -88,6 +93,7 @@ class Settings:
     duplicates: float = 0.02
     malformed: float = 0.03
     unknown_keys: float = 0.02
+    future: float = 0.0  # events beyond event_time.max_future ahead of now; Spark quarantines them
     empty_files: int = 1
     seed: int = 7
     start: str | None = None  # virtual clock start; default DEFAULT_START
@@ -104,12 +110,12 @@ class Settings:
 
     def check(self) -> None:
         problems = []
-        for name in ("late_within", "late_beyond", "duplicates", "malformed", "unknown_keys"):
+        for name in ("late_within", "late_beyond", "duplicates", "malformed", "unknown_keys", "future"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 problems.append(f"{name} must be between 0 and 1, not {value}")
-        if self.late_within + self.late_beyond + self.duplicates > 1:
-            problems.append("late_within + late_beyond + duplicates must not exceed 1")
+        if self.late_within + self.late_beyond + self.duplicates + self.future > 1:
+            problems.append("late_within + late_beyond + duplicates + future must not exceed 1")
         if self.files < 0 or self.events_per_file < 0 or self.empty_files < 0:
             problems.append("files, events_per_file and empty_files must not be negative")
         if self.rate is not None and not self.rate > 0:
@@ -239,6 +245,7 @@ class Generator:
         self.columns = list(spec.source.columns)
         self.event_col = spec.event_time.column if spec.event_time else None
         self.delay = gt.watermark_delay_ms(spec)
+        self.max_future = gt.max_future_ms(spec)
         self.window = gt.max_window_ms(spec)
         self.m = spec.source.max_files_per_trigger
         self.margin = min(LATE_MARGIN_MS, self.delay // 4)
@@ -304,14 +311,15 @@ class Generator:
             else:
                 result.stopped = self._run_rate(settings, write, monotonic, sleep)
             self._save_state(state)
-            result.manifest = self.write_manifest(state)
+            result.manifest = self.write_manifest(state, now=wall())
         return result
 
-    def write_manifest(self, state: dict[str, Any] | None = None) -> Path:
-        """Write ``manifest.json``: the expected results over the whole ledger."""
+    def write_manifest(self, state: dict[str, Any] | None = None, now: float | None = None) -> Path:
+        """Write ``manifest.json``: the expected results over the whole ledger (``now``: wall-clock seconds)."""
         state = state or self._load_state()
         records = gt.read_ledger(self.ledger_path)
-        manifest = gt.expected(self.spec, records, self.layout, files=state["next_seq"] - 1, settings=state["runs"])
+        manifest = gt.expected(self.spec, records, self.layout, files=state["next_seq"] - 1, settings=state["runs"],
+                               now_ms=None if now is None else round(now * 1000))
         manifest["generator"] = {"landing": str(self.landing), "ledger": str(self.ledger_path),
                                  "format": self.format}
         _write_json_atomic(self.manifest_path, manifest)
@@ -456,6 +464,8 @@ class Generator:
                 kind = "late_within" if has_time and self.delay - self.margin > 2 else "ok"
             elif u < settings.late_beyond + settings.late_within + settings.duplicates:
                 kind = "duplicate" if self.spec.deduplicate else "ok"
+            elif u < settings.late_beyond + settings.late_within + settings.duplicates + settings.future:
+                kind = gt.FUTURE if self.max_future is not None else "ok"
             else:
                 kind = "ok"
             kinds.append(kind)
@@ -499,6 +509,9 @@ class Generator:
                 # below the watermark by more than a window: every window holding it has closed too
                 bound = lowest_watermark - self.window - LATE_MARGIN_MS
                 ts = bound - 1 - rng.randrange(max(self.delay, 60_000))
+                add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
+            elif kind == gt.FUTURE:
+                ts = max(now_ms, state["clock_ms"]) + self.max_future + FUTURE_LEAD_MS + rng.randrange(86_400_000)
                 add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
             elif kind == "duplicate":
                 candidates = len(prev["events"]) if prev else 0
@@ -704,7 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("late-beyond", 0.02, "events behind the watermark Spark must drop"),
                                 ("duplicates", 0.02, "exact copies of recent on-time events"),
                                 ("malformed", 0.03, "malformed records, as a share of the valid events"),
-                                ("unknown-keys", 0.02, "on-time events whose join keys the reference data lacks")):
+                                ("unknown-keys", 0.02, "on-time events whose join keys the reference data lacks"),
+                                ("future", 0.0, "events beyond event_time.max_future ahead of now, to be quarantined")):
         p.add_argument(f"--{name}", type=float, default=default, help=f"share: {what} (default {default})")
     p.add_argument("--empty-files", type=int, default=1, help="0-byte files per run (default 1)")
     p.add_argument("--seed", type=int, default=7)
@@ -725,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         files=10 if args.files is None else args.files, events_per_file=args.events_per_file, rate=args.rate,
         duration=args.duration, late_within=args.late_within, late_beyond=args.late_beyond,
         duplicates=args.duplicates, malformed=args.malformed, unknown_keys=args.unknown_keys,
-        empty_files=args.empty_files, seed=args.seed, start=args.start,
+        future=args.future, empty_files=args.empty_files, seed=args.seed, start=args.start,
         event_interval_ms=args.event_interval_ms, clock=args.clock)
     try:
         result = generate(args.spec, args.data_root, settings)

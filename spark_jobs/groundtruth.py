@@ -3,7 +3,8 @@
 ``expected(spec, records, layout)`` models what a correct exactly-once run produces once
 every file has been processed:
 
-    parse -> malformed records and rows with a null required column go to quarantine
+    parse -> malformed records, rows with a null required column and rows whose event
+             time lies more than event_time.max_future ahead of ``now`` go to quarantine
           -> watermark on the event time -> dropDuplicatesWithinWatermark(deduplicate.key)
           -> join with each reference file on its key (as spark_jobs.pipeline does; for
              left joins the order makes no difference)
@@ -22,6 +23,13 @@ between ``maxts(k - 2M) - D`` and ``maxts(k - 1) - D`` (see
 :meth:`FileHistory.watermark_bounds`). A row (or window) between the bounds has no
 predictable fate and raises :class:`GroundTruthError`; the generator never makes one.
 
+Spark measures ``max_future`` from the processing time, which is later than the
+``now`` given here (when the records were written). The generator puts records of kind
+``future`` so far ahead that the difference does not matter. A record marked with
+another kind (``ok``, ...) that is more than ``max_future`` ahead of ``now`` raises
+:class:`GroundTruthError`, as does a ``future`` record that is not; a record without
+a kind is quarantined if it is that far ahead.
+
 Records are ledger entries (see :mod:`spark_jobs.generate`)::
 
     {"file": 3, "line": 7, "kind": "ok", "event": {"event_id": "...", "ts": "2026-...Z", ...}}
@@ -35,6 +43,7 @@ from __future__ import annotations
 import bisect
 import csv
 import json
+import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,6 +68,7 @@ from spark_jobs.spec import (
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 VALID_KINDS = ("ok", "late_within", "late_beyond", "duplicate")
 MALFORMED = "malformed"
+FUTURE = "future"
 
 
 class GroundTruthError(ValueError):
@@ -95,6 +105,13 @@ def seconds_ms(text: str) -> int:
 def watermark_delay_ms(spec: StreamSpec) -> int:
     """``D``: the event-time watermark delay in milliseconds, 0 without event time."""
     return seconds_ms(spec.event_time.watermark) if spec.event_time else 0
+
+
+def max_future_ms(spec: StreamSpec) -> int | None:
+    """How far ahead of the processing time an event may be (None: no limit, no file source)."""
+    if spec.event_time is None or not isinstance(spec.source, FileSource):
+        return None
+    return seconds_ms(spec.event_time.max_future)
 
 
 def max_window_ms(spec: StreamSpec) -> int:
@@ -282,11 +299,13 @@ def _out(value: Any, type_: str) -> Any:
 
 
 def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Layout, *,
-             files: int | None = None, settings: Any = None) -> dict[str, Any]:
+             files: int | None = None, settings: Any = None, now_ms: int | None = None) -> dict[str, Any]:
     """What every output of ``spec`` holds after all records have been processed exactly once.
 
     ``files`` (the number of files written) and ``settings`` (how they were generated)
     are copied into the result; ``files`` defaults to the highest file number seen.
+    ``now_ms`` is when the records were written (default: now), the earliest time Spark
+    can read them, for ``event_time.max_future``.
     """
     records = sorted(records, key=lambda r: (r.get("file", 0), r.get("line", 0)))
     input_types = spec.input_columns()
@@ -302,6 +321,9 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
             index.setdefault(tuple(row[k] for k in e.key), []).append(row)
         references.append((e, index))
 
+    ahead = max_future_ms(spec)
+    future_limit = None if ahead is None else (round(time.time() * 1000) if now_ms is None else now_ms) + ahead
+
     counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
               "duplicates": 0, "dropped_late": 0, "accepted": 0}
 
@@ -313,6 +335,9 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
             continue
         event = {name: convert(rec["event"].get(name), t) for name, t in input_types.items()}
         if any(event[c] is None for c in required):
+            counts["quarantined"] += 1
+            continue
+        if _too_far_ahead(rec, event, event_col, future_limit):
             counts["quarantined"] += 1
             continue
         valid.append((rec, event))
@@ -371,6 +396,22 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         "counts": counts,
         "outputs": outputs,
     }
+
+
+def _too_far_ahead(record: Mapping[str, Any], event: Mapping[str, Any], event_col: str | None,
+                   limit: int | None) -> bool:
+    """True if Spark quarantines the record as too far in the future; its kind must agree."""
+    ts = event[event_col] if event_col is not None and limit is not None else None
+    ahead = ts is not None and ts > limit
+    kind = record.get("kind")
+    where = f"record file={record.get('file')} line={record.get('line')}"
+    if kind == FUTURE and not ahead:
+        raise GroundTruthError(f"{where} is marked 'future' but its event time is not beyond event_time.max_future")
+    if ahead and kind not in (None, FUTURE):
+        raise GroundTruthError(f"{where} is marked {kind!r} but its event time {format_ts(ts)} is more than "
+                               f"event_time.max_future ahead of the time it was written, so Spark quarantines "
+                               "it; start the clock earlier or widen max_future")
+    return ahead
 
 
 def _file_max(valid, event_col: str | None) -> dict[int, int | None]:  # noqa: ANN001

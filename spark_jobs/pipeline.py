@@ -4,9 +4,16 @@ Every output is its own streaming query with its own checkpoint; all of them rea
 same source and share the same preparation:
 
     parse (PERMISSIVE, corrupt-record column)
-      -> malformed rows and rows missing a required column  -> quarantine query
+      -> malformed rows, rows with invalid UTF-8 in a string column, rows missing a
+         required column, rows whose event time is further ahead of the processing
+         time than event_time.max_future                     -> quarantine query
       -> valid rows: watermark -> deduplicate within watermark -> static joins
       -> per output: pass-through or (windowed) aggregation -> sink
+
+The quarantine's ``reason`` says which rule a row broke, e.g. ``malformed json record:
+value does not match the column type: temperature (double)``, ``missing required
+field(s): ts`` or ``event time too far in the future: ts is more than 1 day ahead of
+the processing time``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from spark_jobs.spec import (
     StreamSpec,
     TableSink,
     Trigger,
+    duration_seconds,
 )
 
 if TYPE_CHECKING:
@@ -105,23 +113,102 @@ def _missing_required(spec: StreamSpec) -> list[Column]:
     return [c for c in spec.source.columns if c.required]
 
 
+def _string_columns(spec: StreamSpec) -> list[Column]:
+    return [c for c in spec.source.columns if c.type == "string"]
+
+
+def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
+    """Text that was not valid UTF-8 in the file (never true for a null).
+
+    The JSON reader keeps a malformed record's bytes as they were and rejects invalid
+    bytes in a value; the CSV reader decodes every line, replacing invalid bytes with
+    U+FFFD, and would pass them on in string columns.
+    """
+    bad = ~F.is_valid_utf8(text)
+    if fmt == "csv":
+        bad = bad | (F.instr(text, "\ufffd") > 0)
+    return F.coalesce(bad, F.lit(False))
+
+
+def _invalid_utf8(spec: StreamSpec, column: Column):  # noqa: ANN202 - a pyspark Column
+    fmt = spec.source.format if isinstance(spec.source, FileSource) else "rate"
+    return _not_utf8(F.col(column.name), fmt)
+
+
+def _too_far_ahead(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column, or None
+    """Event time beyond processing time + ``event_time.max_future`` (never true for a null)."""
+    if spec.event_time is None:
+        return None
+    ahead_us = round(duration_seconds(spec.event_time.max_future) * 1_000_000)
+    # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch splits alike
+    limit = F.unix_micros(F.current_timestamp()) + F.lit(ahead_us)
+    return F.coalesce(F.unix_micros(F.col(spec.event_time.column)) > limit, F.lit(False))
+
+
 def _malformed_condition(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
     cond = F.col(CORRUPT_RECORD_COLUMN).isNotNull()
+    for c in _string_columns(spec):
+        cond = cond | _invalid_utf8(spec, c)
     for c in _missing_required(spec):
         cond = cond | F.col(c.name).isNull()
-    return cond
+    future = _too_far_ahead(spec)
+    return cond if future is None else cond | future
+
+
+def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark Columns
+    """``'a, b'``: the names of the columns for which ``test(column)`` holds, ``''`` if none."""
+    return F.concat_ws(", ", *[F.when(test(c), F.lit(c.name)) for c in columns])
+
+
+def _corrupt_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
+    """Why the parser rejected a record: invalid UTF-8, not a record at all, a value of the
+    wrong type (naming the columns), or for CSV the wrong number of fields."""
+    src = spec.source
+    assert isinstance(src, FileSource)
+    raw = F.col(CORRUPT_RECORD_COLUMN)
+    columns = list(src.columns)
+    prefix = f"malformed {src.format} record: "
+    if src.format == "json":
+        def present(c: Column):  # noqa: ANN202
+            return F.get_json_object(raw, f"$.{c.name}").isNotNull()
+
+        shape = F.json_object_keys(raw).isNull()
+        shape_reason = "not a JSON object (truncated, or not JSON)"
+        fallback = "does not match the schema"
+    else:
+        # the record split again into string fields, one more than declared to see extra ones
+        options = {k: str(v) for k, v in src.options.items()}
+        fields = F.from_csv(raw, ", ".join(f"`_f{i}` string" for i in range(len(columns) + 1)), options)
+
+        def present(c: Column):  # noqa: ANN202
+            return fields.getField(f"_f{columns.index(c)}").isNotNull()
+
+        shape = fields.getField(f"_f{len(columns)}").isNotNull()
+        shape_reason = f"more fields than the {len(columns)} declared columns"
+        fallback = f"fewer fields than the {len(columns)} declared columns"
+    wrong = F.concat_ws(", ", *[F.when(present(c) & F.col(c.name).isNull(), F.lit(f"{c.name} ({c.type})"))
+                               for c in columns])
+    return F.concat(F.lit(prefix), (
+        F.when(_not_utf8(raw, src.format), F.lit("not valid UTF-8"))
+        .when(shape, F.lit(shape_reason))
+        .when(wrong != "", F.concat(F.lit("value does not match the column type: "), wrong))
+        .otherwise(F.lit(fallback))))
 
 
 def quarantined(parsed: DataFrame, spec: StreamSpec) -> DataFrame:
     """Malformed rows with the raw record, a readable reason and the file they came from."""
-    required = _missing_required(spec)
-    missing = F.concat_ws(", ", *[F.when(F.col(c.name).isNull(), F.lit(c.name)) for c in required])
     fmt = spec.source.format if isinstance(spec.source, FileSource) else "rate"
+    bad_utf8 = _names_where(_string_columns(spec), lambda c: _invalid_utf8(spec, c))
+    missing = _names_where(_missing_required(spec), lambda c: F.col(c.name).isNull())
     reason = (
-        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(),
-               F.lit(f"malformed {fmt} record: does not parse or does not match the schema"))
-        .otherwise(F.concat(F.lit("missing required field(s): "), missing))
+        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), _corrupt_reason(spec))
+        .when(bad_utf8 != "", F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "), bad_utf8))
+        .when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
     )
+    if spec.event_time is not None:
+        et = spec.event_time
+        reason = reason.otherwise(F.lit(f"event time too far in the future: {et.column} is more than "
+                                        f"{et.max_future} ahead of the processing time"))
     raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN),
                      F.to_json(F.struct(*[F.col(c.name) for c in spec.source.columns])))
     return parsed.where(_malformed_condition(spec)).select(

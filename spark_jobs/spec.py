@@ -176,9 +176,25 @@ class Enrichment(Strict):
 
 
 class EventTime(Strict):
+    """The event-time column, its watermark, and how far ahead of now an event may be.
+
+    ``column`` must be a timestamp column declared ``required: true`` (a row without
+    event time cannot be watermarked or windowed, so it is quarantined).
+    ``watermark``: how long to wait for late rows (``10 minutes``); state older than the
+    newest event time minus this is dropped, and so are rows that arrive behind it.
+    ``max_future`` (default ``1 day``): a row of a file source whose event time lies
+    further ahead of the processing time (the micro-batch's time) is quarantined with
+    the reason "event time too far in the future" before it reaches the watermark. One
+    such row (a clock set to 2100) would otherwise move the watermark decades ahead and
+    every later normal row would be dropped as late. Each query of a stream has its own
+    micro-batch time, so keep the bound well above the skew of normal clocks: a row
+    within seconds of it could be judged differently by two queries.
+    """
+
     column: str
     watermark: Duration
-    check_wm = field_validator("watermark")(_optional(_check_duration))
+    max_future: Duration = "1 day"
+    check_wm = field_validator("watermark", "max_future")(_optional(_check_duration))
 
 
 class Deduplicate(Strict):
@@ -438,6 +454,9 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             add(("event_time.column", f"unknown column {col!r}; the source has {sorted(inputs)}"))
         elif inputs[col] != "timestamp":
             add(("event_time.column", f"{col!r} is {inputs[col]}, an event-time column must be a timestamp"))
+        elif isinstance(spec.source, FileSource) and not any(c.name == col and c.required for c in spec.source.columns):
+            add(("event_time.column", f"{col!r} must be declared required: true in source.columns; a row without "
+                 "event time would bypass the watermark and never close a window"))
 
     if spec.deduplicate is not None:
         if spec.event_time is None:
@@ -600,6 +619,43 @@ def parse_spec(data: Any, source: str | os.PathLike[str] = "<spec>") -> StreamSp
     return spec
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key repeated in one mapping is an error.
+
+    Plain YAML keeps the last of two equal keys and drops the first without a word: a
+    second ``watermark:`` or ``outputs:`` pasted into a spec would silently win.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                seen = key in first
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if seen:
+                raise _DuplicateKey(f"duplicate key {key!r} on line {key_node.start_mark.line + 1} "
+                                    f"(first on line {first[key] + 1}); YAML would keep only the last")
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where (PyYAML's own text quotes the line and a caret)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return str(exc)
+    context = f"{exc.context}: " if getattr(exc, "context", None) else ""
+    return f"{context}{problem} (line {mark.line + 1}, column {mark.column + 1})"
+
+
 def load_spec(path: str | os.PathLike[str]) -> StreamSpec:
     path = Path(path)
     try:
@@ -607,9 +663,9 @@ def load_spec(path: str | os.PathLike[str]) -> StreamSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(path, [("", f"cannot read: {exc}")]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
-        raise SpecError(path, [("", f"not valid YAML: {exc}")]) from None
+        raise SpecError(path, [("", f"not valid YAML: {_yaml_problem(exc)}")]) from None
     spec = parse_spec(data, path)
     if spec.name != path.stem:
         raise SpecError(path, [("name", f"must match the file name {path.stem!r}")])

@@ -397,3 +397,35 @@ def test_cli(tmp_path, capsys):
     assert gen.main(["--spec", str(CLICKS), "--data-root", str(tmp_path), "--duration", "3"]) == 2
     assert gen.main(["--spec", str(CLICKS), "--data-root", str(tmp_path), "--late-within", "2"]) == 2
     assert "between 0 and 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
+def test_future_events_only_when_asked_far_beyond_max_future_and_quarantined(tmp_path, spec_path):
+    spec = load_spec(spec_path)
+    run(spec_path, tmp_path / "plain", files=3, events_per_file=40, **BUSY)
+    assert "future" not in kinds(ledger(tmp_path / "plain", spec.name))
+
+    clock = FakeClock()  # the wall clock says 2027-01-15
+    run(spec_path, tmp_path / "ahead", clock=clock, files=3, events_per_file=40, future=0.1, **BUSY)
+    entries = ledger(tmp_path / "ahead", spec.name)
+    ahead = [e for e in entries if e["kind"] == "future"]
+    assert len(ahead) >= 3
+    limit = (clock.wall() + duration_seconds(spec.event_time.max_future)) * 1000
+    assert all(ms(e["event"]["ts"]) > limit + 365 * 86_400_000 for e in ahead)
+    for line, e in [(line, e) for path in sorted((tmp_path / "ahead" / "landing" / spec.name).iterdir())
+                    for line, e in zip(records_of(path, spec.source.format),
+                                       [x for x in entries if x["name"] == path.name], strict=True)]:
+        if e["kind"] == "future":
+            assert parse_valid(line, spec) == e["event"]  # a well-formed record, only dated too far ahead
+    m = manifest(tmp_path / "ahead", spec.name)
+    k = kinds(entries)
+    assert m["counts"]["quarantined"] == k["malformed"] + k["future"]
+    assert m["watermark"]["max_event_time"] < "2027"  # the virtual clock's 2026, never the future events
+    assert m["settings"][0]["future"] == 0.1
+
+
+def test_future_share_is_checked(tmp_path):
+    with pytest.raises(gen.GeneratorError, match="future must be between 0 and 1"):
+        run(SENSORS, tmp_path, files=1, future=1.5)
+    with pytest.raises(gen.GeneratorError, match="must not exceed 1"):
+        run(SENSORS, tmp_path, files=1, late_within=0.5, duplicates=0.3, future=0.3)

@@ -259,3 +259,37 @@ def test_file_history_bounds_skip_empty_files():
     assert history.watermark_bounds(5, 2, 10) == (None, 390)
     assert history.watermark_bounds(6, 2, 10) == (90, 490)
     assert history.watermark_bounds(1, 2, 10) == (None, None)
+
+
+def future(file, line, event_id, when, kind="future"):
+    r = {"file": file, "line": line, "event": {"event_id": event_id, "device_id": "d1", "ts": when,
+                                               "temperature": 20.0, "status": "ok"}}
+    if kind:
+        r["kind"] = kind
+    return r
+
+
+def test_events_beyond_max_future_are_quarantined_before_the_watermark(tmp_path):
+    spec, layout = make(tmp_path, [PASSTHROUGH], watermark="1 minute")
+    now = gt.parse_ts("2026-01-01T12:00:00.000Z")
+    records = [rec(1, 1, "e1", "d1", "00:10"), future(1, 2, "f1", "2100-01-01T00:00:00.000Z"),
+               rec(2, 1, "e2", "d1", "00:11"), rec(3, 1, "e3", "d1", "00:12"),
+               future(3, 2, "f2", "2026-01-02T12:00:01.000Z", kind=None)]  # one second beyond 1 day
+    result = gt.expected(spec, records, layout, now_ms=now)
+    assert result["counts"] == {"input_records": 5, "quarantined": 2, "unjoined": 0, "duplicates": 0,
+                                "dropped_late": 0, "accepted": 3}
+    assert result["watermark"]["max_event_time"] == ts("00:12")  # the year 2100 never reached it
+    assert [r["event_id"] for r in result["outputs"]["raw"]["rows"]] == ["e1", "e2", "e3"]
+
+
+def test_max_future_comes_from_the_spec_and_kinds_must_agree(tmp_path):
+    spec, layout = make(tmp_path, [PASSTHROUGH])
+    spec = spec.model_copy(update={"event_time": spec.event_time.model_copy(update={"max_future": "1 hour"})})
+    now = gt.parse_ts("2026-01-01T12:00:00.000Z")
+    soon, later = "2026-01-01T12:30:00.000Z", "2026-01-01T13:00:01.000Z"
+    kept = gt.expected(spec, [future(1, 1, "a", soon, kind="ok"), future(1, 2, "b", later)], layout, now_ms=now)
+    assert kept["counts"]["accepted"] == 1 and kept["counts"]["quarantined"] == 1
+    with pytest.raises(gt.GroundTruthError, match="marked 'ok' but its event time .* max_future"):
+        gt.expected(spec, [future(1, 1, "a", later, kind="ok")], layout, now_ms=now)
+    with pytest.raises(gt.GroundTruthError, match="marked 'future' but"):
+        gt.expected(spec, [future(1, 1, "a", soon)], layout, now_ms=now)

@@ -82,7 +82,7 @@ def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]]) 
     landing = Path(layout.landing)
     landing.mkdir(parents=True)
     for i, lines in enumerate(files):
-        path = landing / f"part-{i:04d}.json"
+        path = landing / f"part-{i:04d}.{spec.source.format}"
         path.write_bytes(b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines))
         ns = 1_700_000_000_000_000_000 + i * 1_000_000_000
         os.utime(path, ns=(ns, ns))
@@ -190,7 +190,9 @@ def test_malformed_rows_are_quarantined_and_every_row_is_accounted_for(spark, tm
     quarantine = spark.read.parquet(layout.data("quarantine")).collect()
     reasons = sorted(r["reason"] for r in quarantine)
     assert len(quarantine) == 5
-    assert reasons.count("malformed json record: does not parse or does not match the schema") == 3
+    assert "malformed json record: not a JSON object (truncated, or not JSON)" in reasons
+    assert "malformed json record: value does not match the column type: temperature (double)" in reasons
+    assert "malformed json record: not valid UTF-8" in reasons
     assert "missing required field(s): ts" in reasons
     assert "missing required field(s): device_id" in reasons
     assert all(r["source_file"].endswith(".json") and r["raw"] for r in quarantine)

@@ -180,6 +180,35 @@ def test_event_time_must_be_a_timestamp(sensors: dict) -> None:
     assert_problem(sensors, "event_time.column", "must be a timestamp")
 
 
+def test_max_future_defaults_to_a_day_and_must_be_a_positive_duration(sensors: dict) -> None:
+    assert parse_spec(copy.deepcopy(sensors)).event_time.max_future == "1 day"
+    sensors["event_time"]["max_future"] = "2 hours"
+    assert parse_spec(copy.deepcopy(sensors)).event_time.max_future == "2 hours"
+    sensors["event_time"]["max_future"] = "0 seconds"
+    assert_problem(sensors, "event_time.max_future", "must be positive")
+
+
+def test_event_time_column_of_a_file_source_must_be_required(sensors: dict) -> None:
+    sensors["source"]["columns"][2]["required"] = False
+    assert_problem(sensors, "event_time.column", "'ts' must be declared required: true")
+    # the rate source's timestamp is never null
+    spec = parse_spec({
+        "name": "load", "source": {"type": "rate"}, "event_time": {"column": "timestamp", "watermark": "1 minute"},
+        "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append", "sink": {"type": "memory"}}],
+        "checkpoint": "checkpoints/load"})
+    assert spec.event_time.column == "timestamp"
+
+
+def test_duplicate_yaml_keys_are_an_error(tmp_path: Path, sensors: dict) -> None:
+    path = tmp_path / "sensors.yaml"
+    text = yaml.safe_dump(sensors, sort_keys=False)
+    path.write_text(text.replace("checkpoint: checkpoints/sensors\n", "checkpoint: checkpoints/sensors\ncheckpoint: x\n"))
+    with pytest.raises(SpecError, match=r"sensors.yaml: <spec>: not valid YAML: duplicate key 'checkpoint' on line"):
+        load_spec(path)
+    path.write_text(text)
+    assert load_spec(path).checkpoint == "checkpoints/sensors"
+
+
 def test_join_key_must_exist_on_both_sides(sensors: dict) -> None:
     sensors["enrich"][0]["key"] = ["site"]
     found = problems(sensors)
