@@ -6,12 +6,15 @@ Layout (Spark 4.1, micro-batch):
 * ``offsets/<n>``: written before batch ``n`` runs (the write-ahead log): ``v1``, a
   metadata JSON line (watermark, batch timestamp, conf), then one offset line per source.
 * ``commits/<n>``: written after batch ``n``'s output is committed: ``v1`` and a JSON line.
+  Batch ``n + 1`` is planned only once ``n`` is committed, so the commit log trails the
+  offsets log by at most one batch, unless commit files were lost.
 * ``sources/<i>/<n>[.compact]``: the file source's log of files taken by each batch.
 * ``state/``: state store files of stateful operators.
 
 Spark writes every log file to a temporary ``.<n>.<uuid>.tmp`` and renames it, so a
-leftover temporary file after a crash is harmless. A torn or missing log file, or a gap
-in the commit log, is not: Spark either refuses to start or could skip work.
+leftover temporary file after a crash is harmless, and so is a lost commit file (the
+batch is replayed, or, below a later commit, was already done). A torn log file, or a
+lost offsets or metadata file, is not: Spark either refuses to start or could skip work.
 """
 
 from __future__ import annotations
@@ -119,18 +122,22 @@ def read_query_checkpoint(path: str | os.PathLike[str], with_files: bool = True)
         if problem:
             info.problems.append(problem)
         info.last_commit_time = newest_commit.stat().st_mtime
-        # the commit log may trail the offsets log by one batch, never more, and has no gaps
+        # a gap in the commit log means lost commit files: the batches ran (a later one was only
+        # planned after them), their output is in the sinks, and Spark reads only the newest commit
         retained = [b for b in commits if b >= (offsets[0] if offsets else 0)]
         missing = sorted(set(range(retained[0], commits[-1] + 1)) - set(commits)) if retained else []
         if missing:
-            info.problems.append(f"{root / 'commits'} has gaps: batch(es) {missing} were never committed "
-                                 f"although later ones were")
+            info.notes.append(f"{root / 'commits'} has gaps: the commit file(s) of batch(es) {missing} were lost "
+                              f"(harmless: later batches were committed after them)")
         if offsets and commits[-1] > offsets[-1]:
             info.problems.append(f"batch {commits[-1]} is committed but has no offsets entry (newest is "
                                  f"{offsets[-1]}): the offsets log lost files")
         if offsets and commits[-1] < offsets[-1] - 1:
-            info.problems.append(f"the offsets log is at batch {offsets[-1]} but the newest commit is "
-                                 f"{commits[-1]}: more than one batch is uncommitted")
+            # Spark plans batch n+1 only after committing n, so only lost commit files lead here;
+            # Spark re-runs the newest batch, and the sinks already hold the earlier ones
+            info.notes.append(f"the offsets log is at batch {offsets[-1]} but the newest commit is {commits[-1]}: "
+                              f"commit file(s) were lost; Spark replays batch {offsets[-1]} (the sinks hold the "
+                              f"batches before it)")
     elif offsets and offsets[-1] > 0:
         info.problems.append(f"{root / 'commits'} is empty although {len(offsets)} batches were planned")
 

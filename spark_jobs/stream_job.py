@@ -57,18 +57,20 @@ def _stop_between_batches(queries: dict, layout: Layout, grace_seconds: float) -
     interrupted (the grace period ran out) is not lost: its offsets are logged and it is
     replayed from the checkpoint on restart, with the same exactly-once result.
     """
-    deadline = time.monotonic() + grace_seconds
+    started = time.monotonic()
+    deadline = started + grace_seconds
     for name, q in queries.items():
         while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
             time.sleep(0.02)
+        interrupted = q.isActive and q.status.get("isTriggerActive")
         q.stop()
         checkpoint = layout.checkpoint(name)
         planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
-        if "://" in checkpoint or planned == committed:
+        if not interrupted:
             log.info("query %s stopped between batches (last committed batch %s)", name, committed)
         else:
             log.warning("query %s stopped during batch %s after %.0fs of waiting; the batch will be replayed "
-                        "on restart", name, planned, grace_seconds)
+                        "on restart", name, planned, time.monotonic() - started)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -128,15 +128,25 @@ def test_torn_offsets_file_is_corrupt(stream) -> None:
     assert str(newest) in health.reason and "truncated" in health.reason
 
 
-def test_commit_missing_in_the_middle_is_corrupt(stream) -> None:
+def test_commit_missing_in_the_middle_is_noted_not_corruption(stream) -> None:
     spec, layout = stream
     ckpt = Path(layout.checkpoint("site_temperature_10m"))
     last = last_batch(ckpt, "commits")
     assert last >= 2
     (ckpt / "commits" / str(last - 1)).unlink()
     health = assess(spec, layout)
+    assert health.status == Status.DEAD  # restartable: Spark reads only the newest commit
+    assert any(f"batch(es) [{last - 1}] were lost" in n for n in health.notes)
+
+
+def test_offsets_lost_behind_a_commit_is_corrupt(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("readings"))
+    last = last_batch(ckpt, "offsets")
+    (ckpt / "offsets" / str(last)).unlink()
+    health = assess(spec, layout)
     assert health.status == Status.CORRUPT
-    assert f"batch(es) [{last - 1}] were never committed" in health.reason
+    assert f"batch {last} is committed but has no offsets entry" in health.reason
 
 
 def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> None:
@@ -148,6 +158,18 @@ def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> No
     health = assess(spec, layout)
     assert health.status == Status.DEAD  # restartable: Spark replays the batch
     assert health.last_committed["readings"] == last - 1
+
+
+def test_lost_newest_commit_behind_a_planned_batch_is_replayed_not_corruption(stream) -> None:
+    spec, layout = stream
+    ckpt = Path(layout.checkpoint("readings"))
+    last = last_batch(ckpt, "commits")
+    offsets = ckpt / "offsets"
+    (offsets / str(last + 1)).write_text((offsets / str(last)).read_text())  # batch last+1 planned (a crash mid-batch)
+    (ckpt / "commits" / str(last)).unlink()  # and the newest commit file lost
+    health = assess(spec, layout)
+    assert health.status == Status.DEAD  # restartable: Spark replays the newest batch
+    assert any(f"the offsets log is at batch {last + 1} but the newest commit is {last - 1}" in n for n in health.notes)
 
 
 def test_leftover_temp_file_is_harmless_and_noted(stream) -> None:
