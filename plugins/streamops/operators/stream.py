@@ -47,14 +47,14 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     :param poll_seconds: how often health is checked; default 5.
     :param grace_seconds: how long a graceful stop may take before the driver is killed; default 120.
     :param stalled_grace_seconds: the same for a stalled driver, which has already committed
-        nothing for the whole stall window (a frozen or hung driver); default 15.
+        nothing for the whole stall window (a frozen or hung driver); default 5.
     All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream")
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
-                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, stalled_grace_seconds: float = 15.0,
+                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, stalled_grace_seconds: float = 5.0,
                  **kwargs: Any) -> None:
         args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
         if data_root:
