@@ -165,9 +165,27 @@ def batch_watermark_ms(checkpoint: str | os.PathLike[str], batch: int) -> int | 
         return None
 
 
+def source_log_offset(checkpoint: str | os.PathLike[str], batch: int, source: int = 0) -> int | None:
+    """The file source's own log id that stream batch ``batch`` read up to (its offsets entry).
+
+    The source numbers its log entries itself, one per batch that found new files, so
+    after a batch without new files the two numberings part; the offsets log maps them."""
+    try:
+        line = _read_log_file(Path(checkpoint) / "offsets" / str(batch))[2 + source]
+        return int(json.loads(line)["logOffset"])
+    except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
 def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through_batch: int | None = None) -> set[str]:
     """Paths the file source has taken into batches, from its (compacted) log; with
-    ``through_batch``, only those of batches up to that one (e.g. the last committed)."""
+    ``through_batch`` (a stream batch id, e.g. the last committed), only those that batch
+    and the ones before it read; nothing if its offsets entry cannot be read."""
+    through_log = None
+    if through_batch is not None:
+        through_log = source_log_offset(checkpoint, through_batch, source)
+        if through_log is None:
+            return set()
     log_dir = Path(checkpoint) / "sources" / str(source)
     try:
         names = os.listdir(log_dir)
@@ -190,7 +208,7 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
         for line in lines[1:]:
             try:
                 entry = json.loads(line)
-                if through_batch is None or entry.get("batchId", -1) <= through_batch:
+                if through_log is None or entry.get("batchId", -1) <= through_log:
                     paths.add(entry["path"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue

@@ -1,0 +1,34 @@
+"""Reading a checkpoint without Spark: which files the stream's batches took."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from spark_jobs.checkpoint import processed_files, source_log_offset
+
+
+def _checkpoint(root: Path, log_offsets: list[int], source_log: dict[int, list[str]]) -> Path:
+    (root / "offsets").mkdir(parents=True)
+    (root / "sources" / "0").mkdir(parents=True)
+    for batch, log_offset in enumerate(log_offsets):
+        (root / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"logOffset":{log_offset}}}\n')
+    for log_id, files in source_log.items():
+        lines = [json.dumps({"path": f"file:///landing/{f}", "timestamp": 0, "batchId": log_id}) for f in files]
+        (root / "sources" / "0" / str(log_id)).write_text("\n".join(["v1", *lines]) + "\n")
+    return root
+
+
+def test_batches_map_to_the_source_log_through_their_offsets(tmp_path: Path) -> None:
+    # stream batch 1 found no new files (a no-data batch): from then on the source's log ids lag behind
+    ckpt = _checkpoint(tmp_path, [0, 0, 1, 2], {0: ["a.json"], 1: ["b.json"], 2: ["c.json"]})
+    assert [source_log_offset(ckpt, b) for b in range(4)] == [0, 0, 1, 2]
+    assert processed_files(ckpt, through_batch=1) == {"file:///landing/a.json"}
+    assert processed_files(ckpt, through_batch=2) == {"file:///landing/a.json", "file:///landing/b.json"}
+    assert len(processed_files(ckpt)) == 3
+
+
+def test_a_batch_without_a_readable_offsets_entry_took_nothing_known(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, [0], {0: ["a.json"]})
+    assert source_log_offset(ckpt, 7) is None
+    assert processed_files(ckpt, through_batch=7) == set()
