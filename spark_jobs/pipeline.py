@@ -396,3 +396,19 @@ def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigge
             q.stop()
         raise
     return queries
+
+
+def run_available_now(spark: SparkSession, spec: StreamSpec, layout: Layout,
+                      timeout_seconds: float = 300) -> dict[str, StreamingQuery]:
+    """Process what is waiting (available-now trigger) and return the finished queries;
+    a query's failure is raised."""
+    queries = start(spark, spec, layout, Trigger(available_now=True))
+    try:
+        for q in queries.values():
+            q.awaitTermination(timeout_seconds)
+            if q.exception() is not None:
+                raise q.exception()
+    finally:
+        for q in queries.values():
+            q.stop()
+    return queries

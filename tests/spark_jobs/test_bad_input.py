@@ -28,7 +28,7 @@ import yaml
 from test_pipeline import T0, Run, at, run
 
 from spark_jobs import generate, pipeline, verify
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"
@@ -474,14 +474,7 @@ def test_generated_future_events_match_the_ground_truth(spark, tmp_path: Path) -
 
     spec = load_spec(spec_path)
     layout = Layout(spec, root, SPEC_DIR)
-    queries = pipeline.start(spark, spec, layout, Trigger(available_now=True))
-    try:
-        for q in queries.values():
-            q.awaitTermination(300)
-            assert q.exception() is None, q.exception()
-    finally:
-        for q in queries.values():
-            q.stop()
+    pipeline.run_available_now(spark, spec, layout)
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
     reasons = [r["reason"] for r in spark.read.parquet(layout.data(spec.quarantine.path)).collect()]

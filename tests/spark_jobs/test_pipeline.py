@@ -17,7 +17,7 @@ import pytest
 
 from spark_jobs import pipeline
 from spark_jobs.progress import summarize
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
+from spark_jobs.spec import Layout, default_spec_dir, parse_spec
 
 T0 = datetime(2026, 1, 1)
 _names = itertools.count()
@@ -86,15 +86,7 @@ def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]]) 
         path.write_bytes(b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines))
         ns = 1_700_000_000_000_000_000 + i * 1_000_000_000
         os.utime(path, ns=(ns, ns))
-    queries = pipeline.start(spark, spec, layout, Trigger(available_now=True))
-    try:
-        for q in queries.values():
-            q.awaitTermination(300)
-            assert q.exception() is None, q.exception()
-    finally:
-        for q in queries.values():
-            q.stop()
-    return Run(spark, spec, queries)
+    return Run(spark, spec, pipeline.run_available_now(spark, spec, layout))
 
 
 # file 3 holds one late row within the watermark (00:33) and one beyond it (00:05)

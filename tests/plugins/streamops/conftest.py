@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs import generate, pipeline
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
 
 SPEC = default_spec_dir() / "sensors.yaml"
 
@@ -18,10 +18,7 @@ def pristine(spark, tmp_path_factory) -> Path:
     assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
                           "--events-per-file", "30", "--seed", "3"]) == 0
     spec = load_spec(SPEC)
-    queries = pipeline.start(spark, spec, Layout(spec, root, default_spec_dir()), Trigger(available_now=True))
-    for q in queries.values():
-        q.awaitTermination(300)
-        assert q.exception() is None
+    pipeline.run_available_now(spark, spec, Layout(spec, root, default_spec_dir()))
     return root
 
 

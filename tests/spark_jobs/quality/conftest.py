@@ -11,7 +11,7 @@ import pytest
 from spark_jobs import generate, pipeline
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.progress import EventLog, make_listener, read_events
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, default_spec_dir, load_spec
 
 INCLUDE = default_spec_dir().parent
 
@@ -34,10 +34,7 @@ def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
     listener = make_listener(EventLog(layout.events_file), spec.name, names)  # as the job does
     spark.streams.addListener(listener)
     try:
-        queries = pipeline.start(spark, spec, layout, Trigger(available_now=True))
-        for q in queries.values():
-            q.awaitTermination(300)
-            assert q.exception() is None
+        pipeline.run_available_now(spark, spec, layout)
 
         def events_written() -> bool:  # the listener bus delivers events asynchronously
             seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
