@@ -66,8 +66,9 @@ from spark_jobs.checkpoint import batch_ids, processed_files
 from spark_jobs.demo import spark_submit
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
+from spark_jobs.quality.accounting import file_name
 from spark_jobs.spec import Layout, StreamSpec, load_spec, project_root
-from streamops.embedded import AirflowServices, wait_until
+from streamops.embedded import AirflowServices, wait_for, wait_until
 from streamops.health import Status, assess
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -81,13 +82,6 @@ PART = "part-*"
 
 
 # ---- waiting, processes ------------------------------------------------------------------------
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float, every: float = 0.5) -> Any:
-    value = wait_until(condition, timeout, every=every)
-    if not value:
-        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-    return value
 
 
 def _ppids() -> dict[int, int]:
@@ -226,33 +220,17 @@ class Stream:
 
     def taken(self, query: str, through_batch: int) -> set[str]:
         paths = processed_files(self.layout.checkpoint(query), through_batch=through_batch)
-        return {urllib.parse.unquote(p.rstrip("/").rsplit("/", 1)[-1]) for p in paths}
+        return {file_name(p) for p in paths}
 
     def taking_batch(self, query: str, names: set[str]) -> int | None:
-        """The batch of ``query`` by which every file in ``names`` was taken, once it is committed.
-
-        The file source's log counts its own entries (a batch without new files, run to move
-        the watermark, adds none), so the batch is the first whose offsets reached that entry."""
-        checkpoint = Path(self.layout.checkpoint(query))
-        try:
-            entries = sorted(int(n.removesuffix(".compact")) for n in os.listdir(checkpoint / "sources" / "0")
-                             if n.removesuffix(".compact").isdigit())
-        except FileNotFoundError:
-            return None
-        if not entries or not names <= self.taken(query, entries[-1]):
-            return None
-        entry = entries[-1]
-        for earlier in reversed(entries[:-1]):
-            if not names <= self.taken(query, earlier):
-                break
-            entry = earlier
+        """The committed batch of ``query`` by which every file in ``names`` was taken (the first
+        such batch), or None while it is not committed."""
         found = None
-        for batch in reversed(batch_ids(checkpoint, "offsets")):
-            offset = _log_offset(checkpoint / "offsets" / str(batch))
-            if offset is None or offset < entry:
+        for batch in reversed(batch_ids(self.layout.checkpoint(query), "commits")):
+            if not names <= self.taken(query, batch):
                 break
             found = batch
-        return found if found is not None and found in batch_ids(checkpoint, "commits") else None
+        return found
 
     def commit_time(self, query: str, batch: int) -> float:
         return (Path(self.layout.checkpoint(query)) / "commits" / str(batch)).stat().st_mtime
@@ -301,14 +279,6 @@ class Stream:
         count = len(batch_ids(self.readings, "commits"))
         wait_for(lambda: len(batch_ids(self.readings, "commits")) > count, "a new committed batch", timeout,
                  every=0.02)
-
-
-def _log_offset(offsets_file: Path) -> int | None:
-    """The file source's log entry a batch read up to (its offsets file: version, metadata, one line per source)."""
-    try:
-        return int(json.loads(offsets_file.read_text().splitlines()[2])["logOffset"])
-    except (OSError, IndexError, KeyError, TypeError, ValueError):
-        return None
 
 
 def _epoch(iso: str) -> float:

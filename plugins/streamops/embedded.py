@@ -37,7 +37,6 @@ from typing import Any
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
 
 BIN = Path(sys.executable).parent
-RUNNING = ("healthy", "idle", "lagging")
 
 
 def free_port() -> int:
@@ -64,6 +63,14 @@ def wait_until(condition: Callable[[], Any], timeout: float, every: float = 1.0,
         if value or time.monotonic() > deadline or interrupted():
             return value
         time.sleep(every)
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 300, every: float = 0.5) -> Any:
+    """The condition's first true value; an AssertionError naming ``what`` after ``timeout`` seconds."""
+    value = wait_until(condition, timeout, every=every)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    return value
 
 
 class AirflowServices:

@@ -4,23 +4,11 @@ home, and condition waits (never bare sleeps)."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
-from streamops.embedded import BIN, AirflowServices, free_port, json_lines  # noqa: F401 - used by the tests
+from streamops.embedded import BIN, AirflowServices, free_port, json_lines, wait_for  # noqa: F401 - used by the tests
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(condition, what: str, timeout: float = 300, every: float = 0.5):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 class Airflow(AirflowServices):
