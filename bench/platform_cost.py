@@ -1,6 +1,6 @@
 """What the platform costs a stream, against the same job run by bare ``spark-submit``.
 
-    python bench/platform_cost.py [--quick] [--repeats N]
+    python bench/platform_cost.py [--quick] [--repeats N] [--only restart]
 
 All on the ``sensors`` stream (a copy of ``include/streams/sensors.yaml`` whose only
 changes are a 1-second processing-time trigger, so that the machine, not the trigger,
@@ -24,7 +24,8 @@ the fault tests; and an on-demand quality DAG), Spark ``local[2]``, one run:
    (more events per file, the same files and batches): time and peak resident memory of
    the driver JVM and its Python processes (sampled from /proc every 0.2 s); and the time
    from ``spark-submit`` to the first committed batch of a restart with one new file, once
-   1,000 and 10,000 files have been processed.
+   1,000 and 10,000 files have been processed, and again after the platform archived the
+   10,000 committed files (``source.archive_path``).
 
 Bare cases run first, without Airflow; then one Airflow instance (API server, scheduler
 with the LocalExecutor, DAG processor, triggerer) serves every platform case, one cycle
@@ -32,7 +33,8 @@ per repeat: deploy, throughput, SIGKILL, SIGSTOP, freshness, stop through the st
 Medians of ``--repeats`` are printed with their ratios and the aims, and written to
 ``bench/results/platform.json`` with every sample; the chart goes to
 ``bench/results/platform.png``. ``--quick``: one repeat on small inputs (a smoke check);
-``--replot``: summarize the samples of ``platform.json`` again and redraw, running nothing.
+``--replot``: summarize the samples of ``platform.json`` again and redraw, running nothing;
+``--only restart``: run the restart cases alone and put them into the recorded results.
 Every process started is ended by pid, also on failure.
 """
 
@@ -62,11 +64,10 @@ from typing import Any
 import yaml
 
 from spark_jobs import generate
-from spark_jobs.checkpoint import batch_ids, processed_files
+from spark_jobs.checkpoint import batch_ids, file_name, processed_files
 from spark_jobs.demo import spark_submit
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
-from spark_jobs.quality.accounting import file_name
 from spark_jobs.spec import Layout, StreamSpec, load_spec, project_root
 from streamops.embedded import AirflowServices, wait_for, wait_until
 from streamops.health import Status, assess
@@ -165,7 +166,8 @@ class PeakRss(threading.Thread):
 # ---- the stream's files ------------------------------------------------------------------------
 
 
-def spec_copy(root: Path, stall_window: float, max_files_per_trigger: int | None = None) -> Path:
+def spec_copy(root: Path, stall_window: float, max_files_per_trigger: int | None = None,
+              archive_path: str | None = None) -> Path:
     """``include/`` with the sensors spec changed as the module docstring says; the spec's path."""
     include = project_root() / "include"
     for folder in ("expectations", "reference"):
@@ -179,6 +181,8 @@ def spec_copy(root: Path, stall_window: float, max_files_per_trigger: int | None
                            "restart": RESTART_POLICY}
     if max_files_per_trigger:
         spec["source"]["max_files_per_trigger"] = max_files_per_trigger
+    if archive_path:
+        spec["source"]["archive_path"] = archive_path
     (root / "streams").mkdir(parents=True)
     path = root / "streams" / f"{STREAM}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -543,6 +547,49 @@ def restart_time(stream: Stream) -> dict:
     return {"seconds": commits[0] - bare.started_at, "wall_s": time.time() - bare.started_at}
 
 
+def restart_cases(spec_path: Path, root: Path, sizes: list[int], repeats: int,
+                  note: Callable[[str], None]) -> tuple[dict, dict]:
+    """Restart times after each number of processed files with every file still in the landing
+    directory, then after the largest with the committed files archived (``spark_jobs.archive``)."""
+    from spark_jobs.archive import archive
+
+    stream = Stream(spec_path, root)
+    full: dict[int, list[dict]] = {}
+    processed = 0
+    for n in sizes:
+        run_generator(spec_path, stream.data_root, n - processed, 1, seed=n, empty_files=0)
+        processed = n
+        code = BareStream(stream, "--trigger", "available-now").start().wait(3600)
+        if code != 0:
+            raise RuntimeError(f"processing {n} files failed (exit {code})")
+        note(f"{n} files processed")
+        full[n] = []
+        for i in range(repeats):
+            result = restart_time(stream)
+            full[n].append(result)
+            processed += 1
+            note(f"restart after {n} files {i + 1}/{repeats}: first commit after {result['seconds']:.1f}s")
+    moved = archive(stream.spec, stream.layout, now=time.time() + 86400)  # archive_after is not measured here
+    note(f"{moved.describe()}; {len(stream.landing_files())} file(s) left in the landing directory")
+    largest = sizes[-1]
+    archived: dict[int, list[dict]] = {largest: []}
+    for i in range(repeats):
+        result = restart_time(stream)
+        archived[largest].append(result)
+        note(f"restart after {largest} files, archived, {i + 1}/{repeats}: first commit after {result['seconds']:.1f}s")
+    return full, archived
+
+
+def write_only_restart(raw: dict, wall: float) -> int:
+    """Put new restart samples into the recorded results and summarize them again."""
+    path = RESULTS / "platform.json"
+    results = json.loads(path.read_text())
+    results["samples"]["restart"], results["samples"]["restart_archived"] = raw["restart"], raw["restart_archived"]
+    results["restart_wall_s"] = wall
+    path.write_text(json.dumps(results, indent=1))
+    return replot(path)
+
+
 # ---- reporting -------------------------------------------------------------------------------------
 
 
@@ -568,14 +615,18 @@ def summarize(raw: dict, window: float) -> dict:
                        **{k: statistics.median(r[k] for r in runs)
                           for k in ("wall_s", "processing_s", "rows_per_s", "peak_rss_mb", "peak_jvm_mb",
                                     "peak_python_mb")}})
-    restarts = [{"processed_files": int(n), "seconds": statistics.median(r["seconds"] for r in runs),
-                 "wall_s": statistics.median(r["wall_s"] for r in runs)} for n, runs in raw["restart"].items()]
+    def restart_runs(samples: dict) -> list[dict]:
+        return [{"processed_files": int(n), "seconds": statistics.median(r["seconds"] for r in runs),
+                 "wall_s": statistics.median(r["wall_s"] for r in runs)} for n, runs in samples.items()]
+
+    restarts, archived = restart_runs(raw["restart"]), restart_runs(raw.get("restart_archived", {}))
     # linear: time = a + b * rows through the smallest and largest input; the middle one is checked against it
     lo, mid, hi = growth[0], growth[len(growth) // 2], growth[-1]
     slope = (hi["processing_s"] - lo["processing_s"]) / (hi["rows"] - lo["rows"])
     predicted = lo["processing_s"] + slope * (mid["rows"] - lo["rows"])
     linear_error = abs(mid["processing_s"] - predicted) / mid["processing_s"]
     restart_ratio = restarts[-1]["seconds"] / restarts[0]["seconds"]
+    archived_ratio = archived[-1]["seconds"] / restarts[0]["seconds"] if archived else None
     return {
         "throughput": {"bare_rows_per_s": tp_bare, "platform_rows_per_s": tp_plat, "ratio": tp_plat / tp_bare,
                        "bare_startup_s": median_of(bare, "throughput", "startup_s"),
@@ -598,8 +649,9 @@ def summarize(raw: dict, window: float) -> dict:
         "growth": {"runs": growth, "seconds_per_1000_rows": slope * 1000, "fixed_s": lo["processing_s"] - slope * lo["rows"],
                    "middle_off_line": linear_error, "aim": "linear in the input", "met": linear_error <= 0.10,
                    "memory_ratio_largest_to_smallest": hi["peak_rss_mb"] / lo["peak_rss_mb"]},
-        "restart": {"runs": restarts, "ratio_largest_to_smallest": restart_ratio, "aim": "flat (within 25%)",
-                    "met": restart_ratio <= 1.25},
+        "restart": {"runs": restarts, "ratio_largest_to_smallest": restart_ratio, "archived_runs": archived,
+                    "archived_ratio": archived_ratio, "aim": "flat (within 25%)",
+                    "met": (archived_ratio if archived_ratio is not None else restart_ratio) <= 1.25},
     }
 
 
@@ -634,7 +686,12 @@ def table(s: dict) -> list[str]:
         lines.append(f"{format(x['processed_files'], ',') + ' files processed':<30} {x['seconds']:>18.1f} "
                      f"{x['wall_s']:>8.1f}")
     rs = s["restart"]
-    lines.append(f"{'':<30} ratio {rs['ratio_largest_to_smallest']:.2f}; {rs['aim']}: {ok[rs['met']]}")
+    for x in rs.get("archived_runs") or []:
+        lines.append(f"{format(x['processed_files'], ',') + ' processed, archived':<30} {x['seconds']:>18.1f} "
+                     f"{x['wall_s']:>8.1f}")
+    lines.append(f"{'':<30} ratio largest to smallest {rs['ratio_largest_to_smallest']:.2f}"
+                 + (f", archived largest to smallest {rs['archived_ratio']:.2f}" if rs.get("archived_ratio") else "")
+                 + f"; {rs['aim']}: {ok[rs['met']]}")
     return lines
 
 
@@ -695,7 +752,13 @@ def chart(s: dict, path: Path) -> None:
     a.set_title("available-now over 1x, 4x, 16x input")
     a = ax[1][2]
     rs = s["restart"]["runs"]
-    a.bar([f"{x['processed_files']:,}" for x in rs], [x["seconds"] for x in rs], color=colors[0])
+    archived = s["restart"].get("archived_runs") or []
+    a.bar([f"{x['processed_files']:,}" for x in rs], [x["seconds"] for x in rs], color=colors[0],
+          label="landing holds every file")
+    if archived:
+        a.bar([f"{x['processed_files']:,}\narchived" for x in archived], [x["seconds"] for x in archived],
+              color=colors[1], label="committed files archived")
+        a.legend(loc="lower right", fontsize=8)
     a.set_xlabel("files already processed")
     a.set_ylabel("s")
     a.set_title("restart: spark-submit -> first commit")
@@ -724,6 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, help="repeats of every case (default 3; 1 with --quick)")
     p.add_argument("--stall-window", type=float, default=30.0, help="the spec copy's stall window in seconds")
     p.add_argument("--keep", action="store_true", help="keep the working folder (data, logs, Airflow home)")
+    p.add_argument("--only", choices=["restart"],
+                   help="run only the restart cases; the other samples are kept from bench/results/platform.json")
     p.add_argument("--replot", action="store_true",
                    help="run nothing: summarize the samples in bench/results/platform.json again, redraw the chart")
     args = p.parse_args(argv)
@@ -739,7 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-platform-"))
     print(f"working folder {work}; {repeats} repeat(s); sizes {sizes}", flush=True)
     spec_path = spec_copy(work / "include", args.stall_window)
-    growth_spec = spec_copy(work / "include-restart", args.stall_window, max_files_per_trigger=1000)
+    growth_spec = spec_copy(work / "include-restart", args.stall_window, max_files_per_trigger=1000,
+                            archive_path="archive/sensors")
     raw: dict[str, Any] = {"bare": [], "platform": [], "growth": {}, "restart": {}}
     recorded: dict[int, bytes] = {}
     platform: Platform | None = None
@@ -749,6 +815,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
 
     try:
+        if args.only == "restart":
+            raw["restart"], raw["restart_archived"] = restart_cases(growth_spec, work / "restart",
+                                                                   sizes["restart_files"], repeats, note)
+            return write_only_restart(raw, wall=time.monotonic() - started)
         source = work / "input"
         run_generator(spec_path, source, sizes["files"], sizes["events_per_file"], seed=7)
         rows = input_rows(source)
@@ -774,21 +844,8 @@ def main(argv: list[str] | None = None) -> int:
         for factor in factors:
             shutil.rmtree(work / f"input-{factor}x")
 
-        restart_stream = Stream(growth_spec, work / "restart")
-        processed = 0
-        for n in sizes["restart_files"]:
-            run_generator(growth_spec, restart_stream.data_root, n - processed, 1, seed=n, empty_files=0)
-            processed = n
-            code = BareStream(restart_stream, "--trigger", "available-now").start().wait(3600)
-            if code != 0:
-                raise RuntimeError(f"processing {n} files failed (exit {code})")
-            note(f"{n} files processed")
-            raw["restart"][n] = []
-            for i in range(repeats):
-                result = restart_time(restart_stream)
-                raw["restart"][n].append(result)
-                processed += 1
-                note(f"restart after {n} files {i + 1}/{repeats}: first commit after {result['seconds']:.1f}s")
+        raw["restart"], raw["restart_archived"] = restart_cases(growth_spec, work / "restart", sizes["restart_files"],
+                                                               repeats, note)
 
         platform = Platform(work, spec_path, work / "platform-data")
         (work / "platform-data").mkdir()

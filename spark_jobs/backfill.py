@@ -2,7 +2,7 @@
 
 ``spark-submit spark_jobs/backfill.py --spec include/streams/<name>.yaml --start ISO --end ISO``
 
-The input files (landing directory and, with ``cleanSource: archive``, the archive) are
+The input files (landing directory and, with ``source.archive_path``, the archive) are
 read in batch, parsed and split exactly as the live stream does, rows with an event time
 in ``[start, end)`` are kept, and every output's query is computed over them. Each
 output is written to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``:

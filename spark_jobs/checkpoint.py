@@ -215,22 +215,56 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
     return paths
 
 
-def landing_backlog(landing: str | os.PathLike[str], processed: set[str]) -> tuple[int, int]:
-    """Files (and their bytes) in the landing directory that no batch has taken yet.
+def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | None:
+    """The newest batch whose offsets entry was written at or before ``when``; None if
+    no retained entry is that old (none, or older ones were purged)."""
+    offsets = Path(checkpoint) / "offsets"
+    ids = batch_ids(checkpoint, "offsets")
+    for batch in reversed(ids):
+        try:
+            if os.path.getmtime(offsets / str(batch)) <= when:
+                return batch
+        except FileNotFoundError:
+            continue
+    return None
 
-    The file source reads the landing directory's own files (not sub-folders), so a file
-    is known by its name; that also survives the data folder being moved or mounted
-    elsewhere."""
-    seen = {unquote(p.rstrip("/").rsplit("/", 1)[-1]) for p in processed}
-    count = size = 0
+
+def file_name(path: str) -> str:
+    """Input files are known by name: the landing directory is flat, and URIs differ in encoding."""
+    return unquote(path.rstrip("/").rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True)
+class LandedFile:
+    name: str
+    size: int
+    mtime: float
+
+
+def landed_files(landing: str | os.PathLike[str]) -> list[LandedFile]:
+    """The landing directory's own files (the file source reads no sub-folders and skips
+    names starting with ``.`` or ``_``)."""
+    files = []
     try:
         with os.scandir(landing) as it:
             for entry in it:
                 if entry.name.startswith((".", "_")) or not entry.is_file():
                     continue
-                if entry.name not in seen:
-                    count += 1
-                    size += entry.stat().st_size
+                st = entry.stat()
+                files.append(LandedFile(entry.name, st.st_size, st.st_mtime))
     except FileNotFoundError:
         pass
-    return count, size
+    return files
+
+
+def landing_backlog(landing: str | os.PathLike[str] | list[LandedFile], processed: set[str],
+                    landed_by: float | None = None) -> tuple[int, int]:
+    """Files (and their bytes) in the landing directory that no batch has taken yet;
+    with ``landed_by``, only files that had landed by then.
+
+    A file is known by its name; that also survives the data folder being moved or
+    mounted elsewhere."""
+    files = landing if isinstance(landing, list) else landed_files(landing)
+    seen = {file_name(p) for p in processed}
+    waiting = [f for f in files if f.name not in seen and (landed_by is None or f.mtime <= landed_by)]
+    return len(waiting), sum(f.size for f in waiting)

@@ -101,8 +101,6 @@ def read_source(spark: SparkSession, spec: StreamSpec, layout: Layout) -> DataFr
     )
     if src.format == "csv":
         reader = reader.option("header", True)
-    if src.archive_path:
-        reader = reader.option("sourceArchiveDir", layout.data(src.archive_path))
     for key, value in src.options.items():
         reader = reader.option(key, value)
     df = reader.load(layout.landing)

@@ -115,11 +115,16 @@ class FileSource(Strict):
     format: Literal["json", "csv"]
     columns: list[Column] = Field(min_length=1)
     max_files_per_trigger: int = Field(default=10, ge=1)
-    #: Further options for Spark's file source, e.g. cleanSource, maxFileAge.
+    #: Further options for Spark's file source, e.g. maxFileAge.
     options: dict[str, str | int | bool] = Field(default_factory=dict)
+    #: Where the platform moves files that every query has committed (local paths), so
+    #: the landing directory stays small; backfills read both.
     archive_path: str | None = None
+    #: How long a committed file stays in the landing directory before it is archived.
+    archive_after: Duration = "10 minutes"
 
     check_paths = field_validator("path", "archive_path")(_optional(_check_relative_or_uri))
+    check_aa = field_validator("archive_after")(_optional(_check_duration))
 
     @field_validator("options")
     @classmethod
@@ -128,15 +133,24 @@ class FileSource(Strict):
         for key in v:
             if key.lower() in managed:
                 raise ValueError(f"option {key!r} is set by the platform; use the spec field instead")
-        clean = str(v.get("cleanSource", "off")).lower()
-        if clean not in ("off", "archive", "delete"):
-            raise ValueError(f"cleanSource must be off, archive or delete, not {clean!r}")
+            if key.lower() == "cleansource" and str(v[key]).lower() != "off":
+                raise ValueError(
+                    f"cleanSource: {v[key]} would move or delete a file as soon as one of the stream's queries "
+                    "has taken it, before the others do (every output and the quarantine read the landing "
+                    "directory): rows would be lost. Set archive_path instead: the platform archives files "
+                    "every query has committed")
         return v
 
     @model_validator(mode="after")
-    def _archive(self) -> FileSource:
-        if str(self.options.get("cleanSource", "off")).lower() == "archive" and not self.archive_path:
-            raise ValueError("cleanSource: archive needs archive_path")
+    def _columns(self) -> FileSource:
+        if self.archive_path:
+            if "://" in self.archive_path:
+                raise ValueError(f"archive_path {self.archive_path!r}: files are archived by a rename, so it must be "
+                                 "a local (or mounted) path, not a URI")
+            a, p = (os.path.normpath(x) + os.sep for x in (self.archive_path, self.path))
+            if a.startswith(p) or p.startswith(a):
+                raise ValueError(f"archive_path {self.archive_path!r} and path {self.path!r} must not contain "
+                                 "each other")
         names = [c.name for c in self.columns]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -335,13 +349,15 @@ class Restart(Strict):
     backoff_initial_seconds: float = Field(default=10, gt=0)
     backoff_max_seconds: float = Field(default=600, gt=0)
     stable_after_minutes: float = Field(default=30, gt=0)
+    period_minutes: float = Field(default=60, gt=0)  # max_attempts failures within this period spend the budget
 
 
 class Supervision(Strict):
     stall_window: Duration = "5 minutes"
+    lag_window: Duration = "1 minute"  # "lagging": the backlog grew over this window
     restart: Restart = Field(default_factory=Restart)
     scheduled_restart: str | None = None
-    check_sw = field_validator("stall_window")(_optional(_check_duration))
+    check_sw = field_validator("stall_window", "lag_window")(_optional(_check_duration))
 
 
 class Spark(Strict):

@@ -30,7 +30,7 @@ from spark_jobs.quality.rules import load_rules, rules_path
 from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
 from streamops import STREAMS_URL
 from streamops.alerts import alert_on_failure
-from streamops.health import Status
+from streamops.health import RUNNING
 from streamops.operators.quality import ValidateStreamOperator
 from streamops.operators.stream import (
     BackfillOperator,
@@ -41,7 +41,6 @@ from streamops.operators.stream import (
 from streamops.sensors.stream_health import StreamHealthSensor
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never "now"
-RUNNING = [Status.HEALTHY, Status.IDLE, Status.LAGGING]
 
 
 def _doc(spec: StreamSpec, what: str) -> str:
@@ -49,7 +48,8 @@ def _doc(spec: StreamSpec, what: str) -> str:
     return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n"
             f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}\n\n"
             f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "
-            f"{spec.supervision.restart.max_attempts} failures in a row, backoff from "
+            f"{spec.supervision.restart.max_attempts} failures within {spec.supervision.restart.period_minutes:g} "
+            f"minutes (reset by a stable run), backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
             f"`{spec.spark.connection}`.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
             f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
@@ -84,7 +84,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
             conf={"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
                   **{k: str(v) for k, v in spec.spark.conf.items()}},
             driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory, **paths)
-        StreamHealthSensor(task_id="running", stream=spec.name, statuses=RUNNING, timeout=15 * 60, retries=0,
+        StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
                            **paths)
     dags[run_dag.dag_id] = run_dag
 
@@ -103,7 +103,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         resume = ResumeStreamOperator(task_id="resume", stream=spec.name, **paths)
         start = TriggerDagRunOperator(task_id="start", trigger_dag_id=run_dag.dag_id,
                                       logical_date=None, wait_for_completion=False)
-        running = StreamHealthSensor(task_id="running", stream=spec.name, statuses=RUNNING, timeout=15 * 60,
+        running = StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60,
                                      **paths)
 
         @task

@@ -7,7 +7,8 @@ decides what they mean:
 starting   a driver holds the lease but has committed nothing since it started
 healthy    a driver is alive and commits batches
 idle       a driver is alive and no input is waiting
-lagging    a driver is alive and commits, but more input waits than one trigger takes
+lagging    a driver is alive and commits, but its backlog grew over the lag window and
+           is more than one trigger takes
 stalled    input is waiting and no batch was committed within the stall window
 dead       no live driver holds the checkpoint
 corrupt    the checkpoint is unreadable or inconsistent; never restarted automatically
@@ -21,7 +22,15 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from spark_jobs.checkpoint import QueryCheckpoint, landing_backlog, read_query_checkpoint
+from spark_jobs.checkpoint import (
+    QueryCheckpoint,
+    batch_ids,
+    batch_planned_by,
+    landed_files,
+    landing_backlog,
+    processed_files,
+    read_query_checkpoint,
+)
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
 from spark_jobs.spec import FileSource, Layout, StreamSpec, duration_seconds
@@ -39,6 +48,8 @@ class Status(StrEnum):
 
 #: Statuses a supervisor must act on.
 NEEDS_ACTION = frozenset({Status.STALLED, Status.DEAD, Status.CORRUPT})
+#: Statuses of a stream that runs as it should.
+RUNNING = (Status.HEALTHY, Status.IDLE, Status.LAGGING)
 
 
 @dataclass
@@ -54,6 +65,9 @@ class Snapshot:
     backlog_bytes: int
     max_files_per_trigger: int
     last_progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lag_window_seconds: float = 60.0
+    #: per query: backlog in files one lag window ago (None: unknown) and now
+    backlog_trend: dict[str, tuple[int | None, int]] = field(default_factory=dict)
 
     @property
     def last_commit_time(self) -> float | None:
@@ -96,11 +110,17 @@ class Health:
 
 
 def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snapshot:
+    taken_at = time.time() if now is None else now
+    lag_window = duration_seconds(spec.supervision.lag_window)
     queries = {name: read_query_checkpoint(layout.checkpoint(name)) for name in spec.query_names()}
     backlog = (0, 0)
+    trend: dict[str, tuple[int | None, int]] = {}
     if isinstance(spec.source, FileSource):
-        backlogs = [landing_backlog(layout.landing, q.processed_files) for q in queries.values()]
-        backlog = max(backlogs) if backlogs else (0, 0)
+        landed = landed_files(layout.landing)
+        backlogs = {name: landing_backlog(landed, q.processed_files) for name, q in queries.items()}
+        backlog = max(backlogs.values()) if backlogs else (0, 0)
+        for name, q in queries.items():
+            trend[name] = (_backlog_at(landed, q, taken_at - lag_window), backlogs[name][0])
     holder = read_holder(layout.lease_dir)
     alive = holder_alive(layout.lease_dir)
     last_progress: dict[str, dict[str, Any]] = {}
@@ -111,13 +131,24 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
         elif event.get("event") == "driver_started":
             driver_started = event.get("logged_at")
     return Snapshot(
-        stream=spec.name, taken_at=time.time() if now is None else now, driver_alive=alive,
+        stream=spec.name, taken_at=taken_at, driver_alive=alive,
         driver_pid=holder.pid if holder and alive else None, driver_host=holder.host if holder and alive else None,
         driver_started_at=(holder.started_at if holder and alive else driver_started), queries=queries,
         backlog_files=backlog[0], backlog_bytes=backlog[1],
         max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
-        last_progress=last_progress,
+        last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
     )
+
+
+def _backlog_at(landed: list, q: QueryCheckpoint, when: float) -> int | None:
+    """The query's backlog at ``when``: files landed by then and not taken by a batch
+    planned by then; None if the checkpoint no longer says what was planned then."""
+    batch = batch_planned_by(q.path, when) if q.last_planned is not None else None
+    if batch is None:
+        if q.last_planned is None or batch_ids(q.path, "offsets")[:1] == [0]:  # nothing was planned by then
+            return landing_backlog(landed, set(), landed_by=when)[0]
+        return None
+    return landing_backlog(landed, processed_files(q.path, through_batch=batch), landed_by=when)[0]
 
 
 def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
@@ -139,12 +170,28 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
                                     f"nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
     if len(committed_since_start) < len(snap.queries) and waiting:
         return Status.STARTING, "the driver started and has not committed a batch of every query yet"
-    if snap.backlog_files > 2 * snap.max_files_per_trigger:
-        return Status.LAGGING, (f"{snap.backlog_files} file(s) wait, more than two triggers take "
-                                f"({snap.max_files_per_trigger} each)")
+    lagging = _lagging(snap)
+    if lagging:
+        return Status.LAGGING, lagging
     if not waiting:
         return Status.IDLE, "no input is waiting"
     return Status.HEALTHY, "committing batches"
+
+
+def _lagging(snap: Snapshot) -> str | None:
+    """Why the backlog of some query grows (more than one trigger takes waits, and more than
+    one lag window ago), or None. Without the earlier figure (the checkpoint purged it),
+    a backlog above two triggers counts."""
+    mfpt = snap.max_files_per_trigger
+    for name, (then, now) in sorted(snap.backlog_trend.items()):
+        if now <= mfpt:
+            continue
+        if then is not None and now > then:
+            return (f"query {name}'s backlog grew from {then} to {now} file(s) in the last "
+                    f"{snap.lag_window_seconds:.0f}s (a trigger takes {mfpt})")
+        if then is None and now > 2 * mfpt:
+            return f"query {name}: {now} file(s) wait, more than two triggers take ({mfpt} each)"
+    return None
 
 
 def assess(spec: StreamSpec, layout: Layout, now: float | None = None) -> Health:

@@ -1,10 +1,12 @@
-"""Restart policy: exponential backoff, a bounded number of attempts, reset after a stable run.
+"""Restart policy: exponential backoff, a bounded number of attempts per period, reset after a stable run.
 
 Every driver run of a stream is recorded in ``<checkpoint>/_control/runs.json`` (start,
 end, exit code, why it ended), so the policy holds across task retries, DAG runs and
 scheduler restarts. A run counts as a failure unless it exited 0 (a requested stop or a
 finished available-now run) or lasted at least ``stable_after_minutes``; a stable run
-resets the count.
+resets the count. The backoff doubles with every failure since the last stable run; the
+budget is spent when ``max_attempts`` of those failures ended within the last
+``period_minutes``.
 """
 
 from __future__ import annotations
@@ -64,18 +66,27 @@ class RestartBudget:
         end = run.ended_at if run.ended_at is not None else run.started_at
         return end - run.started_at >= self.policy.stable_after_minutes * 60
 
-    def consecutive_failures(self) -> int:
-        count = 0
+    def _failures(self) -> list[Run]:
+        """The failed runs since the last stable run, newest first."""
+        failed = []
         for run in reversed(self.runs()):
             if run.ended_at is None:
                 continue
             if self._stable(run):
                 break
-            count += 1
-        return count
+            failed.append(run)
+        return failed
 
-    def exhausted(self) -> bool:
-        return self.consecutive_failures() >= self.policy.max_attempts
+    def consecutive_failures(self) -> int:
+        return len(self._failures())
+
+    def failures_in_period(self, now: float) -> int:
+        """Failed runs since the last stable run that ended within the last ``period_minutes``."""
+        since = now - self.policy.period_minutes * 60
+        return sum(1 for run in self._failures() if run.ended_at is not None and run.ended_at >= since)
+
+    def exhausted(self, now: float) -> bool:
+        return self.failures_in_period(now) >= self.policy.max_attempts
 
     def next_delay(self) -> float:
         """Seconds to wait before the next start: 0 after a stable run, then doubling."""

@@ -100,6 +100,7 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
         budget = RestartBudget(layout.lease_dir / "runs.json", spec.supervision.restart)
         status["restarts_last_day"] = budget.restarts_since(now - DAY)
         status["failures_in_a_row"] = budget.consecutive_failures()
+        status["failures_in_period"] = budget.failures_in_period(now)
     except ValueError as exc:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = (layout.lease_dir / "hold").exists()

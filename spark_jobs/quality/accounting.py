@@ -13,9 +13,13 @@ Per output query, from evidence that Spark itself wrote:
   aggregate over a table without windows (every accepted row counted once).
 
 A windowed append output holds its open windows' rows in state, not in the sink, so
-its accepted rows cannot be read back; its balance is reported as not checkable. A
-batch whose progress event is missing (the driver died between its commit and the
-event) makes the balance ``incomplete``: reported, not failed.
+its accepted rows cannot be read back; its balance is reported as not checkable.
+
+Spark posts a batch's progress event after its commit, and the listener writes it a
+moment later, so a reader can see a commit whose event is not written yet. Such a
+batch is not folded: the balance is ``pending`` until the event is there. A batch
+whose event is missing while a later batch's event exists (the driver died between
+the commit and the event) makes the balance ``incomplete``: reported, not failed.
 
 No Spark here: the validation job reads the sinks and passes the counts in.
 """
@@ -24,17 +28,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 from spark_jobs.spec import Aggregation, Output, ParquetSink, Passthrough, StreamSpec, TableSink
 
 BALANCED, UNBALANCED, PENDING, INCOMPLETE, NOT_CHECKABLE = (
     "balanced", "unbalanced", "pending", "incomplete", "not checkable")
-
-
-def file_name(path: str) -> str:
-    """Files are known by name: the landing directory is flat, and URIs differ in encoding."""
-    return unquote(path.rstrip("/").rsplit("/", 1)[-1])
 
 
 @dataclass
@@ -48,6 +46,7 @@ class Totals:
     dropped_late: int = 0
     sink_rows: int = 0
     missing_batches: list[int] = field(default_factory=list)
+    waiting_for: int | None = None  # a committed batch whose progress event is not written yet
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Totals:
@@ -60,7 +59,9 @@ class Totals:
 def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, last_committed: int | None) -> Totals:
     """Add the progress events of batches committed since the last fold.
 
-    A new query id (the checkpoint was reset) starts the totals again.
+    A new query id (the checkpoint was reset) starts the totals again. Folding stops
+    before a committed batch whose event is not written yet (no later batch has one);
+    the next fold takes it up.
     """
     if query_id is None or last_committed is None:
         return Totals(query_id=query_id)
@@ -70,9 +71,14 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
     for e in events:
         if e.get("event") == "progress" and e.get("id") == query_id and isinstance(e.get("batch_id"), int):
             by_batch[e["batch_id"]] = e  # a batch replayed after a crash: its last run counts
-    out = Totals(**{**totals.to_dict(), "missing_batches": list(totals.missing_batches)})
+    newest_event = max(by_batch, default=-1)
+    out = Totals(**{**totals.to_dict(), "missing_batches": list(totals.missing_batches), "waiting_for": None})
     for batch in range(totals.through_batch + 1, last_committed + 1):
         e = by_batch.get(batch)
+        if e is None and batch > newest_event:
+            out.waiting_for = batch
+            return out
+        out.through_batch = batch
         if e is None:
             out.missing_batches.append(batch)
             continue
@@ -80,7 +86,6 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
         out.duplicates += int(e.get("dropped_duplicates") or 0)
         out.dropped_late += int(e.get("dropped_by_watermark") or 0)
         out.sink_rows += max(0, int(e.get("sink_rows") or 0))
-    out.through_batch = max(totals.through_batch, last_committed)
     return out
 
 
@@ -131,8 +136,8 @@ def balance(output: str, totals: Totals, files: set[str], quarantine_files: set[
             measure: str | None) -> Balance:
     """The balance of one output query at its last committed batch.
 
-    ``files``: names of the files the query has committed; ``quarantine_files``: those the
-    quarantine query has committed; ``accepted``: rows read from the sink, which holds the
+    ``files``: names of the files the query has committed through the folded batches;
+    ``quarantine_files``: those the quarantine query has committed; ``accepted``: rows read from the sink, which holds the
     output of batches up to ``accepted_batch``.
     """
     quarantined = sum(n for name, n in quarantined_by_file.items() if name in files)
@@ -140,6 +145,9 @@ def balance(output: str, totals: Totals, files: set[str], quarantine_files: set[
                 totals.through_batch + 1)
     if measure is None:
         b.status, b.message, b.accepted = NOT_CHECKABLE, "its accepted rows are not readable from its sink", None
+        return b
+    if totals.waiting_for is not None:
+        b.status, b.message = PENDING, f"the progress event of batch {totals.waiting_for} is not written yet"
         return b
     if not files <= quarantine_files:
         b.status = PENDING

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import pipeline
-from spark_jobs.checkpoint import batch_watermark_ms, processed_files, read_query_checkpoint
+from spark_jobs.checkpoint import batch_watermark_ms, file_name, processed_files, read_query_checkpoint
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
@@ -428,8 +428,8 @@ class Validator:
             t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed)
             totals[query] = t.to_dict()
             files = set()
-            if ck.last_committed is not None:
-                files = {acc.file_name(p) for p in processed_files(ck.path, through_batch=ck.last_committed)}
+            if t.through_batch >= 0:
+                files = {file_name(p) for p in processed_files(ck.path, through_batch=t.through_batch)}
             return t, files, ck
 
         q_totals, q_files, _ = committed(QUARANTINE_QUERY)
@@ -437,7 +437,7 @@ class Validator:
         by_file: dict[str, int] = {}
         if quarantine is not None:
             for row in quarantine.groupBy("source_file").agg(F.count(F.lit(1)).alias("n")).collect():
-                name = acc.file_name(row["source_file"] or "")
+                name = file_name(row["source_file"] or "")
                 by_file[name] = by_file.get(name, 0) + row["n"]
         balances = []
         for output in self.spec.outputs:

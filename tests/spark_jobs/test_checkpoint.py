@@ -1,11 +1,12 @@
-"""Reading a checkpoint without Spark: which files the stream's batches took."""
+"""Reading a checkpoint without Spark: which files the stream's batches took, and when."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from spark_jobs.checkpoint import processed_files, source_log_offset
+from spark_jobs.checkpoint import batch_planned_by, file_name, landing_backlog, processed_files, source_log_offset
 
 
 def _checkpoint(root: Path, log_offsets: list[int], source_log: dict[int, list[str]]) -> Path:
@@ -32,3 +33,27 @@ def test_a_batch_without_a_readable_offsets_entry_took_nothing_known(tmp_path: P
     ckpt = _checkpoint(tmp_path, [0], {0: ["a.json"]})
     assert source_log_offset(ckpt, 7) is None
     assert processed_files(ckpt, through_batch=7) == set()
+
+
+def test_files_are_known_by_name() -> None:
+    assert file_name("file:///data/landing/part-000001.json") == "part-000001.json"
+    assert file_name("file:/data/landing%20x/part%20one.json") == "part one.json"
+
+
+def test_the_batch_planned_by_a_moment_is_read_from_the_offsets_log_times(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, [0, 1, 2], {0: ["a.json"], 1: ["b.json"], 2: ["c.json"]})
+    for batch, at in enumerate((100.0, 200.0, 300.0)):
+        os.utime(ckpt / "offsets" / str(batch), (at, at))
+    assert [batch_planned_by(ckpt, t) for t in (99, 100, 250, 1000)] == [None, 0, 1, 2]
+
+
+def test_the_backlog_at_an_earlier_moment_counts_only_files_landed_by_then(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for name, at in (("a.json", 100.0), ("b.json", 200.0), ("c.json", 300.0), (".hidden", 1.0), ("_tmp", 1.0)):
+        (landing / name).write_text("{}\n")
+        os.utime(landing / name, (at, at))
+    taken = {"file:///x/a.json"}
+    assert landing_backlog(landing, taken) == (2, 6)
+    assert landing_backlog(landing, taken, landed_by=250)[0] == 1
+    assert landing_backlog(landing, set(), landed_by=50)[0] == 0

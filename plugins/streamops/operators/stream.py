@@ -14,7 +14,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from spark_jobs.spec import default_spec_dir
-from streamops.health import Status
+from streamops.health import RUNNING, Status
 from streamops.hooks.stream import StreamHook
 from streamops.restarts import RestartBudget
 
@@ -35,8 +35,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     still runs. While it runs, the stream's health is read from
     its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
     hard) and started again; a dead driver is started again from its checkpoint. Restarts
-    back off exponentially and stop after ``restart.max_attempts`` failures in a row
-    (the count resets after a stable run); then the task fails and its failure callback
+    back off exponentially and stop after ``restart.max_attempts`` failures within
+    ``restart.period_minutes`` (the count resets after a stable run); then the task fails and its failure callback
     alerts. A corrupt checkpoint is never touched: the task fails with a diagnosis. A
     driver left running by an earlier try of this task (a killed worker) is adopted, never
     doubled. The task ends successfully when the stream is stopped on purpose.
@@ -48,6 +48,9 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     :param grace_seconds: how long a graceful stop may take before the driver is killed; default 120.
     :param stalled_grace_seconds: the same for a stalled driver, which has already committed
         nothing for the whole stall window (a frozen or hung driver); default 5.
+    :param archive_every_seconds: how often input files every query has committed are moved
+        to the spec's ``source.archive_path`` while the stream runs (see
+        :mod:`spark_jobs.archive`); default 60.
     All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
     """
 
@@ -55,7 +58,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
                  poll_seconds: float = 5.0, grace_seconds: float = 120.0, stalled_grace_seconds: float = 5.0,
-                 **kwargs: Any) -> None:
+                 archive_every_seconds: float = 60.0, **kwargs: Any) -> None:
         args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
         if data_root:
             args += ["--data-root", data_root]
@@ -69,6 +72,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
         self.stalled_grace_seconds = stalled_grace_seconds
+        self.archive_every_seconds = archive_every_seconds
         self._stream_hook: StreamHook | None = None
         self.adopted_pid: int | None = None
 
@@ -98,11 +102,13 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                                  "instead of starting a second one", self.adopted_pid, self.stream)
                 code, reason = None, f"adopted driver: {self._supervise(None)}"
             else:
-                if budget.exhausted():
+                policy = hook.spec.supervision.restart
+                if budget.exhausted(time.time()):
                     raise AirflowFailException(
-                        f"stream {self.stream}: {budget.consecutive_failures()} failed runs in a row, the restart "
-                        f"budget ({hook.spec.supervision.restart.max_attempts}) is spent; the stream stays stopped. "
-                        f"Look at the driver logs above, fix the cause, then trigger this DAG again.")
+                        f"stream {self.stream}: {budget.failures_in_period(time.time())} failed runs within "
+                        f"{policy.period_minutes:g} minutes, the restart budget ({policy.max_attempts}) is spent; "
+                        f"the stream stays stopped. Look at the driver logs above, fix the cause, then trigger "
+                        f"this DAG again.")
                 delay = budget.next_delay()
                 if delay:
                     self.log.warning("restarting stream %s in %.0fs (backoff after %d failed run(s))",
@@ -145,6 +151,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         last_status = None
         stopping_since: float | None = None
         reason = "driver exited"
+        archived_at = time.monotonic()
         while thread.is_alive() if thread is not None else hook.driver_alive():
             if thread is not None:
                 thread.join(self.poll_seconds)
@@ -163,7 +170,23 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 pid = hook.kill_driver()
                 self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
                 stopping_since = float("inf")
+            if (stopping_since is None and health.status in RUNNING
+                    and time.monotonic() - archived_at >= self.archive_every_seconds):
+                archived_at = time.monotonic()
+                self._archive(hook)
         return reason
+
+    def _archive(self, hook: StreamHook) -> None:
+        """Move committed input out of the landing directory; a failure is logged, never fatal."""
+        from spark_jobs.archive import archive
+
+        try:
+            result = archive(hook.spec, hook.layout)
+        except OSError as exc:
+            self.log.warning("stream %s: archiving committed input failed (tried again later): %s", self.stream, exc)
+            return
+        if result.archived or result.conflicts:
+            self.log.info("stream %s: %s", self.stream, result.describe())
 
     def on_kill(self) -> None:
         """Stop the stream gracefully, then hard if it does not stop in time."""

@@ -21,7 +21,7 @@ import pytest
 
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
-from streamops.health import Status, assess
+from streamops.health import Snapshot, Status, assess, classify
 
 SPEC = default_spec_dir() / "sensors.yaml"
 STALL = 180  # the spec's stall window, seconds
@@ -95,14 +95,42 @@ def test_live_driver_with_waiting_input_is_starting_then_healthy(stream, driver)
     assert health.backlog_files == 1
 
 
-def test_growing_backlog_is_lagging(stream, driver) -> None:
+def test_a_backlog_that_grew_over_the_lag_window_is_lagging(stream, driver) -> None:
     spec, layout = stream
-    for q in spec.query_names():
-        os.utime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
-    land_files(layout, 2 * spec.source.max_files_per_trigger + 1)
-    health = assess(spec, layout)
+    now = time.time()
+    for q in spec.query_names():  # every batch was planned long ago; the newest commit is fresh
+        ckpt = Path(layout.checkpoint(q))
+        for f in (ckpt / "offsets").iterdir():
+            os.utime(f, (now - 600, now - 600))
+        os.utime(ckpt / "commits" / str(last_batch(ckpt, "commits")))
+    for f in Path(layout.landing).iterdir():
+        os.utime(f, (now - 900, now - 900))
+    mfpt = spec.source.max_files_per_trigger
+    land_files(layout, 2 * mfpt + 1)
+    landed = sorted(Path(layout.landing).glob("part-9*.json"))
+    for f in landed[:mfpt]:  # these waited already a lag window ago
+        os.utime(f, (now - 120, now - 120))
+    health = assess(spec, layout, now=now)
     assert health.status == Status.LAGGING, health.summary()
-    assert health.backlog_files == 5 and health.backlog_bytes > 0
+    assert f"backlog grew from {mfpt} to {2 * mfpt + 1} file(s) in the last 60s" in health.reason
+    assert health.backlog_files == 2 * mfpt + 1 and health.backlog_bytes > 0
+
+    # the same backlog, all of it waiting a lag window ago: not growing, so healthy (and shown)
+    for f in landed:
+        os.utime(f, (now - 120, now - 120))
+    health = assess(spec, layout, now=now)
+    assert health.status == Status.HEALTHY and health.backlog_files == 2 * mfpt + 1, health.summary()
+
+
+@pytest.mark.parametrize(("then", "now", "status"), [
+    (3, 4, Status.LAGGING), (4, 4, Status.HEALTHY), (5, 4, Status.HEALTHY), (0, 2, Status.HEALTHY),
+    (None, 5, Status.LAGGING), (None, 4, Status.HEALTHY),  # earlier figure purged: above two triggers counts
+])
+def test_lagging_means_a_backlog_above_one_trigger_that_grew(then: int | None, now: int, status: Status) -> None:
+    snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
+                    driver_started_at=990.0, queries={}, backlog_files=now, backlog_bytes=now,
+                    max_files_per_trigger=2, backlog_trend={"readings": (then, now)})
+    assert classify(snap, stall_window_seconds=180)[0] == status
 
 
 def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:

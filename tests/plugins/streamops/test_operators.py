@@ -7,6 +7,7 @@ honours the stop marker (like the job) or ignores it (a hung driver).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,11 +75,13 @@ def test_supervisor_fails_on_a_corrupt_checkpoint_and_says_what_to_do(data_root:
 
 
 def test_supervisor_leaves_the_stream_stopped_when_the_budget_is_spent(data_root: Path) -> None:
-    runs = [{"started_at": 100.0 * i, "ended_at": 100.0 * i + 5, "exit_code": 1, "reason": "died"} for i in range(5)]
+    recent = time.time() - 600  # five short runs in the last ten minutes, within the spec's 60-minute period
+    runs = [{"started_at": recent + 100 * i, "ended_at": recent + 100 * i + 5, "exit_code": 1, "reason": "died"}
+            for i in range(5)]
     control = hook(data_root).layout.lease_dir
     control.mkdir(parents=True, exist_ok=True)
     (control / "runs.json").write_text(json.dumps(runs))
-    with pytest.raises(AirflowFailException, match=r"5 failed runs in a row, the restart budget \(5\) is spent"):
+    with pytest.raises(AirflowFailException, match=r"5 failed runs within 60 minutes, the restart budget \(5\) is spent"):
         supervisor(data_root).execute({})
 
 
@@ -150,3 +153,33 @@ def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: P
     assert reason == "stopped because it was stalled"
     assert driver.wait(10) == -9  # the stop marker was ignored, so it was killed after the grace period
     assert stream.layout.stop_marker.exists()  # the graceful request came first
+
+
+def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Path) -> None:
+    stream = hook(data_root)
+    landing = Path(stream.layout.landing)
+    old = time.time() - 3600  # landed an hour ago: past the spec's archive_after
+    for f in landing.iterdir():
+        os.utime(f, (old, old))
+    before = {f.name for f in landing.iterdir()}
+    archive_dir = Path(stream.layout.data(stream.spec.source.archive_path))
+    driver = start_driver(data_root, "honour")
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
+                                  archive_every_seconds=0)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(reason=op._supervise(None)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (archive_dir.exists() and any(archive_dir.iterdir())):  # condition wait: files archived
+            assert thread.is_alive() and time.monotonic() < deadline, "nothing was archived"
+            time.sleep(0.05)
+        stream.request_stop()
+        thread.join(60)
+    finally:
+        driver.kill()
+        driver.wait()
+    archived = {f.name for f in archive_dir.iterdir()}
+    left = {f.name for f in landing.iterdir()}
+    assert archived and left and archived | left == before and not archived & left

@@ -1,4 +1,4 @@
-"""Restart policy: exponential backoff, bounded attempts, reset after a stable run."""
+"""Restart policy: exponential backoff, bounded attempts per period, reset after a stable run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from spark_jobs.spec import Restart
 from streamops.restarts import RestartBudget
 
-POLICY = Restart(max_attempts=3, backoff_initial_seconds=10, backoff_max_seconds=25, stable_after_minutes=30)
+POLICY = Restart(max_attempts=3, backoff_initial_seconds=10, backoff_max_seconds=25, stable_after_minutes=30,
+                 period_minutes=60)
 
 
 def fail(budget: RestartBudget, at: float, lasted: float = 5) -> None:
@@ -19,13 +20,22 @@ def fail(budget: RestartBudget, at: float, lasted: float = 5) -> None:
 
 def test_backoff_doubles_up_to_the_cap_and_the_budget_runs_out(tmp_path: Path) -> None:
     budget = RestartBudget(tmp_path / "runs.json", POLICY)
-    assert budget.next_delay() == 0 and not budget.exhausted()
+    assert budget.next_delay() == 0 and not budget.exhausted(0)
     delays = []
     for i in range(3):
         fail(budget, 100.0 * i)
         delays.append(budget.next_delay())
     assert delays == [10, 20, 25]
-    assert budget.exhausted()
+    assert budget.exhausted(300) and budget.failures_in_period(300) == 3
+
+
+def test_the_budget_counts_failures_within_the_period(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    for at in (0, 1800, 3000):  # three short runs, the first ended more than an hour before the check
+        fail(budget, at)
+    assert budget.consecutive_failures() == 3 and budget.failures_in_period(3700) == 2
+    assert not budget.exhausted(3700)
+    assert budget.exhausted(3000 + 5)  # all three within the hour
 
 
 def test_a_stable_run_resets_the_count(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from spark_jobs.quality.accounting import (
     Totals,
     accepted_measure,
     balance,
-    file_name,
     fold,
 )
 from spark_jobs.spec import default_spec_dir, load_spec
@@ -46,6 +45,17 @@ def test_a_batch_without_its_progress_event_is_recorded_as_missing() -> None:
     assert totals.missing_batches == [1] and totals.input == 14
     b = balance("readings", totals, {"a"}, {"a"}, {}, 14, 2, "rows")
     assert b.status == INCOMPLETE and "batch(es) [1]" in b.message
+
+
+def test_a_committed_batch_whose_event_is_not_written_yet_waits_for_the_next_fold() -> None:
+    # Spark commits a batch, then posts its progress event: a reader can come in between
+    early = fold(Totals(), [progress(0, 10), progress(1, 5)], "q1", 2)
+    assert (early.input, early.through_batch, early.waiting_for, early.missing_batches) == (15, 1, 2, [])
+    b = balance("readings", early, {"a"}, {"a"}, {}, 15, 2, "rows")
+    assert b.status == PENDING and "progress event of batch 2 is not written yet" in b.message
+    later = fold(Totals.from_dict(early.to_dict()), [progress(0, 10), progress(1, 5), progress(2, 7)], "q1", 2)
+    assert (later.input, later.through_batch, later.waiting_for, later.missing_batches) == (22, 2, None, [])
+    assert balance("readings", later, {"a"}, {"a"}, {}, 22, 2, "rows").status == BALANCED
 
 
 def test_balance_checks_input_against_sink_quarantine_duplicates_and_late_rows() -> None:
@@ -86,8 +96,3 @@ def test_stream_accounting_fails_on_imbalance_and_on_a_high_quarantine_rate() ->
     assert high.problems == ["quarantine rate 6.00% (6 of 100 input rows) is above the threshold 5.00%"]
     bad = balance("readings", totals, {"a"}, {"a"}, {"a": 4}, 90, 0, "rows")
     assert StreamAccounting(100, 4, 0.05, [bad]).problems[0].startswith("accounting of readings: unbalanced")
-
-
-def test_files_are_known_by_name() -> None:
-    assert file_name("file:///data/landing/part-000001.json") == "part-000001.json"
-    assert file_name("file:/data/landing%20x/part%20one.json") == "part one.json"
