@@ -46,12 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from spark_jobs.pipeline import SESSION_CONF
-    from spark_jobs.quality.validation import Validator
+    from spark_jobs.quality.ledger import run_lock
+    from spark_jobs.quality.validation import Validator, quality_dir
 
     spark = (SparkSession.builder.appName(f"quality:{spec.name}").config(map=SESSION_CONF)
              .config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN")).getOrCreate())
     try:
-        result = Validator(spark, spec, layout, rules).run(backfill_label=label)
+        with run_lock(quality_dir(spec, layout)):
+            result = Validator(spark, spec, layout, rules).run(backfill_label=label)
     except SpecError as exc:
         log.error("%s", exc)
         return 2

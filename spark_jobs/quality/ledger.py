@@ -7,15 +7,23 @@ snapshot, and a record per unit: pass or fail, rows, failed checks, Data Docs pa
 Backfilled ranges have their own records, replaced when a range is backfilled again.
 The accounting's running totals live here too. Written atomically (temporary file,
 then rename): a crash leaves the previous ledger, and the next run repeats that work.
+One validation run of a stream at a time (:func:`run_lock`): a scheduled run and a
+backfill's validation would otherwise each save their own copy of the ledger.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: Unit records kept per output; older ones are summarised in ``pruned``.
 MAX_UNITS = 5000
@@ -66,3 +74,24 @@ class Ledger:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         tmp.write_text(json.dumps(self.data, indent=1, default=str), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+@contextlib.contextmanager
+def run_lock(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the stream's validation lock (``<quality dir>/run.lock``), waiting for a run that holds it.
+
+    The lock is the operating system's: it is released when its holder exits, however
+    it exits. The wait is bounded by the Airflow task's own timeout.
+    """
+    path = Path(directory) / "run.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another validation run of this stream holds %s; waiting for it to end", path)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
