@@ -142,7 +142,7 @@ class FileSource(Strict):
         return v
 
     @model_validator(mode="after")
-    def _columns(self) -> FileSource:
+    def _consistent(self) -> FileSource:
         if self.archive_path:
             if "://" in self.archive_path:
                 raise ValueError(f"archive_path {self.archive_path!r}: files are archived by a rename, so it must be "

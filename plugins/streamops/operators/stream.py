@@ -36,10 +36,11 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
     hard) and started again; a dead driver is started again from its checkpoint. Restarts
     back off exponentially and stop after ``restart.max_attempts`` failures within
-    ``restart.period_minutes`` (the count resets after a stable run); then the task fails and its failure callback
-    alerts. A corrupt checkpoint is never touched: the task fails with a diagnosis. A
-    driver left running by an earlier try of this task (a killed worker) is adopted, never
-    doubled. The task ends successfully when the stream is stopped on purpose.
+    ``restart.period_minutes`` (the count resets after a stable run); then the task fails
+    and its failure callback alerts. A corrupt checkpoint is never touched: the task fails
+    with a diagnosis. A driver left running by an earlier try of this task (a killed
+    worker) is adopted, never doubled. The task ends successfully when the stream is
+    stopped on purpose.
 
     :param stream: the stream's name. (templated)
     :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
