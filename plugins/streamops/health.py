@@ -4,12 +4,13 @@
 decides what they mean:
 
 =========  ==============================================================================
-starting   a driver holds the lease but has committed nothing since it started
+starting   a driver holds the lease, and a query with input waiting has committed nothing
+           since it started
 healthy    a driver is alive and commits batches
 idle       a driver is alive and no input is waiting
 lagging    a driver is alive and commits, but its backlog grew over the lag window and
            is more than one trigger takes
-stalled    input is waiting and no batch was committed within the stall window
+stalled    a query with input waiting has committed no batch within the stall window
 dead       no live driver holds the checkpoint
 corrupt    the checkpoint is unreadable or inconsistent; never restarted automatically
 =========  ==============================================================================
@@ -73,12 +74,6 @@ class Snapshot:
     def last_commit_time(self) -> float | None:
         times = [q.last_commit_time for q in self.queries.values() if q.last_commit_time]
         return max(times) if times else None
-
-    @property
-    def oldest_commit_time(self) -> float | None:
-        """The commit time of the query that committed least recently: the laggard."""
-        times = [q.last_commit_time or 0.0 for q in self.queries.values()]
-        return min(times) if times else None
 
 
 @dataclass
@@ -158,24 +153,29 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     if not snap.driver_alive:
         return Status.DEAD, "no live driver holds the checkpoint"
     started = snap.driver_started_at or snap.taken_at
-    committed_since_start = [q for q in snap.queries.values()
-                             if q.last_commit_time is not None and q.last_commit_time >= started]
-    waiting = snap.backlog_files > 0 or any(q.batch_in_flight for q in snap.queries.values())
+    waiting = _waiting(snap)
     if waiting:
-        # the laggard query decides: every query must keep committing
-        since = max(snap.oldest_commit_time or 0.0, started)
-        quiet = snap.taken_at - since
+        # every query with input waiting must keep committing: the one quiet for longest decides
+        # (a query that has taken all its input commits nothing, and that is not a stall)
+        name, q = min(waiting.items(), key=lambda item: item[1].last_commit_time or 0.0)
+        quiet = snap.taken_at - max(q.last_commit_time or 0.0, started)
         if quiet > stall_window_seconds:
-            return Status.STALLED, (f"input is waiting ({snap.backlog_files} file(s)) and a query has committed "
-                                    f"nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
-    if len(committed_since_start) < len(snap.queries) and waiting:
-        return Status.STARTING, "the driver started and has not committed a batch of every query yet"
+            return Status.STALLED, (f"input is waiting ({snap.backlog_files} file(s)) and query {name} has "
+                                    f"committed nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
+        if any(q.last_commit_time is None or q.last_commit_time < started for q in waiting.values()):
+            return Status.STARTING, "the driver started and has not committed a batch of every query with input yet"
     lagging = _lagging(snap)
     if lagging:
         return Status.LAGGING, lagging
     if not waiting:
         return Status.IDLE, "no input is waiting"
     return Status.HEALTHY, "committing batches"
+
+
+def _waiting(snap: Snapshot) -> dict[str, QueryCheckpoint]:
+    """The queries with input waiting: files they have not taken, or a batch in flight."""
+    return {name: q for name, q in snap.queries.items()
+            if q.batch_in_flight or snap.backlog_trend.get(name, (None, 0))[1] > 0}
 
 
 def _lagging(snap: Snapshot) -> str | None:

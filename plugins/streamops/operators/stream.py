@@ -101,7 +101,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.adopted_pid = hook.driver_pid()
                 self.log.warning("a driver (pid %s) already runs stream %s, left by an earlier try: adopting it "
                                  "instead of starting a second one", self.adopted_pid, self.stream)
-                code, reason = None, f"adopted driver: {self._supervise(None)}"
+                reason, forced = self._supervise(None)
+                code, reason = None, f"adopted driver: {reason}"
             else:
                 policy = hook.spec.supervision.restart
                 if budget.exhausted(time.time()):
@@ -118,14 +119,16 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 budget.record_start(time.time())
                 runs += 1
                 self.log.info("starting stream %s (run %d of this task)", self.stream, runs)
-                code, reason = self._run_driver()
-            budget.record_end(time.time(), code, reason)
-            if code == 0:
+                code, reason, forced = self._run_driver()
+            budget.record_end(time.time(), code, reason, forced=forced)
+            if code == 0 and not forced:
                 self.log.info("stream %s stopped: %s", self.stream, reason)
                 return hook.health().to_dict()
             self.log.warning("stream %s driver ended (%s, exit %s)", self.stream, reason, code)
 
-    def _run_driver(self) -> tuple[int | None, str]:
+    def _run_driver(self) -> tuple[int | None, str, bool]:
+        """Submit the driver and supervise it until it exits: exit code, why, and whether this
+        supervisor stopped it (a stalled driver: restarted, and counted as a failed run)."""
         self._hook = self._get_hook()
         outcome: dict[str, Any] = {}
 
@@ -140,14 +143,15 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
         thread = threading.Thread(target=submit, name=f"spark-submit:{self.stream}", daemon=True)
         thread.start()
-        reason = self._supervise(thread)
+        reason, forced = self._supervise(thread)
         thread.join()
         if "error" in outcome:
             self.log.error("spark-submit failed: %s", outcome["error"])
-        return outcome.get("code"), outcome.get("error", reason) if outcome.get("code") else reason
+        return outcome.get("code"), outcome.get("error", reason) if outcome.get("code") else reason, forced
 
-    def _supervise(self, thread: threading.Thread | None) -> str:
-        """Watch the running driver until it exits; stop it if it stalls. Why it ended."""
+    def _supervise(self, thread: threading.Thread | None) -> tuple[str, bool]:
+        """Watch the running driver until it exits; stop it if it stalls. Why it ended, and
+        whether this supervisor stopped it."""
         hook = self.stream_hook
         last_status = None
         stopping_since: float | None = None
@@ -169,13 +173,14 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             grace = min(self.grace_seconds, self.stalled_grace_seconds)
             if stopping_since is not None and time.monotonic() - stopping_since > grace:
                 pid = hook.kill_driver()
-                self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
+                if pid is not None:
+                    self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
                 stopping_since = float("inf")
             if (stopping_since is None and health.status in RUNNING
                     and time.monotonic() - archived_at >= self.archive_every_seconds):
                 archived_at = time.monotonic()
                 self._archive(hook)
-        return reason
+        return reason, stopping_since is not None
 
     def _archive(self, hook: StreamHook) -> None:
         """Move committed input out of the landing directory; a failure is logged, never fatal."""

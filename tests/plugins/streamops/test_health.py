@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.checkpoint import last_batch
+from spark_jobs.checkpoint import QueryCheckpoint, last_batch
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
 from streamops.health import Snapshot, Status, assess, classify
 
@@ -127,10 +127,25 @@ def test_a_backlog_that_grew_over_the_lag_window_is_lagging(stream, driver) -> N
     (None, 5, Status.LAGGING), (None, 4, Status.HEALTHY),  # earlier figure purged: above two triggers counts
 ])
 def test_lagging_means_a_backlog_above_one_trigger_that_grew(then: int | None, now: int, status: Status) -> None:
+    readings = QueryCheckpoint("ckpt/readings", exists=True, last_planned=7, last_committed=7, last_commit_time=998.0)
     snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
-                    driver_started_at=990.0, queries={}, backlog_files=now, backlog_bytes=now,
+                    driver_started_at=990.0, queries={"readings": readings}, backlog_files=now, backlog_bytes=now,
                     max_files_per_trigger=2, backlog_trend={"readings": (then, now)})
     assert classify(snap, stall_window_seconds=180)[0] == status
+
+
+def test_a_query_that_has_taken_all_its_input_is_not_stalled() -> None:
+    # the quarantine query took every file long ago; readings, with input waiting, commits
+    quarantine = QueryCheckpoint("q", exists=True, last_planned=3, last_committed=3, last_commit_time=100.0)
+    readings = QueryCheckpoint("r", exists=True, last_planned=9, last_committed=9, last_commit_time=995.0)
+    snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
+                    driver_started_at=50.0, queries={"_quarantine": quarantine, "readings": readings},
+                    backlog_files=2, backlog_bytes=2, max_files_per_trigger=2,
+                    backlog_trend={"_quarantine": (0, 0), "readings": (2, 2)})
+    assert classify(snap, stall_window_seconds=30)[0] == Status.HEALTHY
+    readings.last_commit_time = 900.0  # now readings, with input waiting, has been quiet for 100 s
+    status, reason = classify(snap, stall_window_seconds=30)
+    assert status == Status.STALLED and "query readings has committed nothing for 100s" in reason
 
 
 def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:

@@ -133,12 +133,18 @@ def test_stop_rejects_an_unknown_mode(data_root: Path) -> None:
                            data_root=str(data_root)).execute({})
 
 
-def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: Path, tmp_path: Path) -> None:
+def stalling_specs(tmp_path: Path, max_attempts: int = 5) -> Path:
+    """The specs' folder with sensors' stall window cut to 2 seconds."""
     specs = tmp_path / "include" / "streams"
     specs.mkdir(parents=True)
     shutil.copytree(default_spec_dir().parent / "reference", tmp_path / "include" / "reference")
     text = (default_spec_dir() / "sensors.yaml").read_text().replace("stall_window: 3 minutes", "stall_window: 2 seconds")
-    (specs / "sensors.yaml").write_text(text)
+    (specs / "sensors.yaml").write_text(text.replace("max_attempts: 5,", f"max_attempts: {max_attempts},"))
+    return specs
+
+
+def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: Path, tmp_path: Path) -> None:
+    specs = stalling_specs(tmp_path)
     stream = StreamHook("sensors", str(specs), str(data_root))
     (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
     driver = start_driver(data_root, "ignore")  # alive, holds the lease, commits nothing, ignores the marker
@@ -146,11 +152,11 @@ def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: P
                                   data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
                                   grace_seconds=1)
     try:
-        reason = op._supervise(None)
+        reason, forced = op._supervise(None)
     finally:
         if driver.poll() is None:
             driver.kill()
-    assert reason == "stopped because it was stalled"
+    assert (reason, forced) == ("stopped because it was stalled", True)
     assert driver.wait(10) == -9  # the stop marker was ignored, so it was killed after the grace period
     assert stream.layout.stop_marker.exists()  # the graceful request came first
 
@@ -168,7 +174,7 @@ def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Pa
                                   data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
                                   archive_every_seconds=0)
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(reason=op._supervise(None)))
+    thread = threading.Thread(target=lambda: result.update(ended=op._supervise(None)))
     thread.start()
     try:
         deadline = time.monotonic() + 60
@@ -183,3 +189,25 @@ def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Pa
     archived = {f.name for f in archive_dir.iterdir()}
     left = {f.name for f in landing.iterdir()}
     assert archived and left and archived | left == before and not archived & left
+
+
+def test_a_stalled_driver_that_stops_when_asked_is_restarted_not_left_stopped(data_root: Path, tmp_path: Path,
+                                                                              monkeypatch) -> None:  # noqa: ANN001
+    specs = stalling_specs(tmp_path, max_attempts=1)  # one failed run spends the budget: the test ends there
+    stream = StreamHook("sensors", str(specs), str(data_root))
+    (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
+    # "spark-submit" here starts a driver that holds the lease, commits nothing and exits 0 when asked to stop
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "spark-submit").write_text(f"#!/bin/sh\nexec {sys.executable} {driver} {stream.layout.lease_dir} honour\n")
+    (bin_dir / "spark-submit").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2, grace_seconds=5)
+    # before, the driver's exit 0 after the supervisor's own stop request ended the task as if stopped on purpose
+    with pytest.raises(AirflowFailException, match="1 failed runs within 60 minutes"):
+        op.execute({})
+    runs = json.loads((stream.layout.lease_dir / "runs.json").read_text())
+    assert [(r["exit_code"], r["forced"], r["reason"]) for r in runs] == [(0, True, "stopped because it was stalled")]

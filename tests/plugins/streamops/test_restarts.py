@@ -69,3 +69,10 @@ def test_a_damaged_history_is_reported(tmp_path: Path) -> None:
     (tmp_path / "runs.json").write_text("{not json")
     with pytest.raises(ValueError, match="runs.json is not a valid run history"):
         RestartBudget(tmp_path / "runs.json", POLICY).runs()
+
+
+def test_a_stalled_run_the_supervisor_stopped_is_a_failure_even_with_exit_0(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    budget.record_start(0)
+    budget.record_end(40, 0, "stopped because it was stalled", forced=True)
+    assert budget.consecutive_failures() == 1 and budget.next_delay() == 10
