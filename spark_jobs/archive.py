@@ -20,7 +20,6 @@ the landing directory, and a move cut short is completed by the next run.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import shutil
 import time
@@ -29,8 +28,6 @@ from pathlib import Path
 
 from spark_jobs.checkpoint import file_name, landed_files, last_batch, processed_files
 from spark_jobs.spec import FileSource, Layout, StreamSpec, duration_seconds
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +61,8 @@ def archivable(spec: StreamSpec, layout: Layout, now: float | None = None) -> li
 
 
 def archive(spec: StreamSpec, layout: Layout, now: float | None = None) -> ArchiveResult:
-    """Move what :func:`archivable` allows into the archive; safe to run at any time."""
+    """Move what :func:`archivable` allows into the archive; safe to run at any time. The caller
+    reports the result (the supervisor logs it in its task)."""
     result = ArchiveResult()
     names = archivable(spec, layout, now)
     if not names:
@@ -91,6 +89,4 @@ def archive(spec: StreamSpec, layout: Layout, now: float | None = None) -> Archi
             os.rename(tmp, dst)
             src.unlink()
         result.archived.append(name)
-    if result.archived or result.conflicts:
-        log.info("stream %s: %s into %s", spec.name, result.describe(), target)
     return result
