@@ -216,8 +216,9 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
 
 
 def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | None:
-    """The newest batch whose offsets entry was written at or before ``when``; None if
-    no retained entry is that old (none, or older ones were purged)."""
+    """The newest batch whose offsets entry was written at or before ``when``; -1 if none
+    had been planned by then (no batch yet, or batch 0 came later); None if the entries
+    of that time were purged."""
     offsets = Path(checkpoint) / "offsets"
     ids = batch_ids(checkpoint, "offsets")
     for batch in reversed(ids):
@@ -226,7 +227,7 @@ def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | N
                 return batch
         except FileNotFoundError:
             continue
-    return None
+    return -1 if not ids or ids[0] == 0 else None
 
 
 def file_name(path: str) -> str:

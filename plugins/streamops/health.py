@@ -25,7 +25,6 @@ from typing import Any
 
 from spark_jobs.checkpoint import (
     QueryCheckpoint,
-    batch_ids,
     batch_planned_by,
     landed_files,
     landing_backlog,
@@ -138,12 +137,11 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
 def _backlog_at(landed: list, q: QueryCheckpoint, when: float) -> int | None:
     """The query's backlog at ``when``: files landed by then and not taken by a batch
     planned by then; None if the checkpoint no longer says what was planned then."""
-    batch = batch_planned_by(q.path, when) if q.last_planned is not None else None
+    batch = batch_planned_by(q.path, when)
     if batch is None:
-        if q.last_planned is None or batch_ids(q.path, "offsets")[:1] == [0]:  # nothing was planned by then
-            return landing_backlog(landed, set(), landed_by=when)[0]
         return None
-    return landing_backlog(landed, processed_files(q.path, through_batch=batch), landed_by=when)[0]
+    taken = processed_files(q.path, through_batch=batch) if batch >= 0 else set()
+    return landing_backlog(landed, taken, landed_by=when)[0]
 
 
 def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:

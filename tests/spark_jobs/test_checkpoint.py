@@ -44,7 +44,10 @@ def test_the_batch_planned_by_a_moment_is_read_from_the_offsets_log_times(tmp_pa
     ckpt = _checkpoint(tmp_path, [0, 1, 2], {0: ["a.json"], 1: ["b.json"], 2: ["c.json"]})
     for batch, at in enumerate((100.0, 200.0, 300.0)):
         os.utime(ckpt / "offsets" / str(batch), (at, at))
-    assert [batch_planned_by(ckpt, t) for t in (99, 100, 250, 1000)] == [None, 0, 1, 2]
+    assert [batch_planned_by(ckpt, t) for t in (99, 100, 250, 1000)] == [-1, 0, 1, 2]  # -1: nothing planned yet
+    (ckpt / "offsets" / "0").unlink()  # purged: what was planned at 150 is no longer known
+    assert [batch_planned_by(ckpt, t) for t in (150, 250)] == [None, 1]
+    assert batch_planned_by(tmp_path / "none", 1000) == -1
 
 
 def test_the_backlog_at_an_earlier_moment_counts_only_files_landed_by_then(tmp_path: Path) -> None:
