@@ -154,6 +154,14 @@ def read_query_checkpoint(path: str | os.PathLike[str], with_files: bool = True)
     return info
 
 
+def query_id(checkpoint: str | os.PathLike[str]) -> str | None:
+    """The query id Spark keeps in ``<checkpoint>/metadata`` (new for every new checkpoint); None before it starts."""
+    try:
+        return json.loads(_read_log_file(Path(checkpoint) / "metadata")[0])["id"]
+    except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
 def batch_watermark_ms(checkpoint: str | os.PathLike[str], batch: int) -> int | None:
     """The watermark batch ``batch`` ran with (from its offsets entry); None if unreadable.
 
@@ -186,10 +194,17 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
         through_log = source_log_offset(checkpoint, through_batch, source)
         if through_log is None:
             return set()
-    log_dir = Path(checkpoint) / "sources" / str(source)
+    return _log_paths(Path(checkpoint) / "sources" / str(source), through_log, batch_in_entry=True)
+
+
+def _log_paths(log_dir: Path, through: int | None, batch_in_entry: bool = False) -> set[str]:
+    """The paths of a compactible file log (a file source's ``sources/<n>`` or a file sink's
+    ``_spark_metadata``): the newest compaction and the entries after it. With ``through``,
+    only batches up to it: a source's entries carry their batch, a sink's are named by it
+    (a compaction holds every batch up to its own)."""
     try:
         names = os.listdir(log_dir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return set()
     entries = []
     for name in names:
@@ -198,6 +213,9 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
             entries.append((int(stem), name))
     entries.sort()
     compacts = [i for i, (_, name) in enumerate(entries) if name.endswith(".compact")]
+    if through is not None and not batch_in_entry:
+        compacts = [i for i in compacts if entries[i][0] <= through]
+        entries = [e for e in entries if e[0] <= through]
     start = compacts[-1] if compacts else 0
     paths: set[str] = set()
     for _, name in entries[start:]:
@@ -208,11 +226,31 @@ def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through
         for line in lines[1:]:
             try:
                 entry = json.loads(line)
-                if through_log is None or entry.get("batchId", -1) <= through_log:
+                if batch_in_entry and through is not None and entry.get("batchId", -1) > through:
+                    continue
+                if entry.get("action", "add") == "delete":
+                    paths.discard(entry["path"])
+                else:
                     paths.add(entry["path"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
     return paths
+
+
+def sink_files(table: str | os.PathLike[str], through_batch: int | None = None) -> set[str]:
+    """Paths a file sink has committed (its ``_spark_metadata`` log, compactions included);
+    with ``through_batch``, only those of that batch and the ones before it."""
+    return _log_paths(Path(table) / "_spark_metadata", through_batch)
+
+
+def sink_last_batch(table: str | os.PathLike[str]) -> int | None:
+    """The newest batch in a file sink's ``_spark_metadata`` log."""
+    try:
+        names = [n.removesuffix(".compact") for n in os.listdir(Path(table) / "_spark_metadata")]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    ids = [int(n) for n in names if n.isdigit()]
+    return max(ids) if ids else None
 
 
 def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | None:

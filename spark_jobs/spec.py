@@ -39,7 +39,8 @@ CORRUPT_RECORD_COLUMN = "_corrupt_record"
 SOURCE_FILE_COLUMN = "_source_file"
 EVENT_DATE_COLUMN = "event_date"
 WINDOW_START, WINDOW_END = "window_start", "window_end"
-QUARANTINE_QUERY = "_quarantine"
+#: The query that parses a stream's input and commits its accepted rows (spark_jobs.ingest).
+INGEST_QUERY = "_ingest"
 
 
 class SpecError(ValueError):
@@ -437,9 +438,15 @@ class StreamSpec(Strict):
                 return o
         raise KeyError(f"stream {self.name!r} has no output {name!r}")
 
+    @property
+    def has_ingestion(self) -> bool:
+        """Every stream parses its input once into its accepted rows, except one whose
+        outputs all run continuously (continuous processing cannot feed a file table)."""
+        return any(self.trigger_for(o).kind != "continuous" for o in self.outputs)
+
     def query_names(self) -> list[str]:
-        names = [o.name for o in self.outputs]
-        return names + ([QUARANTINE_QUERY] if self.quarantine else [])
+        """The stream's Spark queries: the ingestion, then one per output."""
+        return ([INGEST_QUERY] if self.has_ingestion else []) + [o.name for o in self.outputs]
 
 
 # ---- semantic rules (what Spark would reject later, or do wrongly) -----------------------
@@ -555,9 +562,14 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
 def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
     """Checkpoint location (unresolved) of each query the spec starts."""
     paths = {o.name: o.checkpoint or f"{spec.checkpoint.rstrip('/')}/{o.name}" for o in spec.outputs}
-    if spec.quarantine:
-        paths[QUARANTINE_QUERY] = f"{spec.checkpoint.rstrip('/')}/{QUARANTINE_QUERY}"
+    if spec.has_ingestion:
+        paths[INGEST_QUERY] = f"{spec.checkpoint.rstrip('/')}/{INGEST_QUERY}"
     return paths
+
+
+def accepted_path(spec: StreamSpec) -> str:
+    """Where the stream's accepted rows live (unresolved): ``accepted/<stream>``."""
+    return f"accepted/{spec.name}"
 
 
 def _nested(a: str, b: str) -> bool:
@@ -578,6 +590,8 @@ def _shared_path_problems(specs: dict[str, StreamSpec]) -> dict[str, list[tuple[
                 owners.append((source, f"outputs[{i}].sink.path", "sink", out.sink.path))
         if spec.quarantine:
             owners.append((source, "quarantine.path", "sink", spec.quarantine.path))
+        if spec.has_ingestion:
+            owners.append((source, "name", "sink", accepted_path(spec)))
     problems: dict[str, list[tuple[str, str]]] = {}
     for n, (src, field, kind, path) in enumerate(owners):
         for src2, field2, kind2, path2 in owners[:n]:
@@ -755,6 +769,11 @@ class Layout:
 
     def checkpoint(self, query: str) -> str:
         return self.data(checkpoint_paths(self.spec)[query])
+
+    @property
+    def accepted(self) -> str:
+        """The accepted-rows table every output reads (see spark_jobs.ingest)."""
+        return self.data(accepted_path(self.spec))
 
     @property
     def landing(self) -> str:

@@ -1,7 +1,7 @@
 """The streaming job: ``spark-submit spark_jobs/stream_job.py --spec include/streams/<name>.yaml``.
 
-It validates the spec, takes the single-driver lease on the checkpoint, starts every
-query of the spec in one SparkSession, writes progress events beside the checkpoint,
+It validates the spec, takes the single-driver lease on the checkpoint, starts the
+stream's ingestion and its output queries in one SparkSession (see spark_jobs.pipeline), writes progress events beside the checkpoint,
 and runs until:
 
 * the stop marker ``<checkpoint>/_control/stop`` appears (or SIGTERM/SIGINT arrives):
@@ -27,7 +27,7 @@ from pathlib import Path
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
-from spark_jobs.spec import Layout, SpecError, Trigger, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger, load_spec
 
 log = logging.getLogger("stream_job")
 
@@ -93,10 +93,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # noqa: ANN001
-    from pyspark.sql import SparkSession
-
     from spark_jobs import pipeline
     from spark_jobs.progress import make_listener
+    from spark_jobs.session import build_session
 
     marker = layout.stop_marker
     if marker.exists():
@@ -111,15 +110,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    builder = SparkSession.builder.appName(f"stream:{spec.name}")
-    builder = builder.config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"))
-    for key, value in pipeline.SESSION_CONF.items():
-        builder = builder.config(key, value)
-    builder = builder.config("spark.sql.shuffle.partitions", spec.spark.shuffle_partitions)
-    builder = builder.config("spark.sql.streaming.stopTimeout", "60s")
-    for key, value in spec.spark.conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file)
     names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
     spark.streams.addListener(make_listener(events, spec.name, names))
@@ -130,17 +121,40 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
         trigger = Trigger(processing_time=args.processing_time)
     events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger})
 
-    try:
-        queries = pipeline.start(spark, spec, layout, trigger)
-    except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-        log.error("stream %s could not start: %s", spec.name, _first_line(exc))
-        if layout.checkpoint_root in str(exc):
-            log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or move it "
-                      "aside together with the stream's file sinks to reprocess from scratch.", layout.checkpoint_root)
-        events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
-        return EXIT_FAILED
-
+    # available-now: the ingestion takes what waits, then the outputs take what it committed;
+    # otherwise every query runs at once
+    phases: list = [None]
+    if (trigger or spec.trigger).available_now and spec.has_ingestion:
+        phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
     code, cause = EXIT_OK, ""
+    try:
+        for only in phases:
+            try:
+                queries = pipeline.start(spark, spec, layout, trigger, on_batch=events.write, only=only)
+            except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+                log.error("stream %s could not start: %s", spec.name, _first_line(exc))
+                if layout.checkpoint_root in str(exc):
+                    log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "
+                              "move it aside together with the stream's file sinks to reprocess from scratch.",
+                              layout.checkpoint_root)
+                events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+                code = EXIT_FAILED
+                return code
+            code, cause, stopped = _supervise(spec, layout, args, queries, marker, stop_requested, events)
+            if code != EXIT_OK or stopped:
+                break
+    finally:
+        events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
+        spark.stop()
+    if code != EXIT_OK:
+        log.error("stream %s failed: %s", spec.name, cause)
+    return code
+
+
+def _supervise(spec, layout: Layout, args: argparse.Namespace, queries: dict, marker: Path,  # noqa: ANN001
+               stop_requested: threading.Event, events: EventLog) -> tuple[int, str, bool]:
+    """Wait until the queries finish, one fails, or a stop is asked for: (exit code, cause, stopped)."""
+    code, cause, stopped = EXIT_OK, "", False
     try:
         while True:
             failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
@@ -151,23 +165,20 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
                 code, cause = EXIT_FAILED, "; ".join(f"query {n}: {_first_line(e)}" for n, e in failed)
                 break
             if all(not q.isActive for q in queries.values()):
-                log.info("all queries of %s finished", spec.name)
+                log.info("queries %s of %s finished", sorted(queries), spec.name)
                 break
             if stop_requested.is_set() or marker.exists():
                 log.info("stop requested for %s: stopping queries between batches", spec.name)
                 _stop_between_batches(queries, layout, args.grace_seconds)
                 marker.unlink(missing_ok=True)
+                stopped = True
                 break
             stop_requested.wait(POLL_SECONDS)
     finally:
         for q in queries.values():
             if q.isActive:
                 q.stop()
-        events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
-        spark.stop()
-    if code != EXIT_OK:
-        log.error("stream %s failed: %s", spec.name, cause)
-    return code
+    return code, cause, stopped
 
 
 def _first_line(exc: BaseException) -> str:

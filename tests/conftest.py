@@ -28,7 +28,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 def spark() -> Iterator:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.pipeline import SESSION_CONF
+    from spark_jobs.session import SESSION_CONF
 
     session = (
         SparkSession.builder.master("local[2]")

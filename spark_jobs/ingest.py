@@ -1,0 +1,349 @@
+"""Ingestion: a stream's input parsed once, every row decided once.
+
+One streaming query per stream (``_ingest``) reads the landing files and commits what it
+decides to two tables, both written through Spark's own file sink (data files plus the
+``_spark_metadata`` log, so readers see only committed batches):
+
+    landing files -> parse (PERMISSIVE, corrupt-record column)
+      -> reason: malformed record, invalid UTF-8, missing required field, event time too
+         far ahead (null when the row is valid)
+      -> event time of valid rows -> watermark -> deduplicate within the watermark
+      -> per micro-batch (foreachBatch, the batch parsed once and cached):
+           rejected rows                              -> quarantine table
+           valid rows at or behind the batch watermark -> counted as dropped late
+           valid rows without a match in an inner join -> counted as unmatched
+           the rest, enriched by the static joins      -> accepted-rows table
+                                                          (partitioned by event_date)
+
+Every output of the stream reads the accepted-rows table as its streaming source, so all
+outputs see the same accepted rows, across kills and restarts too (a replayed batch
+writes nothing twice: the file sink skips a batch its log already holds).
+
+Rejected rows carry no event time into the watermark (a row dated 2100 would otherwise
+move it decades ahead) and get a key of their own for the deduplication, so two equal
+malformed lines are both quarantined. Rows are dropped as late by Spark's deduplication
+where the spec deduplicates, and otherwise here, by the same watermark Spark wrote into
+the batch's offsets entry, with the same rule (event time at or before the watermark).
+
+The quarantine's ``reason`` says which rule a row broke, e.g. ``malformed json record:
+value does not match the column type: temperature (double)``, ``missing required
+field(s): ts`` or ``event time too far in the future: ts is more than 1 day ahead of
+the processing time``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from spark_jobs.checkpoint import batch_watermark_ms, query_id
+from spark_jobs.spec import (
+    CORRUPT_RECORD_COLUMN,
+    EVENT_DATE_COLUMN,
+    INGEST_QUERY,
+    SOURCE_FILE_COLUMN,
+    SPARK_TYPES,
+    Column,
+    FileSource,
+    Layout,
+    RateSource,
+    StreamSpec,
+    duration_seconds,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_COLUMNS = ["raw", "reason", "source_file", "quarantined_at"]
+#: Working columns of the ingestion; never written to the accepted rows.
+REASON, EVENT_TIME, ROW_KEY, KIND = "_reason", "_event_time", "_row_key", "_kind"
+ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unmatched"
+
+
+def ddl(columns: list[Column], corrupt: bool = False) -> str:
+    parts = [f"`{c.name}` {SPARK_TYPES[c.type]}" for c in columns]
+    if corrupt:
+        parts.append(f"`{CORRUPT_RECORD_COLUMN}` string")
+    return ", ".join(parts)
+
+
+def accepted_ddl(spec: StreamSpec) -> str:
+    """The accepted rows' schema: source columns, the reference columns the joins add, and
+    ``event_date`` (the table's partition column) when the stream has an event time."""
+    return ", ".join(f"`{name}` {SPARK_TYPES[t]}" for name, t in spec.enriched_columns().items())
+
+
+# ---- reading the source -----------------------------------------------------------------
+
+
+def read_source(spark: SparkSession, spec: StreamSpec, layout: Layout, streaming: bool = True) -> DataFrame:
+    """The parsed source, with ``_corrupt_record`` and ``_source_file`` for file sources;
+    the same reader (format, schema, options) in a stream and in a batch."""
+    src = spec.source
+    if isinstance(src, RateSource):
+        if not streaming:
+            raise ValueError(f"stream {spec.name}: the rate source cannot be read in batch")
+        return spark.readStream.format("rate").option("rowsPerSecond", src.rows_per_second).load()
+    assert isinstance(src, FileSource)
+    reader = spark.readStream if streaming else spark.read
+    reader = (reader.format(src.format).schema(ddl(src.columns, corrupt=True)).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN))
+    if streaming:
+        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
+    if src.format == "csv":
+        reader = reader.option("header", True)
+    for key, value in src.options.items():
+        reader = reader.option(key, value)
+    df = reader.load(layout.landing)
+    return df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
+
+
+# ---- what is malformed ----------------------------------------------------------------------
+
+
+def _required(spec: StreamSpec) -> list[Column]:
+    return [c for c in spec.source.columns if c.required]
+
+
+def _string_columns(spec: StreamSpec) -> list[Column]:
+    return [c for c in spec.source.columns if c.type == "string"]
+
+
+def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
+    """Text that was not valid UTF-8 in the file (never true for a null).
+
+    The JSON reader keeps a malformed record's bytes as they were and rejects invalid
+    bytes in a value; the CSV reader decodes every line, replacing invalid bytes with
+    U+FFFD, and would pass them on in string columns.
+    """
+    bad = ~F.is_valid_utf8(text)
+    if fmt == "csv":
+        bad = bad | (F.instr(text, "\ufffd") > 0)
+    return F.coalesce(bad, F.lit(False))
+
+
+def _format(spec: StreamSpec) -> str:
+    return spec.source.format if isinstance(spec.source, FileSource) else "rate"
+
+
+def _too_far_ahead(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column, or None
+    """Event time beyond processing time + ``event_time.max_future`` (never true for a null)."""
+    if spec.event_time is None or not isinstance(spec.source, FileSource):
+        return None
+    ahead_us = round(duration_seconds(spec.event_time.max_future) * 1_000_000)
+    # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch splits alike
+    limit = F.unix_micros(F.current_timestamp()) + F.lit(ahead_us)
+    return F.coalesce(F.unix_micros(F.col(spec.event_time.column)) > limit, F.lit(False))
+
+
+def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark Columns
+    """``'a, b'``: the names of the columns for which ``test(column)`` holds, ``''`` if none."""
+    return F.concat_ws(", ", *[F.when(test(c), F.lit(c.name)) for c in columns])
+
+
+def _corrupt_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
+    """Why the parser rejected a record: invalid UTF-8, not a record at all, a value of the
+    wrong type (naming the columns), or for CSV the wrong number of fields."""
+    src = spec.source
+    assert isinstance(src, FileSource)
+    raw = F.col(CORRUPT_RECORD_COLUMN)
+    columns = list(src.columns)
+    prefix = f"malformed {src.format} record: "
+    if src.format == "json":
+        def present(c: Column):  # noqa: ANN202
+            return F.get_json_object(raw, f"$.{c.name}").isNotNull()
+
+        shape = F.json_object_keys(raw).isNull()
+        shape_reason = "not a JSON object (truncated, or not JSON)"
+        fallback = "does not match the schema"
+    else:
+        # the record split again into string fields, one more than declared to see extra ones
+        options = {k: str(v) for k, v in src.options.items()}
+        fields = F.from_csv(raw, ", ".join(f"`_f{i}` string" for i in range(len(columns) + 1)), options)
+
+        def present(c: Column):  # noqa: ANN202
+            return fields.getField(f"_f{columns.index(c)}").isNotNull()
+
+        shape = fields.getField(f"_f{len(columns)}").isNotNull()
+        shape_reason = f"more fields than the {len(columns)} declared columns"
+        fallback = f"fewer fields than the {len(columns)} declared columns"
+    wrong = F.concat_ws(", ", *[F.when(present(c) & F.col(c.name).isNull(), F.lit(f"{c.name} ({c.type})"))
+                               for c in columns])
+    return F.concat(F.lit(prefix), (
+        F.when(_not_utf8(raw, src.format), F.lit("not valid UTF-8"))
+        .when(shape, F.lit(shape_reason))
+        .when(wrong != "", F.concat(F.lit("value does not match the column type: "), wrong))
+        .otherwise(F.lit(fallback))))
+
+
+def rejection_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
+    """Why a parsed row goes to the quarantine, or null for a valid row."""
+    if not isinstance(spec.source, FileSource):
+        return F.lit(None).cast("string")
+    fmt = _format(spec)
+    bad_utf8 = _names_where(_string_columns(spec), lambda c: _not_utf8(F.col(c.name), fmt))
+    missing = _names_where(_required(spec), lambda c: F.col(c.name).isNull())
+    reason = (
+        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), _corrupt_reason(spec))
+        .when(bad_utf8 != "", F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "), bad_utf8))
+        .when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
+    )
+    future = _too_far_ahead(spec)
+    if future is not None:
+        et = spec.event_time
+        reason = reason.when(future, F.lit(f"event time too far in the future: {et.column} is more than "
+                                           f"{et.max_future} ahead of the processing time"))
+    return reason
+
+
+# ---- the streaming part: split, watermark, deduplicate ------------------------------------
+
+
+def decided(spec: StreamSpec, parsed: DataFrame) -> DataFrame:
+    """Parsed rows with their rejection reason, watermarked and deduplicated.
+
+    Works on a stream and on a batch (a batch has no watermark; it deduplicates all)."""
+    df = parsed.withColumn(REASON, rejection_reason(spec))
+    if spec.event_time is None:
+        return df
+    valid = F.col(REASON).isNull()
+    df = df.withColumn(EVENT_TIME, F.when(valid, F.col(spec.event_time.column)))
+    if df.isStreaming:
+        df = df.withWatermark(EVENT_TIME, spec.event_time.watermark)
+    if spec.deduplicate is not None:
+        # a rejected row is never a duplicate: a key of its own (it leaves the state at the
+        # next batch, having no event time); uuid() differs on a replay, which restores the
+        # state from before the batch, so that does not matter
+        source_file = F.col(SOURCE_FILE_COLUMN) if isinstance(spec.source, FileSource) else F.lit("")
+        df = df.withColumn(ROW_KEY, F.when(~valid, F.concat(source_file, F.lit(":"), F.expr("uuid()"))))
+        keys = [*spec.deduplicate.key, ROW_KEY]
+        df = df.dropDuplicatesWithinWatermark(keys) if df.isStreaming else df.dropDuplicates(keys)
+    return df
+
+
+# ---- the batch part: late rows, joins, the two tables ---------------------------------------
+
+
+def reference_frame(spark: SparkSession, spec: StreamSpec, layout: Layout, index: int) -> DataFrame:
+    """Reference data with the declared columns, picked by name and cast to their types.
+
+    Keys must be unique: a key present twice would turn one input row into two."""
+    ref = spec.enrich[index]
+    path = layout.reference(ref.path)
+    reader = spark.read.format(ref.format)
+    if ref.format == "csv":
+        reader = reader.option("header", True).option("mode", "FAILFAST")
+    df = reader.load(path)
+    missing = [c.name for c in ref.columns if c.name not in df.columns]
+    if missing:
+        raise ValueError(f"reference data {ref.name!r} ({path}) has no column(s) {missing}; it has {df.columns}")
+    df = df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in ref.columns])
+    repeated = df.groupBy(*ref.key).count().where("count > 1").limit(3).collect()
+    if repeated:
+        raise ValueError(f"reference data {ref.name!r} ({path}) has key(s) {ref.key} more than once, e.g. "
+                         f"{[tuple(r[k] for k in ref.key) for r in repeated]}; each would multiply input rows")
+    return df
+
+
+def classify(spec: StreamSpec, rows: DataFrame, references: list[DataFrame], watermark_ms: int | None) -> DataFrame:
+    """Rows with ``_kind`` (accepted, quarantined, late, unmatched), enriched by the joins.
+
+    Every join is a left join with a match marker, so that a row an inner join would
+    drop is counted as unmatched instead of vanishing."""
+    df = rows
+    unmatched = F.lit(False)
+    for i, (ref, static) in enumerate(zip(spec.enrich, references, strict=True)):
+        extra = [c.name for c in ref.columns if c.name not in ref.key and c.name not in df.columns]
+        marker = f"_matched_{i}"
+        df = df.join(F.broadcast(static.select(*ref.key, *extra).withColumn(marker, F.lit(True))),
+                     on=list(ref.key), how="left")
+        if ref.how == "inner":
+            unmatched = unmatched | F.col(marker).isNull()
+    kind = F.when(F.col(REASON).isNotNull(), F.lit(QUARANTINED))
+    if spec.event_time is not None and watermark_ms is not None and watermark_ms > 0:
+        # Spark's rule: a row at or before the watermark is late
+        kind = kind.when(F.unix_micros(F.col(EVENT_TIME)) <= F.lit(watermark_ms * 1000), F.lit(LATE))
+    kind = kind.when(unmatched, F.lit(UNMATCHED)).otherwise(F.lit(ACCEPTED))
+    return df.withColumn(KIND, kind)
+
+
+def accepted_rows(spec: StreamSpec, classified: DataFrame) -> DataFrame:
+    """The accepted rows in the accepted table's columns, one partition per event date."""
+    df = classified.where(F.col(KIND) == ACCEPTED)
+    if spec.event_time is not None:
+        df = df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(spec.event_time.column)))
+    df = df.select(*[F.col(name) for name in spec.enriched_columns()])
+    return df.repartition(EVENT_DATE_COLUMN) if spec.event_time is not None else df.coalesce(1)
+
+
+def quarantined_rows(spec: StreamSpec, classified: DataFrame) -> DataFrame:
+    """Rejected rows: the raw record, the reason, the file it came from, when."""
+    raw = F.to_json(F.struct(*[F.col(c.name) for c in spec.source.columns]))
+    if isinstance(spec.source, FileSource):
+        raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN), raw)
+        source_file = F.col(SOURCE_FILE_COLUMN)
+    else:
+        source_file = F.lit(None).cast("string")
+    return classified.where(F.col(KIND) == QUARANTINED).select(
+        raw.alias("raw"), F.col(REASON).alias("reason"), source_file.alias("source_file"),
+        F.current_timestamp().alias("quarantined_at"),
+    ).coalesce(1)
+
+
+class FileSinkWriter:
+    """Spark's file sink (Parquet) driven from foreachBatch: the batch's files and its entry
+    in ``_spark_metadata`` are written exactly once; a batch the log holds is skipped."""
+
+    def __init__(self, spark: SparkSession, path: str, partition_by: list[str]):
+        jvm = spark._jvm
+        utils = jvm.org.apache.spark.api.python.PythonUtils
+        self.path = path
+        self._sink = jvm.org.apache.spark.sql.execution.streaming.sinks.FileStreamSink(
+            spark._jsparkSession, path, jvm.org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat(),
+            utils.toSeq(list(partition_by)), utils.toScalaMap({}))
+
+    def add_batch(self, batch_id: int, frame: DataFrame) -> None:
+        self._sink.addBatch(batch_id, frame._jdf)
+
+
+class IngestBatch:
+    """The foreachBatch function of the ingestion query."""
+
+    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout,
+                 on_batch: Callable[[dict[str, Any]], None] | None = None):
+        self.spec, self.layout, self.on_batch = spec, layout, on_batch
+        self.checkpoint = layout.checkpoint(INGEST_QUERY)
+        self.references = [reference_frame(spark, spec, layout, i) for i in range(len(spec.enrich))]
+        partitions = [EVENT_DATE_COLUMN] if spec.event_time is not None else []
+        self.accepted = FileSinkWriter(spark, layout.accepted, partitions)
+        self.quarantine = FileSinkWriter(spark, layout.data(spec.quarantine.path), []) if spec.quarantine else None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        watermark = batch_watermark_ms(self.checkpoint, batch_id)
+        rows = classify(self.spec, batch, self.references, watermark).persist()
+        try:
+            counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
+            self.accepted.add_batch(batch_id, accepted_rows(self.spec, rows))
+            if self.quarantine is not None:
+                self.quarantine.add_batch(batch_id, quarantined_rows(self.spec, rows))
+            elif counts.get(QUARANTINED):
+                raise RuntimeError(f"stream {self.spec.name}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
+        finally:
+            rows.unpersist()
+        event = {"event": "ingested", "stream": self.spec.name, "query": INGEST_QUERY,
+                 "id": query_id(self.checkpoint), "batch_id": batch_id, "watermark_ms": watermark,
+                 "rows": sum(counts.values()), **{k: counts.get(k, 0) for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)}}
+        log.info("ingested batch %d of %s: %s", batch_id, self.spec.name,
+                 ", ".join(f"{k} {event[k]}" for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)))
+        if self.on_batch is not None:
+            self.on_batch(event)
+
+
+def accepted_batch(spark: SparkSession, spec: StreamSpec, layout: Layout) -> DataFrame:
+    """The committed accepted rows, read in batch through the table's commit log."""
+    return spark.read.schema(accepted_ddl(spec)).parquet(layout.accepted)

@@ -1,0 +1,125 @@
+"""The ingestion: one parse per stream, its decisions counted, its tables written exactly once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
+
+from spark_jobs import pipeline
+from spark_jobs.checkpoint import sink_files, sink_last_batch
+from spark_jobs.ingest import accepted_batch
+from spark_jobs.spec import Layout, default_spec_dir, parse_spec
+
+PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
+               "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}
+PER_DEVICE = {"name": "per_device", "mode": "update", "sink": {"type": "table", "table": "per_device"},
+              "query": {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}}
+
+
+def setup(tmp_path: Path, spec_data: dict, files: list[list[str]]) -> tuple:
+    spec = parse_spec(spec_data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    landing = Path(layout.landing)
+    landing.mkdir(parents=True)
+    for lines in files:
+        land(landing, spec.source.format, lines)
+    return spec, layout
+
+
+FILES = [
+    [reading("e1", 1), reading("e2", 12), "not json", "not json"],
+    [reading("e3", 35), reading("e3", 35)],
+    [reading("e4", 41)],
+    [reading("e5", 33), reading("e6", 5)],  # e5 late within the watermark, e6 beyond it
+]
+
+
+def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, PER_DEVICE]), FILES)
+    events: list[dict] = []
+    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    ingested = [e for e in events if e["event"] == "ingested"]
+    assert [e["batch_id"] for e in ingested] == [0, 1, 2, 3]
+    totals = {k: sum(e[k] for e in ingested) for k in ("rows", "accepted", "quarantined", "late", "unmatched")}
+    assert totals == {"rows": 7, "accepted": 5, "quarantined": 2, "late": 0, "unmatched": 0}
+    progress = queries["_ingest"].recentProgress
+    assert sum(p.numInputRows for p in progress) == 9
+    # the deduplication dropped one repeated e3 and the late e6 (Spark's own counts)
+    state = [s for p in progress for s in p.stateOperators]
+    assert sum(s.numRowsDroppedByWatermark for s in state) == 1
+    assert sum(s.customMetrics.get("numDroppedDuplicateRows", 0) for s in state) == 1
+
+    accepted = sorted(r["event_id"] for r in accepted_batch(spark, spec, layout).collect())
+    assert accepted == ["e1", "e2", "e3", "e4", "e5"]
+    sink = sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect())
+    assert sink == accepted
+    assert spark.read.parquet(layout.data("quarantine")).count() == 2
+    table = pipeline.table_writer([("device_id", "string"), ("n", "long")], spec, spec.output("per_device"), layout,
+                                  "reader").read_all()
+    assert [(r["device_id"], r["n"]) for r in table] == [("dev-001", len(accepted))]
+
+
+def test_without_deduplication_late_rows_are_dropped_by_the_ingestion_and_counted(spark, tmp_path: Path) -> None:
+    data = make_spec([PASSTHROUGH])
+    del data["deduplicate"]
+    spec, layout = setup(tmp_path, data, FILES)
+    events: list[dict] = []
+    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    ingested = [e for e in events if e["event"] == "ingested"]
+    # batch 3 runs with a watermark of at least 00:25 (its offsets entry): e6 (00:05) is late, e5 (00:33) not
+    assert [e["late"] for e in ingested] == [0, 0, 0, 1]
+    assert ingested[3]["watermark_ms"] > 0
+    assert sum(e["accepted"] for e in ingested) == 6  # e3 twice: nothing deduplicates
+    assert sum(p.numInputRows for p in queries["_ingest"].recentProgress) == 9
+    rows = sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect())
+    assert rows == ["e1", "e2", "e3", "e3", "e4", "e5"]
+
+
+def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
+    data = make_spec([PASSTHROUGH])
+    del data["deduplicate"]  # no stateful operator: no trailing no-data batch, the last batch holds rows
+    spec, layout = setup(tmp_path, data, FILES[:2])
+    pipeline.run_available_now(spark, spec, layout)
+    before = sink_files(layout.accepted)
+    quarantine_before = sink_files(layout.data("quarantine"))
+    # the driver died after the batch wrote its tables, before Spark committed it
+    last = sink_last_batch(layout.accepted)
+    assert last == 1
+    for name in (str(last), f".{last}.crc"):
+        Path(layout.checkpoint("_ingest"), "commits", name).unlink()
+    events: list[dict] = []
+    pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    assert [e["batch_id"] for e in events if e["event"] == "ingested"] == [last]  # replayed
+    assert sink_files(layout.accepted) == before
+    assert sink_files(layout.data("quarantine")) == quarantine_before
+    assert accepted_batch(spark, spec, layout).count() == 4  # e1, e2, e3, e3
+
+
+def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: Path) -> None:
+    day2 = reading("n1", 60 * 24 + 1)
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1), reading("b", 2), day2]])
+    pipeline.run_available_now(spark, spec, layout)
+    for table in (layout.accepted, layout.data("sinks/rows")):
+        files = sorted(Path(p).parent.name for p in sink_files(table))
+        assert files == ["event_date=2026-01-01", "event_date=2026-01-02"], table
+
+
+def test_reference_data_with_a_repeated_key_is_refused(spark, tmp_path: Path) -> None:
+    data = make_spec([PASSTHROUGH])
+    ref = tmp_path / "devices.csv"
+    ref.write_text("device_id,site\ndev-001,north\ndev-001,south\n")
+    data["enrich"][0]["path"] = str(ref)
+    spec, layout = setup(tmp_path, data, [[reading("a", 1)]])
+    with pytest.raises(ValueError, match=r"reference data 'devices' .* has key\(s\) \['device_id'\] more than once"):
+        pipeline.run_available_now(spark, spec, layout)
+
+
+def test_a_checkpoint_of_the_per_output_layout_is_refused(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1)]])
+    Path(layout.checkpoint_root, "_quarantine").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="written when every output parsed the input itself"):
+        pipeline.run_available_now(spark, spec, layout)
+    shutil.rmtree(Path(layout.checkpoint_root, "_quarantine"))
