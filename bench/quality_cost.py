@@ -34,9 +34,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spark_jobs.pipeline import SESSION_CONF
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, expected_schema, iso
+from spark_jobs.session import build_session
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -98,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
 
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").appName("bench-quality").config(map=SESSION_CONF)
-             .config("spark.sql.shuffle.partitions", 2).config("spark.ui.enabled", False)
-             .config("spark.ui.showConsoleProgress", False).getOrCreate())
+    spark = build_session("bench-quality", master="local[2]", extra={
+        "spark.sql.shuffle.partitions": 2, "spark.ui.enabled": False, "spark.ui.showConsoleProgress": False})
     spark.sparkContext.setLogLevel("ERROR")
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     spec = load_spec(default_spec_dir() / "sensors.yaml")

@@ -1,18 +1,16 @@
-"""Archiving: move input files that every query of a stream has committed out of its landing directory.
+"""Archiving: move input files the stream's ingestion has committed out of its landing directory.
 
-Spark's own ``cleanSource`` cannot do this here: every output (and the quarantine) is
-its own query with its own file source over the same directory, and ``cleanSource``
-moves a file as soon as the query that took it commits, before the others have read
-it. So the platform archives a file only when
+Only the ingestion reads the landing directory (every output reads its accepted rows).
+The platform archives a file only when
 
-* every query has committed it in a batch before its newest committed one (if the
+* the ingestion has committed it in a batch before its newest committed one (if the
   newest commit file is lost, Spark replays that batch, which must still find its
   files), and
 * it landed at least the spec's ``source.archive_after`` ago.
 
-The file sources remember the files they took in their own logs, so a moved file is
-neither missed nor read again, and a restart lists a small directory. Backfills read the
-landing directory and the archive. A move is a rename on one file system; across file
+The file source remembers the files it took in its log, so a moved file is neither
+missed nor read again, and a restart lists a small directory. Backfills read the
+accepted rows, not the archive: the archive is the input kept for people. A move is a rename on one file system; across file
 systems the file is copied under a hidden name, renamed into place, then removed from
 the landing directory, and a move cut short is completed by the next run.
 """
@@ -27,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_jobs.checkpoint import file_name, landed_files, last_batch, processed_files
-from spark_jobs.spec import FileSource, Layout, StreamSpec, duration_seconds
+from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, StreamSpec, duration_seconds
 
 
 @dataclass
@@ -48,16 +46,13 @@ def archivable(spec: StreamSpec, layout: Layout, now: float | None = None) -> li
     src = spec.source
     if not isinstance(src, FileSource) or not src.archive_path:
         return []
-    committed: set[str] | None = None
-    for query in spec.query_names():
-        checkpoint = layout.checkpoint(query)
-        last = last_batch(checkpoint, "commits")
-        if last is None or last < 1:
-            return []
-        names = {file_name(p) for p in processed_files(checkpoint, through_batch=last - 1)}
-        committed = names if committed is None else committed & names
+    checkpoint = layout.checkpoint(INGEST_QUERY)
+    last = last_batch(checkpoint, "commits")
+    if last is None or last < 1:
+        return []
+    committed = {file_name(p) for p in processed_files(checkpoint, through_batch=last - 1)}
     cutoff = (time.time() if now is None else now) - duration_seconds(src.archive_after)
-    return sorted(f.name for f in landed_files(layout.landing) if f.name in (committed or set()) and f.mtime <= cutoff)
+    return sorted(f.name for f in landed_files(layout.landing) if f.name in committed and f.mtime <= cutoff)
 
 
 def archive(spec: StreamSpec, layout: Layout, now: float | None = None) -> ArchiveResult:

@@ -2,9 +2,10 @@
 
 ``spark-submit spark_jobs/backfill.py --spec include/streams/<name>.yaml --start ISO --end ISO``
 
-The input files (landing directory and, with ``source.archive_path``, the archive) are
-read in batch, parsed and split exactly as the live stream does, rows with an event time
-in ``[start, end)`` are kept, and every output's query is computed over them. Each
+The stream's accepted rows (the table its ingestion committed, read through its commit
+log) with an event time in ``[start, end)`` are taken, and every output's query is
+computed over them: the same rows every live output read, parsed, deduplicated and
+judged late once, by the ingestion. Each
 output is written to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``:
 first into a temporary folder, then swapped in by a rename, so a rerun of the same range
 replaces its output whole and gives identical results. The live checkpoint and sinks are
@@ -24,10 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.spec import FileSource, Layout, SpecError, StreamSpec, load_spec
+from spark_jobs.checkpoint import sink_last_batch
+from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("backfill")
 
@@ -60,48 +62,22 @@ def output_dir(spec: StreamSpec, layout: Layout, output: str, lo: datetime, hi: 
     return Path(layout.data(f"{BACKFILL_DIR}/{spec.name}/{output}")) / range_label(lo, hi)
 
 
-def input_paths(spec: StreamSpec, layout: Layout) -> list[str]:
-    assert isinstance(spec.source, FileSource)
-    paths = [layout.landing]
-    if spec.source.archive_path:
-        paths.append(layout.data(spec.source.archive_path))
-    return [p for p in paths if Path(p).exists() and any(Path(p).rglob("*.*"))]
-
-
-def read_batch(spark: SparkSession, spec: StreamSpec, layout: Layout) -> DataFrame:
-    """The source files read in batch, parsed like the live stream."""
-    from pyspark.sql import functions as F
-
-    from spark_jobs.pipeline import ddl
-    from spark_jobs.spec import CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN
-
-    src = spec.source
-    assert isinstance(src, FileSource)
-    paths = input_paths(spec, layout)
-    if not paths:
-        raise BackfillError(f"stream {spec.name} has no input files in {layout.landing} (or its archive)")
-    reader = (spark.read.format(src.format).schema(ddl(src.columns, corrupt=True)).option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN).option("recursiveFileLookup", True)
-              .option("pathGlobFilter", "[!._]*"))
-    if src.format == "csv":
-        reader = reader.option("header", True)
-    return reader.load(paths).withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
-
-
 def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: str) -> dict[str, int]:
     """Write every output for the range; rows written per output."""
     from pyspark.sql import functions as F
 
-    from spark_jobs import pipeline
+    from spark_jobs import ingest, pipeline
 
-    if not isinstance(spec.source, FileSource) or spec.event_time is None:
-        raise BackfillError(f"stream {spec.name} cannot be backfilled: it needs a file source and event_time")
+    if not spec.has_ingestion or spec.event_time is None:
+        raise BackfillError(f"stream {spec.name} cannot be backfilled: it needs accepted rows and event_time")
     lo, hi = parse_range(start, end)
+    if sink_last_batch(layout.accepted) is None:
+        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({layout.accepted} holds no committed batch)")
     ts = F.col(spec.event_time.column)
-    valid = pipeline.prepared(spark, spec, layout, read_batch(spark, spec, layout))
-    in_range = valid.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()
+    accepted = ingest.accepted_batch(spark, spec, layout)
+    in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()
     if in_range.limit(1).count() == 0:
-        raise BackfillError(f"stream {spec.name} has no valid input with {spec.event_time.column} in "
+        raise BackfillError(f"stream {spec.name} has no accepted rows with {spec.event_time.column} in "
                             f"[{lo.isoformat()}, {hi.isoformat()})")
     written: dict[str, int] = {}
     for output in spec.outputs:
@@ -138,11 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, BackfillError) as exc:
         log.error("%s", exc)
         return 2
-    from pyspark.sql import SparkSession
+    from spark_jobs.session import build_session
 
-    from spark_jobs.pipeline import SESSION_CONF
-
-    spark = SparkSession.builder.appName(f"backfill:{spec.name}").config(map=SESSION_CONF).getOrCreate()
+    spark = build_session(f"backfill:{spec.name}", spec)
     try:
         written = run(spark, spec, Layout(spec, args.data_root, Path(args.spec).resolve().parent), args.start, args.end)
     except BackfillError as exc:

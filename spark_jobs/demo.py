@@ -83,14 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         quality[name] = json.loads(result_file.read_text())
 
-    from pyspark.sql import SparkSession
-
     from spark_jobs import verify
-    from spark_jobs.pipeline import SESSION_CONF
     from spark_jobs.quality_job import describe
+    from spark_jobs.session import build_session
 
-    spark = (SparkSession.builder.master("local[1]").appName("demo-verify").config(map=SESSION_CONF)
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark = build_session("demo-verify", master="local[1]", extra={"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     ok = True
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -43,14 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
 
-    from pyspark.sql import SparkSession
-
-    from spark_jobs.pipeline import SESSION_CONF
     from spark_jobs.quality.ledger import run_lock
     from spark_jobs.quality.validation import Validator, quality_dir
+    from spark_jobs.session import build_session
 
-    spark = (SparkSession.builder.appName(f"quality:{spec.name}").config(map=SESSION_CONF)
-             .config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN")).getOrCreate())
+    spark = build_session(f"quality:{spec.name}", spec)
     try:
         with run_lock(quality_dir(spec, layout)):
             result = Validator(spark, spec, layout, rules).run(backfill_label=label)

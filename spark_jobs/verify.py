@@ -45,10 +45,11 @@ def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: O
             raise
         return [{k: normalize(v) for k, v in r.asDict().items()} for r in rows]
     if isinstance(sink, TableSink):
-        from spark_jobs import pipeline
+        from spark_jobs import ingest, pipeline
 
-        frame = pipeline.output_frame(pipeline.prepared(spark, spec, layout), spec, output)
-        writer = pipeline.table_writer(frame, spec, output, layout)
+        frame = pipeline.output_frame(spark.createDataFrame([], ingest.accepted_ddl(spec)), spec, output)
+        columns = [(f.name, pipeline.spec_type(f.dataType)) for f in frame.schema.fields]
+        writer = pipeline.table_writer(columns, spec, output, layout, "reader")
         return [{k: normalize(v) for k, v in r.items()} for r in writer.read_all()]
     raise ValueError(f"output {output.name}: the {sink.type} sink cannot be read back")
 

@@ -26,19 +26,11 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
-    from pyspark.sql import SparkSession
+    from spark_jobs.session import build_session
 
-    from spark_jobs.session import SESSION_CONF
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("unit-tests")
-        .config(map=SESSION_CONF)
-        .config("spark.sql.shuffle.partitions", 2)
-        .config("spark.ui.enabled", False)
-        .config("spark.sql.streaming.stateStore.minDeltasForSnapshot", 2)
-        .getOrCreate()
-    )
+    session = build_session("unit-tests", master="local[2]", extra={
+        "spark.sql.shuffle.partitions": 2, "spark.ui.enabled": False,
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": 2})
     session.sparkContext.setLogLevel("ERROR")
     yield session
     for q in session.streams.active:

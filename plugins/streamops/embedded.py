@@ -331,14 +331,11 @@ class Platform:
     def summary(self) -> dict[str, Any]:
         """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
         restarts in this run and the units validated."""
-        from pyspark.sql import SparkSession
-
         from spark_jobs import verify
-        from spark_jobs.pipeline import SESSION_CONF
+        from spark_jobs.session import build_session
         from streamops.restarts import RestartBudget
 
-        spark = (SparkSession.builder.master("local[1]").appName("platform-summary").config(map=SESSION_CONF)
-                 .config("spark.ui.enabled", "false").getOrCreate())
+        spark = build_session("platform-summary", master="local[1]", extra={"spark.ui.enabled": "false"})
         spark.sparkContext.setLogLevel("ERROR")
         result: dict[str, Any] = {"started_at": self.started_at, "ended_at": time.time(), "streams": {}}
         try:

@@ -26,14 +26,16 @@ from typing import Any
 from spark_jobs.checkpoint import (
     QueryCheckpoint,
     batch_planned_by,
+    file_name,
     landed_files,
     landing_backlog,
     processed_files,
     read_query_checkpoint,
+    sink_files,
 )
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
-from spark_jobs.spec import FileSource, Layout, StreamSpec, duration_seconds
+from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, StreamSpec, duration_seconds
 
 
 class Status(StrEnum):
@@ -109,12 +111,18 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
     queries = {name: read_query_checkpoint(layout.checkpoint(name)) for name in spec.query_names()}
     backlog = (0, 0)
     trend: dict[str, tuple[int | None, int]] = {}
-    if isinstance(spec.source, FileSource):
+    ingestion = queries.get(INGEST_QUERY)
+    if isinstance(spec.source, FileSource) and ingestion is not None:
+        # the ingestion's backlog: landed files it has not taken
         landed = landed_files(layout.landing)
-        backlogs = {name: landing_backlog(landed, q.processed_files) for name, q in queries.items()}
-        backlog = max(backlogs.values()) if backlogs else (0, 0)
+        backlog = landing_backlog(landed, ingestion.processed_files)
+        trend[INGEST_QUERY] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
+    if ingestion is not None:
+        # an output's backlog: accepted files the ingestion committed and the output has not taken
+        accepted = {file_name(p) for p in sink_files(layout.accepted)}
         for name, q in queries.items():
-            trend[name] = (_backlog_at(landed, q, taken_at - lag_window), backlogs[name][0])
+            if name != INGEST_QUERY:
+                trend[name] = (None, len(accepted - {file_name(p) for p in q.processed_files}))
     holder = read_holder(layout.lease_dir)
     alive = holder_alive(layout.lease_dir)
     last_progress: dict[str, dict[str, Any]] = {}
@@ -177,11 +185,14 @@ def _waiting(snap: Snapshot) -> dict[str, QueryCheckpoint]:
 
 
 def _lagging(snap: Snapshot) -> str | None:
-    """Why the backlog of some query grows (more than one trigger takes waits, and more than
+    """Why the ingestion's backlog grows (more than one trigger takes waits, and more than
     one lag window ago), or None. Without the earlier figure (the checkpoint purged it),
-    a backlog above two triggers counts."""
+    a backlog above two triggers counts. Outputs take every accepted file at each trigger:
+    one that falls behind shows as stalled, not lagging."""
     mfpt = snap.max_files_per_trigger
     for name, (then, now) in sorted(snap.backlog_trend.items()):
+        if name != INGEST_QUERY:
+            continue
         if now <= mfpt:
             continue
         if then is not None and now > then:

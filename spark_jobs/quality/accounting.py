@@ -1,19 +1,25 @@
-"""Where every input row went: input = accepted + quarantined + duplicates + dropped late.
+"""Where every input row went, checked in one place.
 
-Per output query, from evidence that Spark itself wrote:
+The stream, from its ingestion (spark_jobs.ingest)::
 
-* ``input``, ``duplicates`` and ``dropped late``: the query's progress events
-  (``numInputRows``, the deduplication's dropped rows, ``numRowsDroppedByWatermark``),
-  for the batches its checkpoint has committed. Events are folded into running totals
-  kept in the quality ledger, so the check survives the rotation of the event log.
-* ``quarantined``: rows of the quarantine sink whose source file this query has taken
-  (the quarantine query reads the same files; its rows carry ``source_file``).
-* ``accepted``: read from the output's own sink, so rows lost from a sink show up:
-  the committed rows of a pass-through Parquet sink, or the sum of a plain ``count``
-  aggregate over a table without windows (every accepted row counted once).
+    input = accepted + quarantined + duplicates + dropped late + unmatched
 
-A windowed append output holds its open windows' rows in state, not in the sink, so
-its accepted rows cannot be read back; its balance is reported as not checkable.
+``input``, ``duplicates`` and rows dropped late by the deduplication come from the
+ingestion's progress events (``numInputRows``, the deduplication's dropped rows,
+``numRowsDroppedByWatermark``); its own ``ingested`` event of the same batch says how
+many of the rest it accepted, quarantined, dropped late (without deduplication) and
+left unmatched by an inner join. ``accepted`` and ``quarantined`` are then read back
+from the two tables the ingestion wrote, so rows lost from either show up. Events are
+folded into running totals kept in the quality ledger, so the check survives the
+rotation of the event log.
+
+Each output, from its own progress events and its sink::
+
+    rows read = rows in its sink + rows its own watermark dropped
+
+read back as the committed rows of a pass-through Parquet sink, or the sum of a plain
+``count`` over a table without windows. A windowed append output holds its open
+windows' rows in state, not in the sink, so its balance is reported as not checkable.
 
 Spark posts a batch's progress event after its commit, and the listener writes it a
 moment later, so a reader can see a commit whose event is not written yet. Such a
@@ -45,6 +51,9 @@ class Totals:
     duplicates: int = 0
     dropped_late: int = 0
     sink_rows: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    unmatched: int = 0
     missing_batches: list[int] = field(default_factory=list)
     waiting_for: int | None = None  # a committed batch whose progress event is not written yet
 
@@ -56,8 +65,10 @@ class Totals:
         return asdict(self)
 
 
-def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, last_committed: int | None) -> Totals:
-    """Add the progress events of batches committed since the last fold.
+def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, last_committed: int | None,
+         ingestion: bool = False) -> Totals:
+    """Add the progress events of batches committed since the last fold (for the
+    ingestion, with its ``ingested`` event of the same batch).
 
     A new query id (the checkpoint was reset) starts the totals again. Folding stops
     before a committed batch whose event is not written yet (no later batch has one);
@@ -68,9 +79,14 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
     if totals.query_id != query_id:
         totals = Totals(query_id=query_id)
     by_batch: dict[int, dict[str, Any]] = {}
+    ingested: dict[int, dict[str, Any]] = {}
     for e in events:
-        if e.get("event") == "progress" and e.get("id") == query_id and isinstance(e.get("batch_id"), int):
-            by_batch[e["batch_id"]] = e  # a batch replayed after a crash: its last run counts
+        if e.get("id") == query_id and isinstance(e.get("batch_id"), int):
+            # a batch replayed after a crash: its last run counts
+            if e.get("event") == "progress":
+                by_batch[e["batch_id"]] = e
+            elif e.get("event") == "ingested":
+                ingested[e["batch_id"]] = e
     newest_event = max(by_batch, default=-1)
     out = Totals(**{**totals.to_dict(), "missing_batches": list(totals.missing_batches), "waiting_for": None})
     for batch in range(totals.through_batch + 1, last_committed + 1):
@@ -79,21 +95,25 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
             out.waiting_for = batch
             return out
         out.through_batch = batch
-        if e is None:
+        i = ingested.get(batch)
+        if e is None or (ingestion and i is None):
             out.missing_batches.append(batch)
             continue
         out.input += int(e.get("input_rows") or 0)
         out.duplicates += int(e.get("dropped_duplicates") or 0)
         out.dropped_late += int(e.get("dropped_by_watermark") or 0)
         out.sink_rows += max(0, int(e.get("sink_rows") or 0))
+        if i is not None:
+            out.dropped_late += int(i.get("late") or 0)
+            out.accepted += int(i.get("accepted") or 0)
+            out.quarantined += int(i.get("quarantined") or 0)
+            out.unmatched += int(i.get("unmatched") or 0)
     return out
 
 
 def accepted_measure(spec: StreamSpec, output: Output) -> str | None:
     """How an output's accepted rows are read from its sink, or None if they cannot be."""
     q = output.query
-    if any(e.how == "inner" for e in spec.enrich):
-        return None  # rows without a reference match vanish uncounted
     if isinstance(q, Passthrough) and isinstance(output.sink, ParquetSink):
         return "rows"
     if isinstance(q, Aggregation) and q.window is None and isinstance(output.sink, TableSink):
@@ -114,12 +134,13 @@ class Balance:
     duplicates: int = 0
     dropped_late: int = 0
     batches: int = 0
+    unmatched: int = 0
 
     @property
     def difference(self) -> int | None:
         if self.accepted is None:
             return None
-        return self.input - (self.accepted + self.quarantined + self.duplicates + self.dropped_late)
+        return self.input - (self.accepted + self.quarantined + self.duplicates + self.dropped_late + self.unmatched)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference": self.difference}
@@ -128,45 +149,63 @@ class Balance:
         accepted = "?" if self.accepted is None else self.accepted
         return (f"{self.output}: {self.status}: {self.input} in = {accepted} accepted + {self.quarantined} quarantined "
                 f"+ {self.duplicates} duplicates + {self.dropped_late} dropped late"
+                + (f" + {self.unmatched} unmatched" if self.unmatched else "")
                 + (f" ({self.message})" if self.message else ""))
 
 
-def balance(output: str, totals: Totals, files: set[str], quarantine_files: set[str],
-            quarantined_by_file: dict[str, int], accepted: int | None, accepted_batch: int | None,
-            measure: str | None) -> Balance:
-    """The balance of one output query at its last committed batch.
+#: The name of the stream's own balance among the outputs' balances.
+INGESTION = "ingestion"
 
-    ``files``: names of the files the query has committed through the folded batches;
-    ``quarantine_files``: those the quarantine query has committed; ``accepted``: rows read from the sink, which holds the
-    output of batches up to ``accepted_batch``.
-    """
-    quarantined = sum(n for name, n in quarantined_by_file.items() if name in files)
-    b = Balance(output, BALANCED, "", totals.input, accepted, quarantined, totals.duplicates, totals.dropped_late,
-                totals.through_batch + 1)
-    if measure is None:
-        b.status, b.message, b.accepted = NOT_CHECKABLE, "its accepted rows are not readable from its sink", None
-        return b
+
+def _pending_or_incomplete(b: Balance, totals: Totals, sink_batches: dict[str, int | None]) -> Balance:
     if totals.waiting_for is not None:
         b.status, b.message = PENDING, f"the progress event of batch {totals.waiting_for} is not written yet"
         return b
-    if not files <= quarantine_files:
-        b.status = PENDING
-        b.message = f"the quarantine query has not yet taken {len(files - quarantine_files)} file(s) this query has"
-        return b
-    if accepted_batch is not None and accepted_batch != totals.through_batch:
-        b.status = PENDING
-        b.message = f"the sink holds batch {accepted_batch}, the checkpoint committed {totals.through_batch}"
-        return b
+    for sink, batch in sink_batches.items():
+        if batch is not None and batch != totals.through_batch:
+            b.status = PENDING
+            b.message = f"the {sink} holds batch {batch}, the checkpoint committed {totals.through_batch}"
+            return b
     if totals.missing_batches:
         shown = totals.missing_batches[:10]
         b.status = INCOMPLETE
         b.message = f"no progress event for batch(es) {shown}{'...' if len(totals.missing_batches) > 10 else ''}"
-        return b
-    if b.difference != 0:
+    return b
+
+
+def _settle(b: Balance, what: str) -> Balance:
+    if b.status == BALANCED and b.difference != 0:
         b.status = UNBALANCED
         b.message = (f"{abs(b.difference)} row(s) {'unaccounted for' if b.difference > 0 else 'more than the input'}"
-                     f": rows lost from or added to the sink, or quarantined twice")
+                     f": {what}")
     return b
+
+
+def ingestion_balance(totals: Totals, accepted: int, accepted_batch: int | None, quarantined: int,
+                      quarantine_batch: int | None) -> Balance:
+    """The stream's balance at the ingestion's last committed batch: its input against the
+    rows its two tables hold (each read back at ``*_batch``) and the rows it dropped."""
+    b = Balance(INGESTION, BALANCED, "", totals.input, accepted, quarantined, totals.duplicates, totals.dropped_late,
+                totals.through_batch + 1, totals.unmatched)
+    b = _pending_or_incomplete(b, totals, {"accepted-rows table": accepted_batch, "quarantine": quarantine_batch})
+    if b.status == BALANCED and (accepted, quarantined) != (totals.accepted, totals.quarantined):
+        b.status = UNBALANCED
+        b.message = (f"the tables hold {accepted} accepted and {quarantined} quarantined row(s), the ingestion "
+                     f"counted {totals.accepted} and {totals.quarantined}: rows lost from or added to a table")
+        return b
+    return _settle(b, "rows lost, or counted twice")
+
+
+def output_balance(output: str, totals: Totals, measured: int | None, measured_batch: int | None,
+                   measure: str | None) -> Balance:
+    """One output at its last committed batch: the accepted rows it read against its sink
+    (``measured``, holding batches up to ``measured_batch``) and what its watermark dropped."""
+    b = Balance(output, BALANCED, "", totals.input, measured, 0, 0, totals.dropped_late, totals.through_batch + 1)
+    if measure is None:
+        b.status, b.message, b.accepted = NOT_CHECKABLE, "its accepted rows are not readable from its sink", None
+        return b
+    b = _pending_or_incomplete(b, totals, {"sink": measured_batch})
+    return _settle(b, "rows lost from or added to the sink")
 
 
 @dataclass

@@ -30,15 +30,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import pipeline
-from spark_jobs.checkpoint import batch_watermark_ms, file_name, processed_files, read_query_checkpoint
+from spark_jobs import ingest, pipeline
+from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.spec import (
-    QUARANTINE_QUERY,
-    SOURCE_FILE_COLUMN,
+    INGEST_QUERY,
     Layout,
     Output,
     ParquetSink,
@@ -85,23 +84,12 @@ def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
         raise
 
 
-def sink_batch(path: str) -> int | None:
-    """The newest batch recorded in a file sink's ``_spark_metadata`` log."""
-    try:
-        names = [n.name.removesuffix(".compact") for n in Path(path, "_spark_metadata").iterdir()]
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    ids = [int(n) for n in names if n.isdigit()]
-    return max(ids) if ids else None
-
-
 def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> StructType:
     """The schema the output's query produces, from its plan over no rows."""
     from pyspark.sql import types as T
 
-    columns = pipeline.ddl(spec.source.columns, corrupt=True)
-    empty = spark.createDataFrame([], f"{columns}, `{SOURCE_FILE_COLUMN}` string")
-    frame = pipeline.output_frame(pipeline.prepared(spark, spec, layout, parsed=empty), spec, output)
+    empty = spark.createDataFrame([], ingest.accepted_ddl(spec))
+    frame = pipeline.output_frame(empty, spec, output)
     return T.StructType(frame.schema.fields)
 
 
@@ -381,12 +369,10 @@ class Validator:
         return report
 
     def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
-        from spark_jobs.tables import TableWriter
 
         columns = [(f.name, pipeline.spec_type(f.dataType)) for f in schema.fields]
-        return TableWriter(url=self.layout.table_url(output.sink), table=output.sink.table, columns=columns,
-                           key=self.spec.result_key(output), mode=output.mode,
-                           sink_id=f"{self.spec.name}.{output.name}@{query_id}")
+        return pipeline.table_writer(columns, self.spec, output, self.layout,
+                                     pipeline.table_sink_id(self.spec, output, query_id))
 
     # ---- backfilled ranges ------------------------------------------------------------------
 
@@ -415,37 +401,33 @@ class Validator:
     # ---- accounting ---------------------------------------------------------------------------
 
     def account(self) -> acc.StreamAccounting | None:
-        """input = accepted + quarantined + duplicates + dropped late, per output query."""
-        from pyspark.sql import functions as F
-
-        if self.spec.quarantine is None:
+        """The stream's balance from its ingestion, then each output's (see accounting)."""
+        if not self.spec.has_ingestion:
             return None
         events = list(read_events(self.layout.events_file))
         totals = self.ledger.data["totals"]
 
-        def committed(query: str) -> tuple[acc.Totals, set[str], Any]:
+        def committed(query: str) -> tuple[acc.Totals, Any]:
             ck = read_query_checkpoint(self.layout.checkpoint(query), with_files=False)
-            t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed)
+            t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed,
+                         ingestion=query == INGEST_QUERY)
             totals[query] = t.to_dict()
-            files = set()
-            if t.through_batch >= 0:
-                files = {file_name(p) for p in processed_files(ck.path, through_batch=t.through_batch)}
-            return t, files, ck
+            return t, ck
 
-        q_totals, q_files, _ = committed(QUARANTINE_QUERY)
-        quarantine = read_committed(self.spark, self.layout.data(self.spec.quarantine.path))
-        by_file: dict[str, int] = {}
-        if quarantine is not None:
-            for row in quarantine.groupBy("source_file").agg(F.count(F.lit(1)).alias("n")).collect():
-                name = file_name(row["source_file"] or "")
-                by_file[name] = by_file.get(name, 0) + row["n"]
-        balances = []
+        ingested, _ = committed(INGEST_QUERY)
+        accepted = read_committed(self.spark, self.layout.accepted)
+        quarantine_path = self.layout.data(self.spec.quarantine.path) if self.spec.quarantine else None
+        quarantine = read_committed(self.spark, quarantine_path) if quarantine_path else None
+        quarantined = 0 if quarantine is None else quarantine.count()
+        balances = [acc.ingestion_balance(
+            ingested, 0 if accepted is None else accepted.count(), sink_last_batch(self.layout.accepted),
+            quarantined, sink_last_batch(quarantine_path) if quarantine_path else ingested.through_batch)]
         for output in self.spec.outputs:
-            t, files, ck = committed(output.name)
+            t, ck = committed(output.name)
             measure = acc.accepted_measure(self.spec, output)
-            accepted, accepted_batch = self._accepted(output, measure, ck.query_id)
-            balances.append(acc.balance(output.name, t, files, q_files, by_file, accepted, accepted_batch, measure))
-        return acc.StreamAccounting(q_totals.input, sum(by_file.values()), self.rules.max_quarantine_rate, balances)
+            measured, measured_batch = self._accepted(output, measure, ck.query_id)
+            balances.append(acc.output_balance(output.name, t, measured, measured_batch, measure))
+        return acc.StreamAccounting(ingested.input, quarantined, self.rules.max_quarantine_rate, balances)
 
     def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
         if measure is None:
@@ -454,7 +436,7 @@ class Validator:
             assert isinstance(output.sink, ParquetSink)
             path = self.layout.data(output.sink.path)
             frame = read_committed(self.spark, path)
-            return (0 if frame is None else frame.count()), sink_batch(path)
+            return (0 if frame is None else frame.count()), sink_last_batch(path)
         column = measure.removeprefix("sum:")
         writer = self._table_writer(output, expected_schema(self.spark, self.spec, self.layout, output), query_id)
         for _ in range(5):

@@ -1,4 +1,4 @@
-"""The accounting of input rows: folding progress events, and each output's balance."""
+"""The accounting of input rows: folding progress events, the stream's balance, each output's."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from spark_jobs.quality.accounting import (
     StreamAccounting,
     Totals,
     accepted_measure,
-    balance,
     fold,
+    ingestion_balance,
+    output_balance,
 )
 from spark_jobs.spec import default_spec_dir, load_spec
 
@@ -20,6 +21,12 @@ from spark_jobs.spec import default_spec_dir, load_spec
 def progress(batch: int, rows: int, late: int = 0, dup: int = 0, sink: int = 0, query_id: str = "q1") -> dict:
     return {"event": "progress", "id": query_id, "batch_id": batch, "input_rows": rows,
             "dropped_by_watermark": late, "dropped_duplicates": dup, "sink_rows": sink}
+
+
+def ingested(batch: int, accepted: int, quarantined: int = 0, late: int = 0, unmatched: int = 0,
+             query_id: str = "q1") -> dict:
+    return {"event": "ingested", "id": query_id, "batch_id": batch, "accepted": accepted, "quarantined": quarantined,
+            "late": late, "unmatched": unmatched}
 
 
 def test_fold_adds_each_committed_batch_once_and_continues_where_it_stopped() -> None:
@@ -43,7 +50,17 @@ def test_fold_counts_a_replayed_batch_once_ignores_other_queries_and_resets_on_a
 def test_a_batch_without_its_progress_event_is_recorded_as_missing() -> None:
     totals = fold(Totals(), [progress(0, 10), progress(2, 4)], "q1", 2)
     assert totals.missing_batches == [1] and totals.input == 14
-    b = balance("readings", totals, {"a"}, {"a"}, {}, 14, 2, "rows")
+    b = output_balance("readings", totals, 14, 2, "rows")
+    assert b.status == INCOMPLETE and "batch(es) [1]" in b.message
+
+
+def test_the_ingestion_needs_both_events_of_a_batch() -> None:
+    # the ingested event is written inside the batch, the progress event after its commit
+    events = [progress(0, 10, dup=1), ingested(0, 7, 2), ingested(1, 5), progress(2, 3), ingested(2, 3)]
+    totals = fold(Totals(), events, "q1", 2, ingestion=True)
+    assert totals.missing_batches == [1]
+    assert (totals.input, totals.accepted, totals.quarantined, totals.duplicates) == (13, 10, 2, 1)
+    b = ingestion_balance(totals, 10, 2, 2, 2)
     assert b.status == INCOMPLETE and "batch(es) [1]" in b.message
 
 
@@ -51,31 +68,36 @@ def test_a_committed_batch_whose_event_is_not_written_yet_waits_for_the_next_fol
     # Spark commits a batch, then posts its progress event: a reader can come in between
     early = fold(Totals(), [progress(0, 10), progress(1, 5)], "q1", 2)
     assert (early.input, early.through_batch, early.waiting_for, early.missing_batches) == (15, 1, 2, [])
-    b = balance("readings", early, {"a"}, {"a"}, {}, 15, 2, "rows")
+    b = output_balance("readings", early, 15, 2, "rows")
     assert b.status == PENDING and "progress event of batch 2 is not written yet" in b.message
     later = fold(Totals.from_dict(early.to_dict()), [progress(0, 10), progress(1, 5), progress(2, 7)], "q1", 2)
     assert (later.input, later.through_batch, later.waiting_for, later.missing_batches) == (22, 2, None, [])
-    assert balance("readings", later, {"a"}, {"a"}, {}, 22, 2, "rows").status == BALANCED
+    assert output_balance("readings", later, 22, 2, "rows").status == BALANCED
 
 
-def test_balance_checks_input_against_sink_quarantine_duplicates_and_late_rows() -> None:
-    totals = fold(Totals(), [progress(0, 10, late=1, dup=1), progress(1, 10)], "q1", 1)
-    quarantined = {"part-1.json": 2, "part-9.json": 5}  # part-9 is not among this query's files
-    ok = balance("readings", totals, {"part-1.json", "part-2.json"}, {"part-1.json", "part-2.json", "part-9.json"},
-                 quarantined, 16, 1, "rows")
-    assert (ok.status, ok.quarantined, ok.difference) == (BALANCED, 2, 0)
-    lost = balance("readings", totals, {"part-1.json", "part-2.json"}, {"part-1.json", "part-2.json"},
-                   quarantined, 15, 1, "rows")
+def test_the_stream_balances_input_against_both_tables_duplicates_late_and_unmatched_rows() -> None:
+    events = [progress(0, 10, late=1, dup=1), ingested(0, 5, 2, unmatched=1), progress(1, 6), ingested(1, 4, 0, late=2)]
+    totals = fold(Totals(), events, "q1", 1, ingestion=True)
+    ok = ingestion_balance(totals, 9, 1, 2, 1)
+    assert (ok.status, ok.input, ok.accepted, ok.quarantined, ok.duplicates, ok.dropped_late, ok.unmatched,
+            ok.difference) == (BALANCED, 16, 9, 2, 1, 3, 1, 0)
+    assert "+ 1 unmatched" in ok.describe()
+    lost = ingestion_balance(totals, 8, 1, 2, 1)  # a row went missing from the accepted-rows table
+    assert lost.status == UNBALANCED and "the tables hold 8 accepted and 2 quarantined" in lost.message
+    behind = ingestion_balance(totals, 9, 2, 2, 1)
+    assert behind.status == PENDING and "accepted-rows table holds batch 2" in behind.message
+    counted_wrong = fold(Totals(), [progress(0, 10), ingested(0, 9)], "q1", 0, ingestion=True)
+    assert ingestion_balance(counted_wrong, 9, 0, 0, 0).status == UNBALANCED
+
+
+def test_an_output_balances_the_rows_it_read_against_its_sink_and_its_late_rows() -> None:
+    totals = fold(Totals(), [progress(0, 10, late=1), progress(1, 10)], "q1", 1)
+    assert output_balance("readings", totals, 19, 1, "rows").status == BALANCED
+    lost = output_balance("readings", totals, 18, 1, "rows")
     assert lost.status == UNBALANCED and lost.difference == 1 and "1 row(s) unaccounted for" in lost.message
-
-
-def test_balance_waits_when_the_evidence_is_not_at_the_same_point() -> None:
-    totals = fold(Totals(), [progress(0, 10)], "q1", 0)
-    behind = balance("readings", totals, {"a", "b"}, {"a"}, {}, 10, 0, "rows")
-    assert behind.status == PENDING and "quarantine query has not yet taken 1 file(s)" in behind.message
-    ahead = balance("readings", totals, {"a"}, {"a"}, {}, 12, 1, "rows")
-    assert ahead.status == PENDING and "sink holds batch 1" in ahead.message
-    windows = balance("site_temperature_10m", totals, {"a"}, {"a"}, {}, None, None, None)
+    ahead = output_balance("readings", totals, 22, 2, "rows")
+    assert ahead.status == PENDING and "sink holds batch 2" in ahead.message
+    windows = output_balance("site_temperature_10m", totals, None, None, None)
     assert windows.status == NOT_CHECKABLE and windows.difference is None
 
 
@@ -89,10 +111,10 @@ def test_which_outputs_have_readable_accepted_rows() -> None:
 
 
 def test_stream_accounting_fails_on_imbalance_and_on_a_high_quarantine_rate() -> None:
-    totals = fold(Totals(), [progress(0, 100)], "q1", 0)
-    good = balance("readings", totals, {"a"}, {"a"}, {"a": 4}, 96, 0, "rows")
+    totals = fold(Totals(), [progress(0, 100), ingested(0, 96, 4)], "q1", 0, ingestion=True)
+    good = ingestion_balance(totals, 96, 0, 4, 0)
     assert StreamAccounting(100, 4, 0.05, [good]).ok
     high = StreamAccounting(100, 6, 0.05, [good])
     assert high.problems == ["quarantine rate 6.00% (6 of 100 input rows) is above the threshold 5.00%"]
-    bad = balance("readings", totals, {"a"}, {"a"}, {"a": 4}, 90, 0, "rows")
+    bad = output_balance("readings", fold(Totals(), [progress(0, 96)], "q1", 0), 90, 0, "rows")
     assert StreamAccounting(100, 4, 0.05, [bad]).problems[0].startswith("accounting of readings: unbalanced")
