@@ -68,7 +68,7 @@ from spark_jobs.checkpoint import batch_ids, file_name, processed_files
 from spark_jobs.demo import spark_submit
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
-from spark_jobs.spec import Layout, StreamSpec, load_spec, project_root
+from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec, project_root
 from streamops.embedded import AirflowServices, wait_for, wait_until
 from streamops.health import Status, assess
 
@@ -210,7 +210,7 @@ class Stream:
         self.spec_path, self.data_root = spec_path, data_root
         self.spec: StreamSpec = load_spec(spec_path)
         self.layout = Layout(self.spec, data_root, spec_path.parent)
-        self.readings = Path(self.layout.checkpoint("readings"))
+        self.readings = Path(self.layout.checkpoint(INGEST_QUERY))
         self.seed = 1000
 
     def landing_files(self) -> set[str]:

@@ -25,7 +25,7 @@ from airflow_harness import (  # tests/e2e/ is on sys.path (rootdir imports)
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import read_holder
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +46,7 @@ def test_supervised_stream_survives_a_killed_driver_and_stops_on_request(tmp_pat
     data_root = tmp_path / "data"
     spec = load_spec(SPEC)
     layout = Layout(spec, data_root, default_spec_dir())
-    readings = layout.checkpoint("readings")
+    readings = layout.checkpoint(INGEST_QUERY)
     assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "5"]) == 0
 

@@ -21,7 +21,7 @@ import pytest
 
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import batch_ids, last_batch
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +86,7 @@ def stream(tmp_path: Path):
 
 def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
     spec, layout, data_root, logs, drivers = stream
-    readings = layout.checkpoint("readings")
+    readings = layout.checkpoint(INGEST_QUERY)
 
     def start(*extra: str) -> Driver:
         drivers.append(Driver(data_root, logs, *extra))

@@ -38,7 +38,7 @@ from airflow_harness import Airflow, DriverWatcher, deploy, stream_drivers, wait
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import batch_ids
 from spark_jobs.lease import read_holder
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +72,7 @@ class Stream:
         self.spec = load_spec(self.spec_path)
         self.layout = Layout(self.spec, data_root, spec_dir)
         self.data_root = data_root
-        self.readings = Path(self.layout.checkpoint("readings"))
+        self.readings = Path(self.layout.checkpoint(INGEST_QUERY))
         self.seed = SEED
 
     def feed(self, files: int) -> None:

@@ -17,7 +17,7 @@ from airflow_harness import BIN, Airflow, DriverWatcher, deploy, free_port, stre
 
 from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -88,7 +88,7 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     data_root = tmp_path / "data"
     spec = load_spec(SPEC)
     layout = Layout(spec, data_root, default_spec_dir())
-    readings = layout.checkpoint("readings")
+    readings = layout.checkpoint(INGEST_QUERY)
     assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "9"]) == 0
 

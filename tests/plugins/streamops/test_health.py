@@ -127,21 +127,21 @@ def test_a_backlog_that_grew_over_the_lag_window_is_lagging(stream, driver) -> N
     (None, 5, Status.LAGGING), (None, 4, Status.HEALTHY),  # earlier figure purged: above two triggers counts
 ])
 def test_lagging_means_a_backlog_above_one_trigger_that_grew(then: int | None, now: int, status: Status) -> None:
-    readings = QueryCheckpoint("ckpt/readings", exists=True, last_planned=7, last_committed=7, last_commit_time=998.0)
+    ingestion = QueryCheckpoint("ckpt/_ingest", exists=True, last_planned=7, last_committed=7, last_commit_time=998.0)
     snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
-                    driver_started_at=990.0, queries={"readings": readings}, backlog_files=now, backlog_bytes=now,
-                    max_files_per_trigger=2, backlog_trend={"readings": (then, now)})
+                    driver_started_at=990.0, queries={"_ingest": ingestion}, backlog_files=now, backlog_bytes=now,
+                    max_files_per_trigger=2, backlog_trend={"_ingest": (then, now)})
     assert classify(snap, stall_window_seconds=180)[0] == status
 
 
 def test_a_query_that_has_taken_all_its_input_is_not_stalled() -> None:
-    # the quarantine query took every file long ago; readings, with input waiting, commits
-    quarantine = QueryCheckpoint("q", exists=True, last_planned=3, last_committed=3, last_commit_time=100.0)
+    # an output took every accepted file long ago; readings, with accepted files waiting, commits
+    totals = QueryCheckpoint("q", exists=True, last_planned=3, last_committed=3, last_commit_time=100.0)
     readings = QueryCheckpoint("r", exists=True, last_planned=9, last_committed=9, last_commit_time=995.0)
     snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
-                    driver_started_at=50.0, queries={"_quarantine": quarantine, "readings": readings},
+                    driver_started_at=50.0, queries={"totals": totals, "readings": readings},
                     backlog_files=2, backlog_bytes=2, max_files_per_trigger=2,
-                    backlog_trend={"_quarantine": (0, 0), "readings": (2, 2)})
+                    backlog_trend={"totals": (None, 0), "readings": (None, 2)})
     assert classify(snap, stall_window_seconds=30)[0] == Status.HEALTHY
     readings.last_commit_time = 900.0  # now readings, with input waiting, has been quiet for 100 s
     status, reason = classify(snap, stall_window_seconds=30)
@@ -163,7 +163,7 @@ def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:
 
 def test_torn_offsets_file_is_corrupt(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("readings"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
     newest.write_text(newest.read_text()[:12])
     health = assess(spec, layout)
@@ -173,7 +173,7 @@ def test_torn_offsets_file_is_corrupt(stream) -> None:
 
 def test_commit_missing_in_the_middle_is_noted_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("site_temperature_10m"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     last = last_batch(ckpt, "commits")
     assert last >= 2
     (ckpt / "commits" / str(last - 1)).unlink()
@@ -184,7 +184,7 @@ def test_commit_missing_in_the_middle_is_noted_not_corruption(stream) -> None:
 
 def test_offsets_lost_behind_a_commit_is_corrupt(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("readings"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     last = last_batch(ckpt, "offsets")
     (ckpt / "offsets" / str(last)).unlink()
     health = assess(spec, layout)
@@ -194,18 +194,18 @@ def test_offsets_lost_behind_a_commit_is_corrupt(stream) -> None:
 
 def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("readings"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     last = last_batch(ckpt, "commits")
     (ckpt / "commits" / str(last)).unlink()
     (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
     health = assess(spec, layout)
     assert health.status == Status.DEAD  # restartable: Spark replays the batch
-    assert health.last_committed["readings"] == last - 1
+    assert health.last_committed["_ingest"] == last - 1
 
 
 def test_lost_newest_commit_behind_a_planned_batch_is_replayed_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("readings"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     last = last_batch(ckpt, "commits")
     offsets = ckpt / "offsets"
     (offsets / str(last + 1)).write_text((offsets / str(last)).read_text())  # batch last+1 planned (a crash mid-batch)
@@ -217,7 +217,7 @@ def test_lost_newest_commit_behind_a_planned_batch_is_replayed_not_corruption(st
 
 def test_leftover_temp_file_is_harmless_and_noted(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("readings"))
+    ckpt = Path(layout.checkpoint("_ingest"))
     (ckpt / "offsets" / f".{last_batch(ckpt, 'offsets') + 1}.0a1b2c3d.tmp").write_text("v1\n{\"batchWat")
     health = assess(spec, layout)
     assert health.status == Status.DEAD
