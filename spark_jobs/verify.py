@@ -1,20 +1,26 @@
 """Compare what a stream's sinks hold with the ground truth the generator wrote.
 
-Parquet sinks are read through ``spark.read`` of the sink root, which honours the file
-sink's ``_spark_metadata`` log: only committed files count, never orphans of a crash.
-Table sinks are read from the database. Every output is compared by its result key:
-rows missing, rows that should not be there, rows present more than once, and rows whose
-values differ (floats within a tolerance; approximate aggregates within 15%, three times the standard error of Spark's
-HyperLogLog++ at its default precision).
+Parquet sinks (and the quarantine) are read through ``spark.read`` of the sink root,
+which honours the file sink's ``_spark_metadata`` log: only committed files count, never
+orphans of a crash. Table sinks are read straight from the database with the standard
+drivers (``sqlite3``, ``psycopg``), ``SELECT *`` of the sink's table, not through the
+writer that filled them. Every output is compared by its result key: rows missing, rows
+that should not be there, rows present more than once, and rows whose values differ
+(floats within a tolerance; approximate aggregates within 15%, three times the standard
+error of Spark's HyperLogLog++ at its default precision).
 """
 
 from __future__ import annotations
 
 import math
+import sqlite3
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from spark_jobs.spec import Layout, Output, ParquetSink, StreamSpec, TableSink
 
@@ -22,34 +28,104 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 EXAMPLES = 5
+SQLITE_BUSY_TIMEOUT_SECONDS = 60.0
+PG_CONNECT_TIMEOUT_SECONDS = 15
 
 
 def normalize(value: Any) -> Any:
     """Sink values in the manifest's representation (ISO-8601 UTC with milliseconds)."""
     if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
         return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
     if isinstance(value, date):
         return value.isoformat()
     return value
 
 
+# ---- reading sinks -----------------------------------------------------------------------------------
+
+
+def _read_parquet(spark: SparkSession, path: str, columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Committed rows of a file sink; an absent sink is an empty one."""
+    try:
+        frame = spark.read.parquet(path)
+        rows = (frame.select(*columns) if columns else frame).collect()
+    except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
+        if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+            return []
+        raise
+    return [r.asDict() for r in rows]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sqlite_value(value: Any, declared: str) -> Any:
+    """A value as the table sink stores it in SQLite -> the Python value it stands for.
+
+    Timestamps are ISO text ``'YYYY-MM-DD HH:MM:SS.ffffff'`` (UTC), dates ISO text and
+    booleans 0/1, under the declared types TIMESTAMP, DATE and BOOLEAN.
+    """
+    if value is None:
+        return None
+    if declared == "TIMESTAMP" and isinstance(value, str):
+        return datetime.fromisoformat(value)
+    if declared == "DATE" and isinstance(value, str):
+        return date.fromisoformat(value)
+    if declared == "BOOLEAN" and isinstance(value, int):
+        return bool(value)
+    return value
+
+
+def _read_sqlite(path: str, table: str) -> list[dict[str, Any]]:
+    if not Path(path).exists():
+        return []
+    conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
+    with closing(conn):
+        info = conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+        if not info:
+            return []
+        declared = {name: str(type_).upper() for _, name, type_, *_ in info}
+        cursor = conn.execute(f"SELECT * FROM {_quote(table)}")
+        names = [d[0] for d in cursor.description]
+        return [{n: _sqlite_value(v, declared[n]) for n, v in zip(names, row, strict=True)} for row in cursor]
+
+
+def _read_postgres(url: str, table: str) -> list[dict[str, Any]]:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    extra = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS}
+    with psycopg.connect(url, autocommit=True, **extra) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (_quote(table),)).fetchone()[0] is None:
+            return []
+        cursor = conn.execute(f"SELECT * FROM {_quote(table)}")  # timestamptz: aware datetimes
+        names = [d.name for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+
+
+def read_table(url: str, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` in the database at ``url`` (``sqlite:///`` or ``postgresql://``),
+    values normalized; a missing database or table is an empty sink."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "sqlite" and url.startswith("sqlite:///"):
+        rows = _read_sqlite(url[len("sqlite:///"):].split("?", 1)[0], table)
+    elif scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        rows = _read_postgres("postgresql://" + url.split("://", 1)[1], table)
+    else:
+        raise ValueError(f"table {table!r}: cannot read a {scheme or 'schemeless'} database URL;"
+                         " use sqlite:////abs/path.db or postgresql://...")
+    return [{k: normalize(v) for k, v in r.items()} for r in rows]
+
+
 def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> list[dict[str, Any]]:
     sink = output.sink
     if isinstance(sink, ParquetSink):
-        path = layout.data(sink.path)
-        try:
-            rows = spark.read.parquet(path).collect()
-        except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
-            if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
-                return []
-            raise
-        return [{k: normalize(v) for k, v in r.asDict().items()} for r in rows]
+        return [{k: normalize(v) for k, v in r.items()} for r in _read_parquet(spark, layout.data(sink.path))]
     if isinstance(sink, TableSink):
-        from spark_jobs import pipeline
-
-        frame = pipeline.output_frame(pipeline.prepared(spark, spec, layout), spec, output)
-        writer = pipeline.table_writer(frame, spec, output, layout)
-        return [{k: normalize(v) for k, v in r.items()} for r in writer.read_all()]
+        return read_table(layout.table_url(sink), sink.table)
     raise ValueError(f"output {output.name}: the {sink.type} sink cannot be read back")
 
 
@@ -62,6 +138,9 @@ def count_quarantined(spark: SparkSession, spec: StreamSpec, layout: Layout) -> 
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
             return 0
         raise
+
+
+# ---- comparing outputs ------------------------------------------------------------------------------
 
 
 def _close(a: Any, b: Any, approximate: bool) -> bool:
@@ -121,6 +200,9 @@ def compare_rows(name: str, expected: dict[str, Any], actual: list[dict[str, Any
         if diff:
             report.different.append((key_, {c: v[0] for c, v in diff.items()}, {c: v[1] for c, v in diff.items()}))
     return report
+
+
+# ---- a whole stream ---------------------------------------------------------------------------------
 
 
 @dataclass
