@@ -13,6 +13,8 @@ every file has been processed:
 ``counts`` accounts for every record: ``input_records = accepted + quarantined +
 duplicates + dropped_late + unjoined`` (``unjoined``: dropped by an inner join, so 0
 for left joins). Late events are dropped by the deduplication's watermark filter.
+``quarantine`` lists every quarantined record (file number and name, line, reason and
+text) so that the quarantine can be compared by content, not only by count.
 
 Spark's watermark depends on how files are grouped into micro-batches. That grouping is
 not known here, so only the bounds that hold for every grouping are used. With ``M``
@@ -329,18 +331,21 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
 
     # parse and quarantine
     valid: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
+    quarantine: list[dict[str, Any]] = []
+    csv_like = isinstance(spec.source, FileSource) and spec.source.format == "csv"
     for rec in records:
         if rec.get("kind") == MALFORMED or "event" not in rec:
-            counts["quarantined"] += 1
+            quarantine.append(_quarantined(rec, rec.get("reason"), input_types, csv_like))
             continue
         event = {name: convert(rec["event"].get(name), t) for name, t in input_types.items()}
         if any(event[c] is None for c in required):
-            counts["quarantined"] += 1
+            quarantine.append(_quarantined(rec, "missing_required", input_types, csv_like))
             continue
         if _too_far_ahead(rec, event, event_col, future_limit):
-            counts["quarantined"] += 1
+            quarantine.append(_quarantined(rec, FUTURE, input_types, csv_like))
             continue
         valid.append((rec, event))
+    counts["quarantined"] = len(quarantine)
 
     # watermark and deduplication, then the joins
     history = FileHistory(_file_max(valid, event_col), {r.get("file", 0) for r in records})
@@ -395,7 +400,25 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         },
         "counts": counts,
         "outputs": outputs,
+        "quarantine": quarantine,
     }
+
+
+def _quarantined(record: Mapping[str, Any], reason: str | None, input_types: Mapping[str, str],
+                 csv_like: bool) -> dict[str, Any]:
+    """What the quarantine holds for a record: its file, its text and why.
+
+    ``raw`` is the record's text as written (the ledger's ``raw``); a record written from
+    its event alone (one too far in the future) gets the event's non-null input columns
+    as a JSON object, the form in which the quarantine keeps a record it could parse.
+    """
+    raw = record.get("raw")
+    if raw is None and isinstance(record.get("event"), Mapping):
+        event = record["event"]
+        raw = json.dumps({c: event[c] for c in input_types
+                          if event.get(c) is not None and not (csv_like and event[c] == "")})
+    return {"file": record.get("file"), "name": record.get("name"), "line": record.get("line"),
+            "reason": reason, "raw": raw}
 
 
 def _too_far_ahead(record: Mapping[str, Any], event: Mapping[str, Any], event_col: str | None,

@@ -41,6 +41,29 @@ EVENT_DATE_COLUMN = "event_date"
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: The query that parses a stream's input and commits its accepted rows (spark_jobs.ingest).
 INGEST_QUERY = "_ingest"
+#: The columns the platform adds to a stream's rows and results, and what they hold. A
+#: declared one would be overwritten by the platform's (event_date) or make a result
+#: column ambiguous (window bounds), so a spec may not declare them.
+RESERVED_COLUMNS = {
+    EVENT_DATE_COLUMN: "it is the date of the event time, which the platform adds to every row of a stream with event_time",
+    WINDOW_START: "it is the start of the window, which the platform adds to windowed results",
+    WINDOW_END: "it is the end of the window, which the platform adds to windowed results",
+}
+#: Every name starting with this is reserved as well: the platform's internal columns
+#: (_corrupt_record, _source_file, ...) and Spark's own (_metadata) all start with it.
+RESERVED_PREFIX = "_"
+
+
+def reserved(name: str) -> str | None:
+    """Why the platform reserves a column name, or None if a spec may declare it.
+
+    Compared without case: Spark resolves column names case-insensitively, so
+    ``Event_Date`` would collide with the platform's ``event_date``.
+    """
+    if name.startswith(RESERVED_PREFIX):
+        return (f"names starting with {RESERVED_PREFIX!r} are for the platform's internal columns "
+                f"(such as {CORRUPT_RECORD_COLUMN!r} and {SOURCE_FILE_COLUMN!r})")
+    return RESERVED_COLUMNS.get(name.lower())
 
 
 class SpecError(ValueError):
@@ -105,8 +128,9 @@ class Column(Strict):
     def _name(cls, v: str) -> str:
         if not COLUMN_PATTERN.match(v):
             raise ValueError(f"{v!r} is not a plain column name (letters, digits, '_')")
-        if v in (CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN):
-            raise ValueError(f"{v!r} is reserved by the platform")
+        why = reserved(v)
+        if why:
+            raise ValueError(f"{v!r} is reserved by the platform: {why}")
         return v
 
 

@@ -1,57 +1,152 @@
 """Compare what a stream's sinks hold with the ground truth the generator wrote.
 
-Parquet sinks are read through ``spark.read`` of the sink root, which honours the file
-sink's ``_spark_metadata`` log: only committed files count, never orphans of a crash.
-Table sinks are read from the database. Every output is compared by its result key:
-rows missing, rows that should not be there, rows present more than once, and rows whose
-values differ (floats within a tolerance; approximate aggregates within 15%, three times the standard error of Spark's
-HyperLogLog++ at its default precision).
+Parquet sinks (and the quarantine) are read through ``spark.read`` of the sink root,
+which honours the file sink's ``_spark_metadata`` log: only committed files count, never
+orphans of a crash. Table sinks are read straight from the database with the standard
+drivers (``sqlite3``, ``psycopg``), ``SELECT *`` of the sink's table, not through the
+writer that filled them. Every output is compared by its result key: rows missing, rows
+that should not be there, rows present more than once, and rows whose values differ
+(floats within a tolerance; approximate aggregates within 15%, three times the standard
+error of Spark's HyperLogLog++ at its default precision).
+
+The quarantine is compared by content with the manifest's ``quarantine`` list, as a
+multiset of (file name, record text): records missing, unexpected or present more
+often than written, and records quarantined for another reason than the ground truth's.
+Two forms of a record's text count as the same (see :func:`record_key`): invalid UTF-8
+(the ledger writes ``\\xff``, Spark replaces it with U+FFFD), and a record Spark could
+parse but rejected, which it keeps as its parsed values in JSON rather than as written.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import sqlite3
 from collections import Counter
+from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlsplit
 
+from spark_jobs.groundtruth import convert
 from spark_jobs.spec import Layout, Output, ParquetSink, StreamSpec, TableSink
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 EXAMPLES = 5
+SQLITE_BUSY_TIMEOUT_SECONDS = 60.0
+PG_CONNECT_TIMEOUT_SECONDS = 15
+#: Quarantine columns compared (``quarantined_at`` is when, not what).
+QUARANTINE_COLUMNS = ("raw", "reason", "source_file")
 
 
 def normalize(value: Any) -> Any:
     """Sink values in the manifest's representation (ISO-8601 UTC with milliseconds)."""
     if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
         return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
     if isinstance(value, date):
         return value.isoformat()
     return value
 
 
+# ---- reading sinks -----------------------------------------------------------------------------------
+
+
+def _read_parquet(spark: SparkSession, path: str, columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Committed rows of a file sink; an absent sink is an empty one."""
+    try:
+        frame = spark.read.parquet(path)
+        rows = (frame.select(*columns) if columns else frame).collect()
+    except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
+        if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
+            return []
+        raise
+    return [r.asDict() for r in rows]
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sqlite_value(value: Any, declared: str) -> Any:
+    """A value as the table sink stores it in SQLite -> the Python value it stands for.
+
+    Timestamps are ISO text ``'YYYY-MM-DD HH:MM:SS.ffffff'`` (UTC), dates ISO text and
+    booleans 0/1, under the declared types TIMESTAMP, DATE and BOOLEAN.
+    """
+    if value is None:
+        return None
+    if declared == "TIMESTAMP" and isinstance(value, str):
+        return datetime.fromisoformat(value)
+    if declared == "DATE" and isinstance(value, str):
+        return date.fromisoformat(value)
+    if declared == "BOOLEAN" and isinstance(value, int):
+        return bool(value)
+    return value
+
+
+def _read_sqlite(path: str, table: str) -> list[dict[str, Any]]:
+    if not Path(path).exists():
+        return []
+    conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
+    with closing(conn):
+        info = conn.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+        if not info:
+            return []
+        declared = {name: str(type_).upper() for _, name, type_, *_ in info}
+        cursor = conn.execute(f"SELECT * FROM {_quote(table)}")
+        names = [d[0] for d in cursor.description]
+        return [{n: _sqlite_value(v, declared[n]) for n, v in zip(names, row, strict=True)} for row in cursor]
+
+
+def _read_postgres(url: str, table: str) -> list[dict[str, Any]]:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    extra = {} if "connect_timeout" in conninfo_to_dict(url) else {"connect_timeout": PG_CONNECT_TIMEOUT_SECONDS}
+    with psycopg.connect(url, autocommit=True, **extra) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (_quote(table),)).fetchone()[0] is None:
+            return []
+        cursor = conn.execute(f"SELECT * FROM {_quote(table)}")  # timestamptz: aware datetimes
+        names = [d.name for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+
+
+def read_table(url: str, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` in the database at ``url`` (``sqlite:///`` or ``postgresql://``),
+    values normalized; a missing database or table is an empty sink."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "sqlite" and url.startswith("sqlite:///"):
+        rows = _read_sqlite(url[len("sqlite:///"):].split("?", 1)[0], table)
+    elif scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        rows = _read_postgres("postgresql://" + url.split("://", 1)[1], table)
+    else:
+        raise ValueError(f"table {table!r}: cannot read a {scheme or 'schemeless'} database URL;"
+                         " use sqlite:////abs/path.db or postgresql://...")
+    return [{k: normalize(v) for k, v in r.items()} for r in rows]
+
+
 def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> list[dict[str, Any]]:
     sink = output.sink
     if isinstance(sink, ParquetSink):
-        path = layout.data(sink.path)
-        try:
-            rows = spark.read.parquet(path).collect()
-        except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
-            if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
-                return []
-            raise
-        return [{k: normalize(v) for k, v in r.asDict().items()} for r in rows]
+        return [{k: normalize(v) for k, v in r.items()} for r in _read_parquet(spark, layout.data(sink.path))]
     if isinstance(sink, TableSink):
-        from spark_jobs import ingest, pipeline
-
-        frame = pipeline.output_frame(spark.createDataFrame([], ingest.accepted_ddl(spec)), spec, output)
-        columns = [(f.name, pipeline.spec_type(f.dataType)) for f in frame.schema.fields]
-        writer = pipeline.table_writer(columns, spec, output, layout, "reader")
-        return [{k: normalize(v) for k, v in r.items()} for r in writer.read_all()]
+        return read_table(layout.table_url(sink), sink.table)
     raise ValueError(f"output {output.name}: the {sink.type} sink cannot be read back")
+
+
+def read_quarantine(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
+    """The quarantine's rows (raw, reason, source_file); none without a quarantine."""
+    if spec.quarantine is None:
+        return []
+    return _read_parquet(spark, layout.data(spec.quarantine.path), QUARANTINE_COLUMNS)
 
 
 def count_quarantined(spark: SparkSession, spec: StreamSpec, layout: Layout) -> int:
@@ -59,10 +154,13 @@ def count_quarantined(spark: SparkSession, spec: StreamSpec, layout: Layout) -> 
         return 0
     try:
         return spark.read.parquet(layout.data(spec.quarantine.path)).count()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
             return 0
         raise
+
+
+# ---- comparing outputs ------------------------------------------------------------------------------
 
 
 def _close(a: Any, b: Any, approximate: bool) -> bool:
@@ -124,30 +222,165 @@ def compare_rows(name: str, expected: dict[str, Any], actual: list[dict[str, Any
     return report
 
 
+# ---- comparing the quarantine -----------------------------------------------------------------------
+
+#: The quarantine's reason text (spark_jobs.pipeline) -> the generator's reason kind.
+REASON_KINDS = (
+    ("not valid UTF-8", "invalid_utf8"),
+    ("not a JSON object", "truncated"),
+    ("does not match the column type", "wrong_type"),
+    ("fewer fields than", "too_few_fields"),
+    ("more fields than", "too_many_fields"),
+    ("missing required field", "missing_required"),
+    ("event time too far in the future", "future"),
+)
+_KNOWN_KINDS = {kind for _, kind in REASON_KINDS}
+# runs of bytes that were not UTF-8: escaped by the ledger (\xff), replaced by Spark (U+FFFD)
+_NOT_UTF8 = re.compile(r"(?:\\x[89a-fA-F][0-9a-fA-F]|\ufffd)+")
+
+
+def reason_kind(reason: str | None) -> str | None:
+    """The kind of a quarantine reason text (``wrong_type``, ``future``, ...), None if unknown."""
+    for text, kind in REASON_KINDS:
+        if reason and text in reason:
+            return kind
+    return None
+
+
+def file_name(source_file: str | None) -> str | None:
+    """``file:///data/landing/part-000004.json`` -> ``part-000004.json``."""
+    if source_file is None:
+        return None
+    return unquote(urlsplit(source_file).path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def record_key(raw: str | None, columns: Mapping[str, str]) -> str | None:
+    """A quarantined record's text in a form both sides share.
+
+    Runs of invalid UTF-8 become one U+FFFD. A JSON object whose keys are input columns
+    and whose values have the columns' types (what Spark keeps of a record it parsed:
+    ``to_json`` of the values, nulls left out) becomes its non-null typed values; any
+    other text stays as it is.
+    """
+    if raw is None:
+        return None
+    text = _NOT_UTF8.sub("\ufffd", raw)
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(obj, dict) or not set(obj) <= set(columns):
+        return text
+    try:
+        values = {c: convert(v, columns[c]) for c, v in obj.items()}
+    except (TypeError, ValueError):
+        return text
+    return json.dumps({c: v for c, v in values.items() if v is not None}, sort_keys=True)
+
+
+@dataclass
+class QuarantineReport:
+    """The quarantine against the ground truth; records are named ``(file name, raw)``."""
+
+    expected: int
+    actual: int
+    missing: list[tuple[str | None, str | None]] = field(default_factory=list)
+    unexpected: list[tuple[str | None, str | None]] = field(default_factory=list)
+    duplicated: list[tuple[str | None, str | None]] = field(default_factory=list)
+    #: (record, reason kinds found, reason kinds expected)
+    different: list[tuple[tuple[str | None, str | None], list, list]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.duplicated or self.different)
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"quarantine: {self.actual} records, equal to the ground truth"
+        parts = [f"quarantine: {self.actual} records, expected {self.expected}"]
+        for label, items in (("missing", self.missing), ("unexpected", self.unexpected),
+                             ("duplicated", self.duplicated), ("with another reason", self.different)):
+            if items:
+                parts.append(f"{len(items)} {label}, e.g. {items[:EXAMPLES]}")
+        return "; ".join(parts)
+
+
+def compare_quarantine(expected: list[dict[str, Any]], actual: list[dict[str, Any]],
+                       columns: Mapping[str, str]) -> QuarantineReport:
+    """The quarantine's rows (raw, reason, source_file) against the manifest's ``quarantine``
+    entries (name, raw, reason), as multisets of (file name, record).
+
+    A record is missing if the quarantine holds it fewer times than the ground truth,
+    duplicated if more often, unexpected if the ground truth has no such record, and
+    different if its reason is of another kind than the ground truth's. File names are
+    compared only if the manifest names every record's file.
+    """
+    by_name = all(e.get("name") is not None for e in expected)
+    shown: dict[tuple, tuple[str | None, str | None]] = {}
+
+    def key(name: str | None, raw: str | None) -> tuple:
+        k = (name if by_name else None, record_key(raw, columns))
+        shown.setdefault(k, (name, raw))
+        return k
+
+    want: dict[tuple, list[str | None]] = {}
+    for e in expected:
+        want.setdefault(key(e.get("name"), e.get("raw")), []).append(e.get("reason"))
+    got: dict[tuple, list[str | None]] = {}
+    for r in actual:
+        got.setdefault(key(file_name(r.get("source_file")), r.get("raw")), []).append(reason_kind(r.get("reason")))
+
+    report = QuarantineReport(expected=len(expected), actual=len(actual))
+    for k in sorted(want.keys() | got.keys(), key=repr):
+        w, g = want.get(k, []), got.get(k, [])
+        if len(g) < len(w):
+            report.missing.extend([shown[k]] * (len(w) - len(g)))
+        elif len(g) > len(w):
+            (report.duplicated if w else report.unexpected).extend([shown[k]] * (len(g) - len(w)))
+        # reasons are compared where the ground truth knows every one (a hand-written ledger may not)
+        if w and g and all(r in _KNOWN_KINDS for r in w) and set(g) != set(w):
+            report.different.append((shown[k], sorted(g, key=str), sorted(w)))
+    return report
+
+
+# ---- a whole stream ---------------------------------------------------------------------------------
+
+
 @dataclass
 class StreamReport:
     stream: str
     outputs: list[OutputReport]
     quarantined: int
     expected_quarantined: int
+    #: None if the stream has no quarantine or the manifest lists no quarantined records
+    quarantine: QuarantineReport | None = None
 
     @property
     def ok(self) -> bool:
-        return all(o.ok for o in self.outputs) and self.quarantined == self.expected_quarantined
+        return (all(o.ok for o in self.outputs) and self.quarantined == self.expected_quarantined
+                and (self.quarantine is None or self.quarantine.ok))
 
     def describe(self) -> str:
         lines = [o.describe() for o in self.outputs]
-        mark = "equal to" if self.quarantined == self.expected_quarantined else "DIFFERENT from"
-        lines.append(f"quarantine: {self.quarantined} records, {mark} the {self.expected_quarantined} expected")
+        if self.quarantine is not None:
+            lines.append(self.quarantine.describe())
+        else:
+            mark = "equal to" if self.quarantined == self.expected_quarantined else "DIFFERENT from"
+            lines.append(f"quarantine: {self.quarantined} records, {mark} the {self.expected_quarantined} expected"
+                         " (compared by count only)")
         return "\n".join(lines)
 
 
 def compare(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dict[str, Any]) -> StreamReport:
-    """Every sink of the stream against the manifest's expected outputs."""
+    """Every sink of the stream against the manifest's expected outputs, and the quarantine
+    against its expected records."""
     reports = []
     for output in spec.outputs:
         if isinstance(output.sink, ParquetSink | TableSink):
             reports.append(compare_rows(output.name, manifest["outputs"][output.name],
                                         read_output(spark, spec, layout, output)))
-    return StreamReport(spec.name, reports, count_quarantined(spark, spec, layout),
-                        manifest["counts"]["quarantined"])
+    rows = read_quarantine(spark, spec, layout)
+    quarantine = None
+    if spec.quarantine is not None and manifest.get("quarantine") is not None:
+        quarantine = compare_quarantine(manifest["quarantine"], rows, spec.input_columns())
+    return StreamReport(spec.name, reports, len(rows), manifest["counts"]["quarantined"], quarantine)

@@ -1,4 +1,11 @@
-"""Shared fixtures: one SparkSession for every unit test (JVM start costs ~10 s)."""
+"""Shared fixtures: one SparkSession for every unit test (JVM start costs ~10 s).
+
+And how skips are reported: at the end of a run every skipped test is listed with its
+reason, and a test skipped for a missing system package (PostgreSQL server binaries,
+Chromium; `./platform test` installs them when run as root) fails the run unless
+``STREAMS_ALLOW_SKIPS=1``: a suite that quietly left out its PostgreSQL and browser
+tests would look as green as one that ran them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,8 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -38,12 +46,87 @@ def spark() -> Iterator:
     session.stop()
 
 
+# ---- skips: listed at the end; a missing system package fails the run -------------------
+
+#: How the reason of a skip for want of a system package starts.
+MISSING_PACKAGE = "missing system package: "
+#: Set to 1 to let such skips pass (a machine that cannot install the packages).
+ALLOW_SKIPS = "STREAMS_ALLOW_SKIPS"
+
+
+def skip_for_missing_package(what: str) -> NoReturn:
+    """Skip a test that needs a system package which is not installed; fail it if ``CI`` is set."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, so the tests that need it must run: {MISSING_PACKAGE}{what}", pytrace=False)
+    pytest.skip(MISSING_PACKAGE + what)
+
+
+@pytest.fixture(scope="session")
+def missing_system_package() -> Callable[[str], NoReturn]:
+    """:func:`skip_for_missing_package`, for fixtures outside this file (e.g. tests/e2e's Chromium)."""
+    return skip_for_missing_package
+
+
+class SkipReport:
+    """Collects every skip of the run; lists them at the end; fails the run on a missing package."""
+
+    def __init__(self) -> None:
+        self.skips: list[tuple[str, str]] = []  # (test, reason)
+
+    def _record(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if not report.skipped or hasattr(report, "wasxfail"):  # an xfail is reported as skipped too
+            return
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        self.skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._record(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._record(report)
+
+    @property
+    def missing_packages(self) -> list[tuple[str, str]]:
+        return [(test, reason) for test, reason in self.skips if reason.startswith(MISSING_PACKAGE)]
+
+    @staticmethod
+    def allowed() -> bool:
+        return os.environ.get(ALLOW_SKIPS) == "1"
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest's own summary: printed after it, last
+    def pytest_terminal_summary(self, terminalreporter) -> Iterator[None]:  # noqa: ANN001 - a TerminalReporter
+        yield
+        if not self.skips:
+            return
+        terminalreporter.write_sep("=", f"skipped tests ({len(self.skips)})", yellow=True)
+        for test, reason in self.skips:
+            terminalreporter.write_line(f"SKIPPED {test}: {reason}")
+        missing = len(self.missing_packages)
+        if missing and self.allowed():
+            terminalreporter.write_line(f"{missing} skipped for a missing system package, allowed by {ALLOW_SKIPS}=1",
+                                        yellow=True)
+        elif missing:
+            terminalreporter.write_line(
+                f"{missing} skipped for a missing system package: the suite did not fully run, so the run fails. "
+                f"Install the package (`./platform test` does when run as root), or set {ALLOW_SKIPS}=1 to accept it.",
+                red=True, bold=True)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if exitstatus == pytest.ExitCode.OK and self.missing_packages and not self.allowed():
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SkipReport(), "streams-skip-report")
+
+
 # ---- PostgreSQL: a throwaway server per test session (tests/postgres_server.py) ----------
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator:
-    """A running PostgreSQL server; skips without the binaries (fails if CI is set)."""
+    """A running PostgreSQL server; skips without the binaries (fails if CI is set; see MISSING_PACKAGE)."""
     try:
         from postgres_server import PostgresNotInstalled, PostgresServer  # tests/ is on sys.path (rootdir conftest)
     except ImportError:  # tests/ became a package
@@ -54,10 +137,8 @@ def postgres_server() -> Iterator:
         missing = str(exc)
     else:
         missing = ""
-    if missing and os.environ.get("CI"):
-        pytest.fail(f"CI is set, so PostgreSQL tests must run: {missing}", pytrace=False)
     if missing:
-        pytest.skip(missing)
+        skip_for_missing_package(missing)
     server.start()
     try:
         yield server

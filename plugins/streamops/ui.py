@@ -15,8 +15,10 @@ at :data:`streamops.STREAMS_URL` (``/streams``):
 
 Airflow does not guard plugin apps, so every route checks the caller itself with
 Airflow's own authentication (the UI's session cookie, or a bearer token): anonymous
-requests get 401; reading needs read access to the stream's DAG, an action needs the
-right to run the DAG it triggers. Actions are POSTs; the session cookie is SameSite=Lax,
+requests get 401; reading needs read access to the stream's DAG (403 otherwise; the list
+of streams shows those the caller may read, and is a 403 if that is none of them), an
+action needs the right to run the DAG it triggers. As on Airflow's own pages, a DAG whose
+bundle belongs to a team (multi-team Airflow) is only for that team's members. Actions are POSTs; the session cookie is SameSite=Lax,
 so another site cannot post them in the user's name.
 """
 
@@ -63,15 +65,28 @@ User = Annotated[object, Depends(current_user)]
 def _allowed(user: object, dag_id: str, run: bool = False) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.models.dag import DagModel
 
+    # with the DAG's team, as Airflow's own routes ask (requires_access_dag): without it, the
+    # auth manager would let a member of any team read another team's stream
     return get_auth_manager().is_authorized_dag(
         method="POST" if run else "GET", access_entity=DagAccessEntity.RUN if run else None,
-        details=DagDetails(id=dag_id), user=user)
+        details=DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)), user=user)
 
 
 def _specs() -> dict[str, StreamSpec]:
     specs, _errors = load_specs(default_spec_dir())
     return specs
+
+
+def _readable(user: object) -> list[StreamSpec]:
+    """The streams whose DAG the caller may read. None of them (while there are streams) is a
+    403: a logged-in user without read access is told so, not shown an empty page."""
+    specs = _specs()
+    readable = [spec for name, spec in sorted(specs.items()) if _allowed(user, f"stream_{name}")]
+    if specs and not readable:
+        raise HTTPException(403, "no read access to any stream's DAG")
+    return readable
 
 
 def _spec(stream: str, user: object) -> StreamSpec:
@@ -157,16 +172,14 @@ HEAD = ("<tr><th>stream</th><th>status</th><th>last committed batch</th><th>rows
 
 @app.get("/", response_class=HTMLResponse)
 def index(user: User) -> str:
-    rows = [_row(stream_status(spec), "") for name, spec in sorted(_specs().items())
-            if _allowed(user, f"stream_{name}")]
+    rows = [_row(stream_status(spec), "") for spec in _readable(user)]
     return _page("Streams", f"<h1>Streams</h1><table>{HEAD}{''.join(rows)}</table>"
                             "<p class='muted'>Refreshes every 10 s. Open a stream for its actions.</p>", refresh=True)
 
 
 @app.get("/api/status")
 def status_json(user: User) -> JSONResponse:
-    return JSONResponse([stream_status(spec) for name, spec in sorted(_specs().items())
-                         if _allowed(user, f"stream_{name}")])
+    return JSONResponse([stream_status(spec) for spec in _readable(user)])
 
 
 @app.get("/dag/{dag_id}")

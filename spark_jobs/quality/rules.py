@@ -46,6 +46,7 @@ from spark_jobs.spec import (
     _check_duration,
     field_problems,
 )
+from spark_jobs.strict_yaml import load_yaml, yaml_problem
 
 EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
 #: Arguments that name columns of the output, checked against its result columns.
@@ -104,9 +105,13 @@ def load_rules(spec: StreamSpec, spec_dir: str | os.PathLike[str]) -> QualityRul
     if not path.exists():
         return QualityRules()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(path, [("", f"cannot read: {exc}")]) from None
+    try:
+        data = load_yaml(text)  # strict like the specs: a repeated key is an error, not a silent overwrite
+    except yaml.YAMLError as exc:
+        raise SpecError(path, [("", f"not valid YAML: {yaml_problem(exc)}")]) from None
     return parse_rules(data or {}, spec, path)
 
 

@@ -31,14 +31,11 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
+def chromium(missing_system_package) -> str:  # noqa: ANN001 - tests/conftest.py's skip (fails on CI)
     path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        missing = ("no Chromium browser found (set CHROMIUM, or install Debian's package: apt-get install chromium); "
-                   "`./platform test` installs it when run as root")
-        if os.environ.get("CI"):
-            pytest.fail(missing, pytrace=False)
-        pytest.skip(missing)
+        missing_system_package("no Chromium browser found (set CHROMIUM, or install Debian's package: apt-get "
+                               "install chromium); `./platform test` installs it when run as root")
     return path
 
 

@@ -32,7 +32,8 @@ def test_the_corpus_is_broad() -> None:
     fields = {header(p)[0].split(": ")[0] for p in FILES}
     assert {"<spec>", "name", "checkpoint", "source.max_files_per_trigger", "event_time.watermark",
             "event_time.max_future", "outputs[0].mode", "outputs[0].sink", "outputs[0].query.group_by[0]",
-            "outputs[1].name", "outputs[1].checkpoint", "trigger"} <= fields
+            "outputs[1].name", "outputs[1].checkpoint", "trigger", "source.columns[3].name",
+            "enrich[0].columns[2].name"} <= fields
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])

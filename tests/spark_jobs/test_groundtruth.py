@@ -164,6 +164,13 @@ def test_dedup_late_drop_and_quarantine_counts(tmp_path):
     assert [r["event_id"] for r in result["outputs"]["raw"]["rows"]] == ["e1", "e3", "e5"]
     assert result["outputs"]["per_device"]["rows"] == [{"device_id": "d1", "n": 1}, {"device_id": "d2", "n": 2}]
     assert result["files"] == 3 and result["ledger_records"] == 8
+    # what the quarantine holds: the text as written, or for a record written as an event its non-null values
+    assert result["quarantine"] == [
+        {"file": 1, "name": None, "line": 2, "reason": "truncated", "raw": '{"event_id": "x'},
+        {"file": 1, "name": None, "line": 3, "reason": None,
+         "raw": '{"event_id": "e9", "ts": "2026-01-01T00:10:00.000Z"}'},
+        {"file": 3, "name": None, "line": 4, "reason": "missing_required", "raw": '{"event_id": "e4", "device_id": "d1"}'},
+    ]
 
 
 def test_nothing_in_the_first_file_is_late(tmp_path):
@@ -279,6 +286,7 @@ def test_events_beyond_max_future_are_quarantined_before_the_watermark(tmp_path)
     assert result["counts"] == {"input_records": 5, "quarantined": 2, "unjoined": 0, "duplicates": 0,
                                 "dropped_late": 0, "accepted": 3}
     assert result["watermark"]["max_event_time"] == ts("00:12")  # the year 2100 never reached it
+    assert [(q["file"], q["line"], q["reason"]) for q in result["quarantine"]] == [(1, 2, "future"), (3, 2, "future")]
     assert [r["event_id"] for r in result["outputs"]["raw"]["rows"]] == ["e1", "e2", "e3"]
 
 

@@ -220,6 +220,29 @@ def test_partition_column_must_be_in_result(sensors: dict) -> None:
     assert_problem(sensors, "outputs[1].sink.partition_by[0]", "unknown column 'event_date'")
 
 
+@pytest.mark.parametrize(("name", "why"), [
+    ("event_date", "it is the date of the event time, which the platform adds to every row of a stream with event_time"),
+    ("Event_Date", "it is the date of the event time"),  # Spark resolves names case-insensitively
+    ("window_start", "it is the start of the window, which the platform adds to windowed results"),
+    ("window_end", "it is the end of the window, which the platform adds to windowed results"),
+    ("_corrupt_record", "names starting with '_' are for the platform's internal columns"),
+    ("_source_file", "names starting with '_' are for the platform's internal columns"),
+    ("_metadata", "names starting with '_' are for the platform's internal columns"),
+    ("_site", "names starting with '_' are for the platform's internal columns"),
+])
+def test_platform_columns_are_reserved_in_the_source_and_the_reference(sensors: dict, name: str, why: str) -> None:
+    source, reference = copy.deepcopy(sensors), copy.deepcopy(sensors)
+    source["source"]["columns"][4]["name"] = name
+    assert_problem(source, "source.columns[4].name", f"{name!r} is reserved by the platform: {why}")
+    reference["enrich"][0]["columns"][2]["name"] = name
+    assert_problem(reference, "enrich[0].columns[2].name", f"{name!r} is reserved by the platform: {why}")
+
+
+def test_names_that_only_resemble_platform_columns_are_allowed(sensors: dict) -> None:
+    sensors["source"]["columns"] += [{"name": "event_date_local", "type": "date"}, {"name": "window_", "type": "long"}]
+    assert [c.name for c in parse_spec(sensors).source.columns][-2:] == ["event_date_local", "window_"]
+
+
 def test_platform_managed_options_rejected(sensors: dict) -> None:
     sensors["source"]["options"] = {"mode": "DROPMALFORMED"}
     assert_problem(sensors, "source.options", "set by the platform")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import time
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -21,6 +23,43 @@ from streamops.restarts import RestartBudget
 STREAM_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "stream_job.py")
 BACKFILL_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "backfill.py")
 HOLD_MARKER = "hold"  # in <checkpoint>/_control/: the stream was stopped on purpose; do not restart
+
+#: SparkSubmitHook's arguments that SparkSubmitOperator takes under the same name but keeps
+#: private (they are not templated): the supervisor keeps its own copy, with the operator's
+#: defaults, to build the hook from.
+SUBMIT_ARGS = ("conn_id", "archives", "java_class", "repositories", "total_executor_cores", "executor_cores",
+               "executor_memory", "driver_memory", "num_executors", "status_poll_interval", "verbose",
+               "spark_binary", "yarn_queue", "deploy_mode", "use_krb5ccache", "track_driver_via_k8s_api",
+               "yarn_track_via_rm_api", "yarn_rm_auth")
+#: The templated ones: rendered onto the operator's public attributes of the same name.
+TEMPLATED_SUBMIT_ARGS = ("conf", "files", "py_files", "driver_class_path", "jars", "packages", "exclude_packages",
+                         "keytab", "principal", "proxy_user", "name", "application_args", "env_vars",
+                         "properties_file", "post_submit_commands")
+_SUBMIT_DEFAULTS = {name: param.default for name, param in inspect.signature(SparkSubmitOperator).parameters.items()
+                    if name in SUBMIT_ARGS}
+#: Left of Airflow's cleanup time when the supervisor is killed, to kill the driver and
+#: spark-submit after a graceful stop that did not finish.
+KILL_MARGIN_SECONDS = 2.0
+
+
+def killed_task_cleanup_seconds() -> float:
+    """How long Airflow lets a task it kills clean up: from SIGTERM (which runs ``on_kill``) to SIGKILL.
+
+    ``[core] killed_task_cleanup_time`` (60 by default) says so. Airflow 3's task supervisor, which
+    terminates a task marked failed or success, cleared, or whose heartbeats fail, sends SIGKILL
+    to the task's whole process group after its own escalation delay (5 s in Airflow 3.3, not
+    configurable) whatever that setting says; the shorter of the two is the time there is.
+    """
+    from airflow.sdk.configuration import conf
+
+    configured = conf.getfloat("core", "killed_task_cleanup_time", fallback=60.0)
+    try:
+        from airflow.sdk.execution_time.supervisor import WatchedSubprocess
+
+        escalation = float(inspect.signature(WatchedSubprocess.kill).parameters["escalation_delay"].default)
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return configured
+    return min(configured, escalation)
 
 
 def _hold_marker(hook: StreamHook) -> Path:
@@ -47,34 +86,48 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR``).
     :param poll_seconds: how often health is checked; default 5.
     :param grace_seconds: how long a graceful stop may take before the driver is killed; default 120.
+    :param kill_grace_seconds: the same when this task is killed (``on_kill``): by default, and
+        never more than, the time Airflow lets a killed task clean up (see
+        :func:`killed_task_cleanup_seconds`, read when the task is killed) less
+        ``KILL_MARGIN_SECONDS`` to kill the driver and spark-submit, so that the hard stop still
+        happens; ``grace_seconds`` bounds it too.
     :param stalled_grace_seconds: the same for a stalled driver, which has already committed
         nothing for the whole stall window (a frozen or hung driver); default 5.
     :param archive_every_seconds: how often input files every query has committed are moved
         to the spec's ``source.archive_path`` while the stream runs (see
         :mod:`spark_jobs.archive`); default 60.
-    All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
+    All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs); each
+    run of the driver goes through a :class:`SparkSubmitHook` built from them as that operator builds
+    its own (:meth:`spark_submit_hook`).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream")
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
-                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, stalled_grace_seconds: float = 5.0,
-                 archive_every_seconds: float = 60.0, **kwargs: Any) -> None:
+                 poll_seconds: float = 5.0, grace_seconds: float = 120.0, kill_grace_seconds: float | None = None,
+                 stalled_grace_seconds: float = 5.0, archive_every_seconds: float = 60.0, **kwargs: Any) -> None:
         args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
         if data_root:
             args += ["--data-root", data_root]
         kwargs.setdefault("application", STREAM_JOB)
         kwargs.setdefault("application_args", args)
         kwargs.setdefault("name", f"stream:{stream}")
+        # as SparkSubmitOperator gets them: given, else from default_args (which Airflow passes
+        # down with the arguments), else its own defaults
+        defaults = kwargs.get("default_args") or {}
+        self._submit_args = {name: kwargs.get(name, defaults.get(name, default))
+                             for name, default in _SUBMIT_DEFAULTS.items()}
         super().__init__(**kwargs)
         self.stream = stream
         self.spec_dir = spec_dir
         self.data_root = data_root
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
+        self.kill_grace_seconds = kill_grace_seconds
         self.stalled_grace_seconds = stalled_grace_seconds
         self.archive_every_seconds = archive_every_seconds
         self._stream_hook: StreamHook | None = None
+        self.submit_hook: SparkSubmitHook | None = None  # of the driver run last (on_kill kills its spark-submit)
         self.adopted_pid: int | None = None
 
     @property
@@ -82,6 +135,11 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         if self._stream_hook is None:
             self._stream_hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         return self._stream_hook
+
+    def spark_submit_hook(self) -> SparkSubmitHook:
+        """A new hook for one run of the driver, built as SparkSubmitOperator builds its own: from
+        this task's arguments, the templated ones as rendered (and ``env_vars`` as execute sets them)."""
+        return SparkSubmitHook(**self._submit_args, **{name: getattr(self, name) for name in TEMPLATED_SUBMIT_ARGS})
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = self.stream_hook
@@ -129,12 +187,12 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     def _run_driver(self) -> tuple[int | None, str, bool]:
         """Submit the driver and supervise it until it exits: exit code, why, and whether this
         supervisor stopped it (a stalled driver: restarted, and counted as a failed run)."""
-        self._hook = self._get_hook()
+        spark_submit = self.submit_hook = self.spark_submit_hook()
         outcome: dict[str, Any] = {}
 
         def submit() -> None:
             try:
-                self._hook.submit(self.application)
+                spark_submit.submit(self.application)
                 outcome["code"] = 0
             except AirflowException as exc:
                 outcome["code"], outcome["error"] = 1, str(exc)
@@ -194,15 +252,28 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         if result.archived or result.conflicts:
             self.log.info("stream %s: %s", self.stream, result.describe())
 
+    def kill_grace(self) -> float:
+        """How long ``on_kill`` waits for a graceful stop: Airflow's cleanup time less the margin, or
+        less if ``kill_grace_seconds`` or ``grace_seconds`` says so. Never more: Airflow's SIGKILL
+        would cut the wait short, and the hard stop after it would never run."""
+        bound = max(0.0, killed_task_cleanup_seconds() - KILL_MARGIN_SECONDS)  # read now: the setting may change
+        if self.kill_grace_seconds is not None:
+            bound = min(bound, self.kill_grace_seconds)
+        return min(bound, self.grace_seconds)
+
     def on_kill(self) -> None:
-        """Stop the stream gracefully, then hard if it does not stop in time."""
+        """Stop the stream gracefully, then hard if it does not stop before Airflow's cleanup time runs out."""
         hook = self.stream_hook
         if hook.driver_alive():
             hook.request_stop()
-            if not hook.wait_for_exit(self.grace_seconds):
-                hook.kill_driver()
-        if self._hook is not None:
-            super().on_kill()
+            grace = self.kill_grace()
+            if not hook.wait_for_exit(grace):
+                pid = hook.kill_driver()
+                if pid is not None:
+                    self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
+                                     grace, pid)
+        if self.submit_hook is not None:
+            self.submit_hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
 
 
 def _corrupt_message(problems: list[str], hook: StreamHook) -> str:

@@ -6,6 +6,7 @@ honours the stop marker (like the job) or ignores it (a hung driver).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -16,13 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import holder_alive
 from spark_jobs.spec import default_spec_dir
 from streamops.hooks.stream import StreamHook
-from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator
+from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator, killed_task_cleanup_seconds
 
 DRIVER = """
 import sys, time
@@ -211,3 +213,112 @@ def test_a_stalled_driver_that_stops_when_asked_is_restarted_not_left_stopped(da
         op.execute({})
     runs = json.loads((stream.layout.lease_dir / "runs.json").read_text())
     assert [(r["exit_code"], r["forced"], r["reason"]) for r in runs] == [(0, True, "stopped because it was stalled")]
+
+
+class RecordingSubmitHook:
+    """Stands in for SparkSubmitHook where the supervisor uses it: records how it is built and used."""
+
+    built: list[RecordingSubmitHook] = []
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        self.kwargs, self.calls = kwargs, []
+        RecordingSubmitHook.built.append(self)
+
+    def submit(self, application: str = "") -> None:
+        self.calls.append(("submit", application))
+
+    def on_kill(self) -> None:
+        self.calls.append(("on_kill",))
+
+
+SUBMIT_ARGUMENTS = dict(conn_id="spark_streams", conf={"spark.sql.shuffle.partitions": "4"}, driver_memory="2g",
+                        executor_memory="1g", verbose=True, status_poll_interval=3, py_files="deps.zip",
+                        application_args=["--spec", "x.yaml"], name="stream:sensors",
+                        env_vars={"PYSPARK_PYTHON": sys.executable})
+
+
+def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operators_own(tmp_path: Path,
+                                                                                        monkeypatch) -> None:  # noqa: ANN001
+    from airflow.providers.apache.spark.operators import spark_submit
+
+    monkeypatch.setattr("streamops.operators.stream.SparkSubmitHook", RecordingSubmitHook)
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", RecordingSubmitHook)  # the provider's own, for reference
+    RecordingSubmitHook.built = []
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                  data_root=str(tmp_path), poll_seconds=0, default_args={"deploy_mode": "client",
+                                                                                         "conn_id": "overridden"},
+                                  **SUBMIT_ARGUMENTS)
+    code, reason, forced = op._run_driver()
+    assert (code, reason, forced) == (0, "driver exited", False)
+    (ours,) = RecordingSubmitHook.built
+    assert op.submit_hook is ours
+    assert ours.calls == [("submit", op.application)] and op.application.endswith("spark_jobs/stream_job.py")
+    assert {k: ours.kwargs[k] for k in (*SUBMIT_ARGUMENTS, "deploy_mode", "archives", "spark_binary")} == {
+        **SUBMIT_ARGUMENTS, "deploy_mode": "client", "archives": None, "spark_binary": None}
+    # every argument SparkSubmitHook takes, with the value SparkSubmitOperator itself would give it
+    reference = spark_submit.SparkSubmitOperator(task_id="reference", default_args={"deploy_mode": "client"},
+                                                 application=op.application, **SUBMIT_ARGUMENTS)
+    reference._get_hook()
+    assert ours.kwargs == RecordingSubmitHook.built[-1].kwargs
+    assert set(ours.kwargs) == set(inspect.signature(SparkSubmitHook).parameters)
+
+    # templated arguments are taken as rendered, when the driver starts
+    op.env_vars = {"PYSPARK_PYTHON": "/opt/python", "EXTRA": "1"}
+    assert op.spark_submit_hook().kwargs["env_vars"] == {"PYSPARK_PYTHON": "/opt/python", "EXTRA": "1"}
+
+
+class FakeDriver:
+    """The StreamHook calls on_kill makes, recorded: a driver that never stops by itself."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def driver_alive(self) -> bool:
+        return True
+
+    def request_stop(self) -> None:
+        self.calls.append(("request_stop",))
+
+    def wait_for_exit(self, timeout: float, poll: float = 0.5) -> bool:
+        self.calls.append(("wait_for_exit", timeout))  # returns at once: the wait's length is what is checked
+        return False
+
+    def kill_driver(self) -> int:
+        self.calls.append(("kill_driver",))
+        return 4242
+
+
+@pytest.mark.parametrize(("cleanup_time", "grace_seconds", "kill_grace_seconds", "waited"), [
+    ("60", 120, None, 3.0),  # Airflow 3.3's task supervisor sends SIGKILL 5 s after SIGTERM, whatever the setting
+    ("4", 120, None, 2.0),  # the setting, when it is shorter
+    ("1", 120, None, 0.0),  # never negative: straight to the hard stop
+    ("60", 120, 1.5, 1.5),  # shorter when asked
+    ("60", 120, 30, 3.0),  # never longer than Airflow allows
+    ("60", 0.5, None, 0.5),  # grace_seconds bounds it as before
+])
+def test_on_kill_waits_for_the_graceful_stop_no_longer_than_airflow_lets_a_killed_task_clean_up(
+        tmp_path: Path, monkeypatch, cleanup_time: str, grace_seconds: float, kill_grace_seconds: float | None,
+        waited: float) -> None:  # noqa: ANN001
+    monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", cleanup_time)  # read when the task is killed
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                  data_root=str(tmp_path), conn_id="spark_streams", grace_seconds=grace_seconds,
+                                  kill_grace_seconds=kill_grace_seconds)
+    calls: list = []
+    op._stream_hook = FakeDriver(calls)
+    op.submit_hook = RecordingSubmitHook()
+    op.on_kill()
+    assert calls == [("request_stop",), ("wait_for_exit", waited), ("kill_driver",)]
+    assert op.submit_hook.calls == [("on_kill",)]  # then spark-submit, through the hook's public on_kill
+
+
+def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_supervisors_sigkill_delay(
+        monkeypatch) -> None:  # noqa: ANN001
+    from airflow.sdk.execution_time.supervisor import WatchedSubprocess
+
+    monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", "60")
+    assert killed_task_cleanup_seconds() == 5.0  # Airflow 3.3: WatchedSubprocess.kill(escalation_delay=5.0)
+    monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", "2")
+    assert killed_task_cleanup_seconds() == 2.0
+    monkeypatch.setattr(WatchedSubprocess, "kill", lambda self, signal_to_send=None: None)  # no such delay any more
+    monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", "60")
+    assert killed_task_cleanup_seconds() == 60.0

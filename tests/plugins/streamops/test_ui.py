@@ -60,11 +60,12 @@ def client(data_root: Path, monkeypatch, metadata_db):  # noqa: ANN201 - a fasta
     api_app.purge_cached_app()
 
 
-def login(client, role: str = "viewer") -> None:  # noqa: ANN001
+def login(client, role: str | None = "viewer", teams: list[str] | None = None) -> None:  # noqa: ANN001
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    client.cookies.set("_token", get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="ops", role=role)))
+    user = SimpleAuthManagerUser(username="ops", role=role, teams=teams)
+    client.cookies.set("_token", get_auth_manager().generate_jwt(user))
 
 
 def test_anonymous_requests_are_refused(client) -> None:
@@ -74,6 +75,36 @@ def test_anonymous_requests_are_refused(client) -> None:
         assert (response.status_code, response.json()) == (401, {"detail": "Not authenticated"}), path
     assert client.post("/streams/sensors/actions/stop", data={"mode": "graceful"}).status_code == 401
     assert client.get("/streams/", headers={"Authorization": "Bearer forged"}).status_code in (401, 403)
+
+
+STREAM_PAGES = ("/streams/", "/streams/api/status", "/streams/sensors/", "/streams/sensors/quality/",
+                "/streams/sensors/quality/docs/index.html", "/streams/dag/stream_sensors_quality")
+
+
+def test_a_logged_in_user_without_read_access_gets_403(client) -> None:
+    """A user the simple auth manager knows without a role: logged in, but with no permission at all
+    (SimpleAuthManagerUser: "If not provided, the user has no permission"), so no read access to
+    the streams' DAGs, which every page requires."""
+    login(client, role=None)
+    for path in STREAM_PAGES:
+        response = client.get(path, follow_redirects=False)
+        assert response.status_code == 403, (path, response.status_code, response.text)
+        assert "no read access" in response.json()["detail"], path
+    refused = client.post("/streams/sensors/actions/stop", data={"mode": "graceful"})
+    assert refused.status_code == 403 and refused.json() == {"detail": "no read access to stream_sensors"}
+
+
+def test_a_user_of_another_team_gets_403(client, monkeypatch) -> None:  # noqa: ANN001
+    """Multi-team Airflow: a stream DAG whose bundle belongs to a team is readable only by its members,
+    as on Airflow's own pages (which look the team up with DagModel.get_team_name, patched here)."""
+    from airflow.models.dag import DagModel
+
+    monkeypatch.setattr(DagModel, "get_team_name", staticmethod(lambda dag_id, **_: "sensors_team"))
+    login(client, role="op", teams=["clicks_team"])
+    for path in STREAM_PAGES:
+        assert client.get(path, follow_redirects=False).status_code == 403, path
+    login(client, role="viewer", teams=["sensors_team"])
+    assert client.get("/streams/sensors/").status_code == 200
 
 
 def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path) -> None:

@@ -64,8 +64,34 @@ def test_an_unreadable_rules_file_names_itself(tmp_path: Path) -> None:
     (tmp_path / "expectations").mkdir()
     bad = tmp_path / "expectations" / "sensors.yaml"
     bad.write_text("outputs: [unclosed\n")
-    with pytest.raises(SpecError, match=f"{bad}: <spec>: cannot read"):
+    with pytest.raises(SpecError, match=f"{bad}: <spec>: not valid YAML: while parsing a flow sequence"):
         load_rules(SENSORS, tmp_path / "streams")
+    bad.write_bytes(b"schedule: \xff\n")
+    with pytest.raises(SpecError, match=f"{bad}: <spec>: cannot read: 'utf-8' codec"):
+        load_rules(SENSORS, tmp_path / "streams")
+
+
+def test_a_duplicated_key_in_a_rules_file_is_an_error_naming_the_file_key_and_lines(tmp_path: Path) -> None:
+    (tmp_path / "streams").mkdir()
+    (tmp_path / "expectations").mkdir()
+    path = tmp_path / "expectations" / "sensors.yaml"
+    # a second `readings:` pasted below: plain YAML would keep it and drop the first one's expectations
+    path.write_text(
+        "outputs:\n"
+        "  readings:\n"
+        "    expectations:\n"
+        "      - expect_column_values_to_be_between: {column: temperature, min_value: -40, max_value: 60}\n"
+        "  readings:\n"
+        "    freshness: 2 hours\n")
+    with pytest.raises(SpecError) as err:
+        load_rules(SENSORS, tmp_path / "streams")
+    assert err.value.source == str(path)
+    assert err.value.problems == [("", "not valid YAML: duplicate key 'readings' on line 5 (first on line 2); "
+                                       "YAML would keep only the last")]
+    assert str(err.value).endswith(f"{path}: <spec>: not valid YAML: duplicate key 'readings' on line 5 "
+                                   "(first on line 2); YAML would keep only the last")
+    path.write_text(path.read_text().replace("  readings:\n    freshness", "  device_status:\n    freshness"))
+    assert load_rules(SENSORS, tmp_path / "streams").for_output("readings").expectations
 
 
 def test_derived_checks_cover_schema_nulls_and_unique_keys() -> None:
