@@ -253,6 +253,23 @@ def sink_last_batch(table: str | os.PathLike[str]) -> int | None:
     return max(ids) if ids else None
 
 
+def watermark_seen_by(ingestion: str | os.PathLike[str], table: str | os.PathLike[str],
+                      reader: str | os.PathLike[str]) -> int | None:
+    """The stream's watermark as far as a query reading its accepted-rows table has read it:
+    the watermark of the newest ingestion batch J whose files (and every earlier batch's)
+    that query has committed. Rows accepted after J lie beyond that watermark, so every
+    event-time unit ending by then is complete in the reader's sink. None if none yet."""
+    last_read = last_batch(reader, "commits")
+    last_ingested = last_batch(ingestion, "commits")
+    if last_read is None or last_ingested is None:
+        return None
+    taken = {file_name(p) for p in processed_files(reader, through_batch=last_read)}
+    for batch in range(last_ingested, -1, -1):
+        if {file_name(p) for p in sink_files(table, through_batch=batch)} <= taken:
+            return batch_watermark_ms(ingestion, batch)
+    return None
+
+
 def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | None:
     """The newest batch whose offsets entry was written at or before ``when``; -1 if none
     had been planned by then (no batch yet, or batch 0 came later); None if the entries

@@ -5,7 +5,8 @@ Units (see :class:`~spark_jobs.quality.rules.Target`):
 * a windowed output: each window, once its batch is committed (in append mode a window
   reaches the sink only when the watermark has passed its end, so it is final);
 * a pass-through output: each event-time period (``unit`` in the rules, default one
-  hour) once the watermark of the last committed batch has passed its end;
+  hour) once the stream's watermark has passed its end and the output has taken every
+  row the ingestion accepted before (:func:`~spark_jobs.checkpoint.watermark_seen_by`);
 * a table: its whole content, once per newly applied batch.
 
 Only committed output is read: a Parquet sink through ``spark.read`` of its root, which
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import ingest, pipeline
-from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch
+from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch, watermark_seen_by
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
@@ -262,7 +263,10 @@ class Validator:
         if target.kind == "snapshot":
             return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
 
-        wm_ms = batch_watermark_ms(ckpt.path, ckpt.last_committed) or 0
+        if target.kind == "window":  # a window reaches the sink once the output's own watermark passed it
+            wm_ms = batch_watermark_ms(ckpt.path, ckpt.last_committed) or 0
+        else:  # rows: once the stream's watermark passed the unit and the output took what came before
+            wm_ms = watermark_seen_by(self.layout.checkpoint(INGEST_QUERY), self.layout.accepted, ckpt.path) or 0
         prev_ms = entry.get("watermark_ms")
         frame = read_committed(self.spark, self.layout.data(output.sink.path))
         report["watermark"] = iso(from_ms(wm_ms)) if wm_ms else None

@@ -7,7 +7,7 @@ Their sinks are swapped for memory sinks and a pass-through output ``accepted`` 
 where the stream has none, so that every accepted row can be named. For every kind the
 test states the exact outcome: the rows quarantined (with their reason), the rows
 accepted, the duplicates and the rows dropped as late, and that they add up to the rows
-Spark read from the file: input = accepted + quarantined + duplicates + dropped late.
+the ingestion read from the file: input = accepted + quarantined + duplicates + dropped late.
 
 Event times rise by 10 minutes per file, so nothing is late unless a kind says so. The
 far-future kind comes early: if its row reached the watermark, every later kind would
@@ -28,7 +28,7 @@ import yaml
 from test_pipeline import T0, Run, at, run
 
 from spark_jobs import generate, pipeline, verify
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"
@@ -94,7 +94,7 @@ class Outcome:
 
     def batch(self, kind: Kind) -> dict:
         """The progress of the micro-batch that read the kind's file (the i-th batch with data)."""
-        return batches(self.run, self.output)[self.kinds.index(kind)]
+        return batches(self.run, INGEST_QUERY)[self.kinds.index(kind)]
 
 
 def file_name(outcome: Outcome, kind: Kind) -> str:
@@ -139,14 +139,18 @@ def check_kind(outcome: Outcome, kind: Kind) -> None:
 
 
 def check_totals(outcome: Outcome, queries: list[str]) -> None:
-    """Every query read every row once; input = accepted + quarantined + duplicates + dropped late."""
+    """The ingestion read every row once, input = accepted + quarantined + duplicates +
+    dropped late; every output read every accepted row once."""
     result, kinds = outcome.run, outcome.kinds
     total = sum(k.rows_read for k in kinds)
+    assert result.total(INGEST_QUERY, "input_rows") == total
+    assert len(batches(result, INGEST_QUERY)) == len(kinds), "one micro-batch per file"
     for q in queries:
-        assert result.total(q, "input_rows") == total, q
-        assert len(batches(result, q)) == len(kinds), f"{q}: one micro-batch per file"
-    duplicates = result.total(outcome.output, "dropped_duplicates")
-    late = result.total(outcome.output, "dropped_by_watermark")
+        if q != INGEST_QUERY:
+            assert result.total(q, "input_rows") == len(outcome.accepted), q
+            assert result.total(q, "dropped_by_watermark") == 0, q
+    duplicates = result.total(INGEST_QUERY, "dropped_duplicates")
+    late = result.total(INGEST_QUERY, "dropped_by_watermark")
     assert duplicates == sum(k.duplicates for k in kinds)
     assert late == sum(k.late for k in kinds)
     assert len(outcome.accepted) == sum(len(k.accepted) for k in kinds)
@@ -337,7 +341,7 @@ def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
 def test_far_future_rows_never_reach_the_watermark(sensors_run: Outcome) -> None:
     result = sensors_run.run
     final = T0 + timedelta(minutes=minute(J["long_line"], 3) - 10)  # the newest accepted event time - 10 minutes
-    watermarks = [p["watermark"] for p in result.progress(sensors_run.output) if p["watermark"]]
+    watermarks = [p["watermark"] for p in result.progress(INGEST_QUERY) if p["watermark"]]
     assert max(watermarks) == final.strftime("%Y-%m-%dT%H:%M:%S.000Z")
     assert max(r["last_seen"] for r in result.rows("device_status")) == final + timedelta(minutes=10)
     # sliding windows kept closing after the far-future file, up to the final watermark
@@ -458,7 +462,7 @@ def test_a_far_future_row_without_the_guard_would_drop_later_rows_as_late(spark,
     result = run(spark, tmp_path, data, files)
     # u-2 is judged by the watermark of the batch before the year-2100 row; u-3 by the one after it
     assert {r["event_id"] for r in result.rows("readings")} == {"u-1", "u-2100", "u-2"}
-    assert result.total("readings", "dropped_by_watermark") == 1
+    assert result.total(INGEST_QUERY, "dropped_by_watermark") == 1
 
 
 def test_generated_future_events_match_the_ground_truth(spark, tmp_path: Path) -> None:

@@ -273,5 +273,6 @@ def test_layout_resolves_paths(tmp_path: Path, sensors: dict) -> None:
     assert layout.landing == str(tmp_path / "data" / "landing" / "sensors")
     assert layout.checkpoint("readings") == str(tmp_path / "data" / "checkpoints" / "sensors" / "readings")
     assert layout.reference("reference/devices.csv") == str(SPEC_DIR.parent / "reference" / "devices.csv")
-    assert set(checkpoint_paths(spec)) == {"readings", "site_temperature_10m", "device_status", "_quarantine"}
+    assert set(checkpoint_paths(spec)) == {"readings", "site_temperature_10m", "device_status", "_ingest"}
+    assert layout.accepted == str(tmp_path / "data" / "accepted" / "sensors")
     assert layout.table_url(spec.outputs[2].sink).startswith("sqlite:////")

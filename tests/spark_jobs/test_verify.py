@@ -24,7 +24,7 @@ import yaml
 
 from spark_jobs import generate, pipeline, verify
 from spark_jobs.spec import (
-    QUARANTINE_QUERY,
+    INGEST_QUERY,
     SPARK_TYPES,
     Layout,
     Trigger,
@@ -288,6 +288,8 @@ def sensors_variant(name: str) -> Any:
     checkpoints under ``name`` (so variants share a data root and the baseline's readings)."""
     data = yaml.safe_load(SENSORS.read_text())
     data["outputs"] = [o for o in data["outputs"] if o["name"] == "readings"]
+    if name != "sensors":  # a variant's own accepted rows (accepted/<stream>)
+        data["name"] = f"sensors_{name}"
     data["source"]["path"] = f"landing/{name}"
     data["quarantine"]["path"] = f"quarantine/{name}"
     data["checkpoint"] = f"checkpoints/{name}"
@@ -306,8 +308,8 @@ class Generated:
 
 @pytest.fixture(scope="module")
 def generated(spark, tmp_path_factory) -> Generated:  # noqa: ANN001
-    """Generated sensors records (with malformed and future ones) through the readings and
-    quarantine queries of the stream."""
+    """Generated sensors records (with malformed and future ones) through the stream's
+    ingestion and its readings output."""
     root = tmp_path_factory.mktemp("verify") / "data"
     result = generate.generate(SENSORS, root, generate.Settings(
         files=3, events_per_file=20, empty_files=0, malformed=0.3, future=0.1, seed=1))
@@ -319,8 +321,8 @@ def generated(spark, tmp_path_factory) -> Generated:  # noqa: ANN001
 
 
 def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -> Any:  # noqa: ANN001
-    """The quarantine query of a variant whose input is the generated files, ``file``
-    changed by ``edit(lines)``; returns the variant's spec."""
+    """The ingestion (which writes the quarantine) of a variant whose input is the generated
+    files, ``file`` changed by ``edit(lines)``; returns the variant's spec."""
     spec = sensors_variant(name)
     layout = generated.layout(spec)
     landing = Path(layout.landing)
@@ -332,10 +334,9 @@ def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -
             edit(lines)
             data = b"".join(lines)
         (landing / src.name).write_bytes(data)
-    planned = [p for p in pipeline.plan(spark, spec, layout, Trigger(available_now=True)) if p.name == QUARANTINE_QUERY]
-    query = planned[0].writer.start()
-    query.awaitTermination(120)
-    assert query.exception() is None
+    query = pipeline.start(spark, spec, layout, Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
+    query[INGEST_QUERY].awaitTermination(120)
+    assert query[INGEST_QUERY].exception() is None
     return spec
 
 
@@ -427,11 +428,10 @@ def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path)
     assert {"wrong_type", "too_few_fields", "invalid_utf8", "future"} <= {e["reason"] for e in manifest["quarantine"]}
     spec = load_spec(spec_path)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    planned = [p for p in pipeline.plan(spark, spec, layout, Trigger(available_now=True)) if p.name == QUARANTINE_QUERY]
-    query = planned[0].writer.start()
-    query.awaitTermination(120)
-    assert query.exception() is None
-    report = verify.compare(spark, spec, layout, manifest)  # only the quarantine ran
+    query = pipeline.start(spark, spec, layout, Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
+    query[INGEST_QUERY].awaitTermination(120)
+    assert query[INGEST_QUERY].exception() is None
+    report = verify.compare(spark, spec, layout, manifest)  # only the ingestion ran
     assert report.quarantine is not None and report.quarantine.ok, report.quarantine.describe()
     assert report.quarantined == len(manifest["quarantine"]) == manifest["counts"]["quarantined"]
 

@@ -190,7 +190,8 @@ def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Pa
         driver.wait()
     archived = {f.name for f in archive_dir.iterdir()}
     left = {f.name for f in landing.iterdir()}
-    assert archived and left and archived | left == before and not archived & left
+    # (the run's last batch is a no-data batch that moved the watermark: every file is in an older one)
+    assert archived and archived | left == before and not archived & left
 
 
 def test_a_stalled_driver_that_stops_when_asked_is_restarted_not_left_stopped(data_root: Path, tmp_path: Path,

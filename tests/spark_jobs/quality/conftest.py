@@ -31,10 +31,11 @@ def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
     spec = load_spec(spec_path)
     layout = Layout(spec, root, default_spec_dir())
     names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
-    listener = make_listener(EventLog(layout.events_file), spec.name, names)  # as the job does
+    events = EventLog(layout.events_file)
+    listener = make_listener(events, spec.name, names)  # as the job does
     spark.streams.addListener(listener)
     try:
-        pipeline.run_available_now(spark, spec, layout)
+        pipeline.run_available_now(spark, spec, layout, on_batch=events.write)
 
         def events_written() -> bool:  # the listener bus delivers events asynchronously
             seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
