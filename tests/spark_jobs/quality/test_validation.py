@@ -53,14 +53,22 @@ def test_clean_output_passes_once_per_closed_unit_and_a_rerun_changes_nothing(sp
     assert all(u["status"] == "passed" for o in result["outputs"] for u in o["units"])
 
     balances = {b["output"]: b for b in result["accounting"]["balances"]}
+    assert balances["ingestion"]["status"] == "balanced" and balances["ingestion"]["difference"] == 0
     assert balances["readings"]["status"] == "balanced" and balances["readings"]["difference"] == 0
     assert balances["device_status"]["status"] == "balanced"
     assert balances["site_temperature_10m"]["status"] == "not checkable"
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())["counts"]
     assert result["accounting"]["input"] == manifest["input_records"]
     assert result["accounting"]["quarantined"] == manifest["quarantined"]
-    assert balances["readings"]["accepted"] == manifest["accepted"]
-    assert balances["readings"]["dropped_late"] == manifest["dropped_late"]
+    ingestion = balances["ingestion"]
+    assert (ingestion["input"], ingestion["accepted"], ingestion["quarantined"], ingestion["duplicates"],
+            ingestion["dropped_late"]) == (manifest["input_records"], manifest["accepted"], manifest["quarantined"],
+                                           manifest["duplicates"], manifest["dropped_late"])
+    # every output read the same accepted rows, and none dropped one again
+    assert balances["readings"]["input"] == balances["readings"]["accepted"] == manifest["accepted"]
+    assert balances["device_status"]["input"] == balances["device_status"]["accepted"] == manifest["accepted"]
+    assert balances["site_temperature_10m"]["input"] == manifest["accepted"]
+    assert all(b["dropped_late"] == 0 for name, b in balances.items() if name != "ingestion")
 
     docs = Path(result["docs"])
     assert docs.is_file()
