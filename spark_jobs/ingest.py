@@ -22,8 +22,9 @@ writes nothing twice: the file sink skips a batch its log already holds).
 Rejected rows carry no event time into the watermark (a row dated 2100 would otherwise
 move it decades ahead) and get a key of their own for the deduplication, so two equal
 malformed lines are both quarantined. Rows are dropped as late by Spark's deduplication
-where the spec deduplicates, and otherwise here, by the same watermark Spark wrote into
-the batch's offsets entry, with the same rule (event time at or before the watermark).
+where the spec deduplicates, and otherwise here, by the rule Spark's stateful operators
+apply: event time at or before the watermark the previous batch ran with (its offsets
+entry), Spark's watermark for late events.
 
 The quarantine's ``reason`` says which rule a row broke, e.g. ``malformed json record:
 value does not match the column type: temperature (double)``, ``missing required
@@ -324,7 +325,9 @@ class IngestBatch:
         self.quarantine = FileSinkWriter(spark, layout.data(spec.quarantine.path), []) if spec.quarantine else None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        watermark = batch_watermark_ms(self.checkpoint, batch_id)
+        # Spark judges a batch's rows late by the watermark the batch before ran with (its
+        # "watermark for late events"; the batch's own one only evicts state), so do the same
+        watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
         rows = classify(self.spec, batch, self.references, watermark).persist()
         try:
             counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}

@@ -69,9 +69,10 @@ def test_without_deduplication_late_rows_are_dropped_by_the_ingestion_and_counte
     events: list[dict] = []
     queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
     ingested = [e for e in events if e["event"] == "ingested"]
-    # batch 3 runs with a watermark of at least 00:25 (its offsets entry): e6 (00:05) is late, e5 (00:33) not
+    # batch 3 judges late rows by the watermark batch 2 ran with (00:35 - 10 minutes): e6 (00:05) is late,
+    # e5 (00:33) is not
     assert [e["late"] for e in ingested] == [0, 0, 0, 1]
-    assert ingested[3]["watermark_ms"] > 0
+    assert ingested[3]["watermark_ms"] == 1767227100000  # 2026-01-01T00:25:00Z
     assert sum(e["accepted"] for e in ingested) == 6  # e3 twice: nothing deduplicates
     assert sum(p.numInputRows for p in queries["_ingest"].recentProgress) == 9
     rows = sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect())
