@@ -384,3 +384,35 @@ def compare(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dic
     if spec.quarantine is not None and manifest.get("quarantine") is not None:
         quarantine = compare_quarantine(manifest["quarantine"], rows, spec.input_columns())
     return StreamReport(spec.name, reports, len(rows), manifest["counts"]["quarantined"], quarantine)
+
+
+def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[OutputReport]:
+    """Every output against its query run as a batch over the stream's committed accepted
+    rows: the outputs of a stream must agree with each other (they read the same rows).
+
+    A windowed append output holds the windows its final watermark has closed; the others
+    hold their whole result. Reports that are not ok say which rows differ."""
+    from spark_jobs import ingest, pipeline
+    from spark_jobs.checkpoint import batch_watermark_ms, last_batch
+    from spark_jobs.spec import WINDOW_END, Aggregation
+
+    accepted = ingest.accepted_batch(spark, spec, layout)
+    reports = []
+    for output in spec.outputs:
+        if not isinstance(output.sink, ParquetSink | TableSink):
+            continue
+        frame = pipeline.output_frame(accepted, spec, output)
+        q = output.query
+        approximate = []
+        if isinstance(q, Aggregation):
+            approximate = [a.name for a in q.aggregates if a.fn == "approx_count_distinct"]
+            if q.window is not None and output.mode == "append":
+                checkpoint = layout.checkpoint(output.name)
+                last = last_batch(checkpoint, "commits")
+                watermark = batch_watermark_ms(checkpoint, last) if last is not None else None
+                frame = frame.where(frame[WINDOW_END].cast("long") * 1000 <= (watermark or 0))
+        rows = [{k: normalize(v) for k, v in r.asDict().items()} for r in frame.collect()]
+        key = spec.result_key(output) or list(frame.columns)
+        expected = {"key": key, "rows": rows, "columns": list(frame.columns), "approximate": approximate}
+        reports.append(compare_rows(output.name, expected, read_output(spark, spec, layout, output)))
+    return reports

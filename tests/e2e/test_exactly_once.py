@@ -130,6 +130,8 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
+    agreement = verify.agreement(spark, spec, layout)
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     assert all(o.actual > 0 for o in report.outputs), report.describe()
     assert report.quarantined > 0
 

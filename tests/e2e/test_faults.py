@@ -207,6 +207,9 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
         report = verify.compare(spark, stream.spec, stream.layout, manifest)
         assert report.ok, report.describe()
+        # and with each other: every output equals its query over the same accepted rows
+        agreement = verify.agreement(spark, stream.spec, stream.layout)
+        assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
 
         # 6. a crash, then a torn newest offsets file: diagnosed, not restarted
         pid, _ = kill_driver(stream)

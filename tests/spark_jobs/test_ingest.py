@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
 from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
 
-from spark_jobs import pipeline
+from spark_jobs import pipeline, verify
 from spark_jobs.checkpoint import sink_files, sink_last_batch
 from spark_jobs.ingest import accepted_batch
 from spark_jobs.spec import Layout, default_spec_dir, parse_spec
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
                "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}
+WINDOWS = {"name": "windows", "mode": "append", "sink": {"type": "parquet", "path": "sinks/windows"},
+           "query": {"type": "aggregate", "window": {"duration": "10 minutes"}, "group_by": ["device_id"],
+                     "aggregates": [{"name": "n", "fn": "count"}]}}
 PER_DEVICE = {"name": "per_device", "mode": "update", "sink": {"type": "table", "table": "per_device"},
               "query": {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}}
 
@@ -38,7 +42,7 @@ FILES = [
 
 
 def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
-    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, PER_DEVICE]), FILES)
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, WINDOWS, PER_DEVICE]), FILES)
     events: list[dict] = []
     queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
     ingested = [e for e in events if e["event"] == "ingested"]
@@ -60,6 +64,16 @@ def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     table = pipeline.table_writer([("device_id", "string"), ("n", "long")], spec, spec.output("per_device"), layout,
                                   "reader").read_all()
     assert [(r["device_id"], r["n"]) for r in table] == [("dev-001", len(accepted))]
+
+    # every output equals its query run as a batch over the accepted rows
+    reports = verify.agreement(spark, spec, layout)
+    assert [r.name for r in reports] == ["rows", "windows", "per_device"]
+    assert all(r.ok for r in reports), [r.describe() for r in reports]
+    assert next(r for r in reports if r.name == "windows").actual == 2  # 00:00, 00:10 closed (watermark 00:31)
+    with sqlite3.connect(layout.table_url(spec.output("per_device").sink).removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE per_device SET n = n + 1")
+    broken = {r.name: r for r in verify.agreement(spark, spec, layout)}["per_device"]
+    assert not broken.ok and broken.different[0][0] == ("dev-001",)
 
 
 def test_without_deduplication_late_rows_are_dropped_by_the_ingestion_and_counted(spark, tmp_path: Path) -> None:
