@@ -344,6 +344,7 @@ class Platform:
                 manifest_path = self.data_root / "generated" / name / "manifest.json"
                 manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
                 report = verify.compare(spark, spec, layout, manifest) if manifest else None
+                agreement = verify.agreement(spark, spec, layout) if spec.has_ingestion else []
                 quality_path = self.data_root / "quality" / name / "summary.json"
                 quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
                 budget = RestartBudget(layout.lease_dir / "runs.json", spec.supervision.restart)
@@ -353,6 +354,8 @@ class Platform:
                                "detail": o.describe()} for o in (report.outputs if report else [])],
                     "quarantined": report.quarantined if report else None,
                     "ground_truth_equal": bool(report and report.ok),
+                    "outputs_agree": all(r.ok for r in agreement),
+                    "disagreements": [r.describe() for r in agreement if not r.ok],
                     "restarts": budget.restarts_since(self.started_at),
                     "validated": {o: {k: v[k] for k in ("validated", "passed", "failed")}
                                   for o, v in quality.get("outputs", {}).items()},
@@ -388,7 +391,11 @@ def describe_summary(summary: dict[str, Any]) -> list[str]:
         validated = ", ".join(f"{o} {v['validated']} ({v['passed']} passed, {v['failed']} failed)"
                               for o, v in s["validated"].items()) or "nothing yet"
         lines.append(f"  restarts: {s['restarts']}; units validated: {validated}")
+        for d in s.get("disagreements", []):
+            lines.append(f"  DISAGREES with the accepted rows: {d}")
         lines.append(f"  every sink equals the ground truth: {'yes' if s['ground_truth_equal'] else 'NO'}; "
+                     f"every output equals its query over the accepted rows: "
+                     f"{'yes' if s.get('outputs_agree') else 'NO'}; "
                      f"data quality: {'passed' if s['quality_ok'] else 'FAILED or not run'}")
     return lines
 

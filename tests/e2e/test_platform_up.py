@@ -62,6 +62,7 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
     assert set(summary["streams"]) == set(specs)
     for name, s in summary["streams"].items():
         assert s["ground_truth_equal"], (name, [sink["detail"] for sink in s["sinks"]])
+        assert s["outputs_agree"], (name, s["disagreements"])
         assert s["quality_ok"], (name, s)
         assert s["expected"]["input_records"] > 0 and s["quarantined"] == s["expected"]["quarantined"]
         assert sum(v["validated"] for v in s["validated"].values()) >= 1, (name, s["validated"])
