@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("backfill")
 
-#: Backfill output goes to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``.
-BACKFILL_DIR = "backfill"
 
 
 class BackfillError(ValueError):
@@ -59,7 +57,7 @@ def range_label(lo: datetime, hi: datetime) -> str:
 
 
 def output_dir(spec: StreamSpec, layout: Layout, output: str, lo: datetime, hi: datetime) -> Path:
-    return Path(layout.data(f"{BACKFILL_DIR}/{spec.name}/{output}")) / range_label(lo, hi)
+    return layout.backfill_dir(output) / range_label(lo, hi)
 
 
 def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: str) -> dict[str, int]:

@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from spark_jobs.quality.ledger import run_lock
-    from spark_jobs.quality.validation import Validator, quality_dir
+    from spark_jobs.quality.validation import Validator
     from spark_jobs.session import build_session
 
     spark = build_session(f"quality:{spec.name}", spec)
     try:
-        with run_lock(quality_dir(spec, layout)):
+        with run_lock(layout.quality_dir):
             result = Validator(spark, spec, layout, rules).run(backfill_label=label)
     except SpecError as exc:
         log.error("%s", exc)

@@ -813,6 +813,25 @@ class Layout:
         return Path(self.checkpoint_root) / "_control"
 
     @property
+    def runs_file(self) -> Path:
+        """The supervisor's history of runs (restart budget)."""
+        return self.lease_dir / "runs.json"
+
+    @property
+    def hold_marker(self) -> Path:
+        """Present while the stream is stopped on purpose: the supervisor does not restart it."""
+        return self.lease_dir / "hold"
+
+    @property
+    def quality_dir(self) -> Path:
+        """Rules' results, ledger, reports and Data Docs of the stream's validations."""
+        return Path(self.data(f"quality/{self.spec.name}"))
+
+    def backfill_dir(self, output: str) -> Path:
+        """Where the backfills of an output go, one ``range=...`` folder per range."""
+        return Path(self.data(f"backfill/{self.spec.name}/{output}"))
+
+    @property
     def events_file(self) -> Path:
         return Path(self.checkpoint_root) / "_events" / "progress.jsonl"
 

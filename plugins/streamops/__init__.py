@@ -6,3 +6,13 @@ Great Expectations at module level, so DAG parsing stays fast.
 
 #: Where the streams' pages live in the Airflow UI (``streamops.ui``, mounted by ``plugins/streams_ui.py``).
 STREAMS_URL = "/streams"
+
+#: The DAGs of a stream, by role ("" is the one that deploys and supervises it).
+DAG_ROLES = ("", "stop", "restart", "backfill", "quality")
+
+
+def dag_id(stream: str, role: str = "") -> str:
+    """``stream_<name>`` or ``stream_<name>_<role>``: the one place DAG ids are spelled."""
+    if role not in DAG_ROLES:
+        raise ValueError(f"unknown DAG role {role!r}; one of {DAG_ROLES}")
+    return f"stream_{stream}" + (f"_{role}" if role else "")

@@ -28,7 +28,7 @@ from airflow.sdk import DAG, Param, task
 
 from spark_jobs.quality.rules import load_rules, rules_path
 from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
-from streamops import STREAMS_URL
+from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.health import RUNNING
 from streamops.operators.quality import ValidateStreamOperator
@@ -77,7 +77,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
     tags = ["stream", spec.name]
     dags: dict[str, DAG] = {}
 
-    with DAG(f"stream_{spec.name}", doc_md=_doc(spec, "deploy and supervise"), schedule=None, start_date=START,
+    with DAG(dag_id(spec.name), doc_md=_doc(spec, "deploy and supervise"), schedule=None, start_date=START,
              catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
         StreamSupervisorOperator(
             task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
@@ -90,13 +90,13 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
     stop_params = {"mode": Param("graceful", enum=["graceful", "immediate"],
                                  description="graceful: between micro-batches; immediate: kill the driver")}
-    with DAG(f"stream_{spec.name}_stop", doc_md=_doc(spec, "stop (it stays stopped)"), schedule=None,
+    with DAG(dag_id(spec.name, "stop"), doc_md=_doc(spec, "stop (it stays stopped)"), schedule=None,
              start_date=START, catchup=False, max_active_runs=1, tags=tags, params=stop_params,
              default_args={**_default_args(spec), "retries": 0}) as stop_dag:
         StopStreamOperator(task_id="stop", stream=spec.name, mode="{{ params.mode }}", **paths)
     dags[stop_dag.dag_id] = stop_dag
 
-    with DAG(f"stream_{spec.name}_restart", doc_md=_doc(spec, "scheduled restart"),
+    with DAG(dag_id(spec.name, "restart"), doc_md=_doc(spec, "scheduled restart"),
              schedule=spec.supervision.scheduled_restart, start_date=START, catchup=False, max_active_runs=1,
              tags=tags, default_args={**_default_args(spec), "retries": 0}) as restart_dag:
         stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
@@ -124,7 +124,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         "end": Param(None, type=["null", "string"], format="date-time",
                      description="event-time range end (exclusive); empty: the run's data interval"),
     }
-    with DAG(f"stream_{spec.name}_backfill", doc_md=_doc(spec, "backfill an event-time range"), schedule="@daily",
+    with DAG(dag_id(spec.name, "backfill"), doc_md=_doc(spec, "backfill an event-time range"), schedule="@daily",
              start_date=START, catchup=False, max_active_runs=1, tags=tags, params=range_params,
              default_args={**_default_args(spec), "retries": 0}) as backfill_dag:
 
@@ -153,7 +153,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
     quality_doc = (f"{_doc(spec, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
                    f"`include/expectations/` (plus the checks derived from the spec). Schedule: `{rules.schedule}`.")
-    with DAG(f"stream_{spec.name}_quality", doc_md=quality_doc, schedule=rules.schedule, start_date=START,
+    with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=rules.schedule, start_date=START,
              catchup=False, max_active_runs=1, tags=[*tags, "quality"],
              default_args={**_default_args(spec), "retries": 0}) as quality_dag:
         ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, **paths)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
+from streamops import dag_id
 
 BIN = Path(sys.executable).parent
 
@@ -201,7 +202,7 @@ class Platform:
             if self.stopping():
                 return
             raise RuntimeError(f"the Airflow API server did not come up; see {self.airflow.home}/api-server.log")
-        wanted = {f"stream_{name}{suffix}" for name in self.specs for suffix in ("", "_stop", "_quality")}
+        wanted = {dag_id(name, role) for name in self.specs for role in ("", "stop", "quality")}
         self.out("==> waiting for the DAG processor to parse the streams' DAGs")
         if not wait_until(lambda: wanted <= self.airflow.dag_ids(), 240, every=3, interrupted=self.stopping):
             if self.stopping():
@@ -210,9 +211,9 @@ class Platform:
                                for e in self.airflow.import_errors())
             raise RuntimeError(f"DAGs not parsed: {sorted(wanted - self.airflow.dag_ids())}\n{errors}")
         for name in sorted(self.specs):
-            for dag in (f"stream_{name}", f"stream_{name}_stop", f"stream_{name}_quality"):
+            for dag in (dag_id(name), dag_id(name, "stop"), dag_id(name, "quality")):
                 self.airflow.cli("dags", "unpause", dag)
-            self.airflow.cli("dags", "trigger", f"stream_{name}")
+            self.airflow.cli("dags", "trigger", dag_id(name))
             self.deployed = True
             self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused")
             self.generators[name] = subprocess.Popen(
@@ -281,12 +282,12 @@ class Platform:
         if graceful and not second_interrupt():
             self.out("==> validating what the streams wrote (quality DAGs)")
             for name in sorted(self.specs):
-                self.run_dag(f"stream_{name}_quality", {}, 600, second_interrupt)
+                self.run_dag(dag_id(name, "quality"), {}, 600, second_interrupt)
         self.out("==> stopping the streams" + (" gracefully (stop DAGs)" if graceful else ""))
         for name in sorted(self.specs):
             hook = StreamHook(name, str(self.spec_dir), str(self.data_root))
             if graceful and not second_interrupt():
-                self.run_dag(f"stream_{name}_stop", {"mode": "graceful"}, 240, second_interrupt)
+                self.run_dag(dag_id(name, "stop"), {"mode": "graceful"}, 240, second_interrupt)
             if hook.driver_alive():
                 hook.kill_driver()
                 hook.wait_for_exit(30)
@@ -345,9 +346,9 @@ class Platform:
                 manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
                 report = verify.compare(spark, spec, layout, manifest) if manifest else None
                 agreement = verify.agreement(spark, spec, layout) if spec.has_ingestion else []
-                quality_path = self.data_root / "quality" / name / "summary.json"
+                quality_path = layout.quality_dir / "summary.json"
                 quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
-                budget = RestartBudget(layout.lease_dir / "runs.json", spec.supervision.restart)
+                budget = RestartBudget(layout.runs_file, spec.supervision.restart)
                 result["streams"][name] = {
                     "expected": manifest["counts"] if manifest else None,
                     "sinks": [{"output": o.name, "rows": o.actual, "expected": o.expected, "equal": o.ok,

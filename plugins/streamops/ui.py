@@ -27,15 +27,14 @@ from __future__ import annotations
 import json
 import time
 from html import escape
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
+from streamops import DAG_ROLES, dag_id
 
-DAG_SUFFIXES = ("", "_stop", "_restart", "_backfill", "_quality")
 DAY = 86400.0
 
 app = FastAPI(title="Streams", description="Status, actions and data quality of the streams",
@@ -62,7 +61,7 @@ async def current_user(request: Request):  # noqa: ANN201 - Airflow's BaseUser
 User = Annotated[object, Depends(current_user)]
 
 
-def _allowed(user: object, dag_id: str, run: bool = False) -> bool:
+def _allowed(user: object, dag: str, run: bool = False) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.models.dag import DagModel
@@ -71,7 +70,7 @@ def _allowed(user: object, dag_id: str, run: bool = False) -> bool:
     # auth manager would let a member of any team read another team's stream
     return get_auth_manager().is_authorized_dag(
         method="POST" if run else "GET", access_entity=DagAccessEntity.RUN if run else None,
-        details=DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)), user=user)
+        details=DagDetails(id=dag, team_name=DagModel.get_team_name(dag)), user=user)
 
 
 def _specs() -> dict[str, StreamSpec]:
@@ -83,7 +82,7 @@ def _readable(user: object) -> list[StreamSpec]:
     """The streams whose DAG the caller may read. None of them (while there are streams) is a
     403: a logged-in user without read access is told so, not shown an empty page."""
     specs = _specs()
-    readable = [spec for name, spec in sorted(specs.items()) if _allowed(user, f"stream_{name}")]
+    readable = [spec for name, spec in sorted(specs.items()) if _allowed(user, dag_id(name))]
     if specs and not readable:
         raise HTTPException(403, "no read access to any stream's DAG")
     return readable
@@ -93,7 +92,7 @@ def _spec(stream: str, user: object) -> StreamSpec:
     spec = _specs().get(stream)
     if spec is None:
         raise HTTPException(404, f"no stream {stream!r}")
-    if not _allowed(user, f"stream_{stream}"):
+    if not _allowed(user, dag_id(stream)):
         raise HTTPException(403, f"no read access to stream_{stream}")
     return spec
 
@@ -112,15 +111,15 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         status.update(status="unknown", reason=f"cannot read the checkpoint: {exc}")
     try:
-        budget = RestartBudget(layout.lease_dir / "runs.json", spec.supervision.restart)
+        budget = RestartBudget(layout.runs_file, spec.supervision.restart)
         status["restarts_last_day"] = budget.restarts_since(now - DAY)
         status["failures_in_a_row"] = budget.consecutive_failures()
         status["failures_in_period"] = budget.failures_in_period(now)
     except ValueError as exc:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
-    status["stopped_on_purpose"] = (layout.lease_dir / "hold").exists()
+    status["stopped_on_purpose"] = layout.hold_marker.exists()
     try:
-        summary = json.loads((_quality_root() / spec.name / "summary.json").read_text(encoding="utf-8"))
+        summary = json.loads((layout.quality_dir / "summary.json").read_text(encoding="utf-8"))
         last = summary.get("last_run") or {}
         status["validation"] = {"ok": summary.get("ok"), "at": last.get("at"), "units": last.get("units"),
                                 "failed_units": last.get("failed"),
@@ -128,10 +127,6 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     except (OSError, ValueError):
         status["validation"] = None
     return status
-
-
-def _quality_root() -> Path:
-    return (default_data_root() / "quality").resolve()
 
 
 def _page(title: str, body: str, refresh: bool = False) -> str:
@@ -182,22 +177,23 @@ def status_json(user: User) -> JSONResponse:
     return JSONResponse([stream_status(spec) for spec in _readable(user)])
 
 
-@app.get("/dag/{dag_id}")
-def dag_page(dag_id: str, user: User) -> RedirectResponse:
+@app.get("/dag/{dag}")
+def dag_page(dag: str, user: User) -> RedirectResponse:
     for name in _specs():
-        if dag_id in {f"stream_{name}{suffix}" for suffix in DAG_SUFFIXES}:
-            if not _allowed(user, dag_id):
+        if dag in {dag_id(name, role) for role in DAG_ROLES}:
+            if not _allowed(user, dag):
                 raise HTTPException(403, "no read access to this DAG")
             return RedirectResponse(f"../{name}/", status_code=307)
-    raise HTTPException(404, f"{dag_id} is not a stream's DAG")
+    raise HTTPException(404, f"{dag} is not a stream's DAG")
 
 
+#: action -> (the role of the DAG it triggers, what it does)
 ACTIONS = {
     "start": ("", "deploy and supervise the stream"),
-    "stop": ("_stop", "stop it (it stays stopped)"),
-    "restart": ("_restart", "graceful stop, then resume from the checkpoint"),
-    "backfill": ("_backfill", "reprocess an event-time range, then validate it"),
-    "validate": ("_quality", "validate the units closed since the last validation"),
+    "stop": ("stop", "stop it (it stays stopped)"),
+    "restart": ("restart", "graceful stop, then resume from the checkpoint"),
+    "backfill": ("backfill", "recompute an event-time range from the accepted rows, then validate it"),
+    "validate": ("quality", "validate the units closed since the last validation"),
 }
 
 
@@ -207,7 +203,7 @@ def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
     s = stream_status(spec)
     note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
     forms = []
-    for action, (suffix, what) in ACTIONS.items():
+    for action, (role, what) in ACTIONS.items():
         fields = ""
         if action == "stop":
             fields = "<select name='mode'><option>graceful</option><option>immediate</option></select> "
@@ -216,7 +212,7 @@ def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
                       "<input name='end' placeholder='end (exclusive)' required> ")
         forms.append(f"<form method='post' action='actions/{action}'>{fields}<button type='submit' "
                      f"name='action' value='{action}'>{action}</button> <span class='muted'>{what} "
-                     f"(<code>stream_{escape(stream)}{suffix}</code>)</span></form>")
+                     f"(<code>{escape(dag_id(stream, role))}</code>)</span></form>")
     return _page(f"Stream {stream}",
                  f"<p><a href='../'>All streams</a></p><h1>Stream <code>{escape(stream)}</code></h1>"
                  f"<p>{escape(spec.description)}</p>{note}<table>{HEAD}{_row(s, '../')}</table><h2>Actions</h2>"
@@ -230,9 +226,9 @@ def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()
     spec = _spec(stream, user)
     if action not in ACTIONS:
         raise HTTPException(404, f"no action {action!r}; actions: {sorted(ACTIONS)}")
-    dag_id = f"stream_{spec.name}{ACTIONS[action][0]}"
-    if not _allowed(user, dag_id, run=True):
-        raise HTTPException(403, f"no permission to run {dag_id}")
+    dag = dag_id(spec.name, ACTIONS[action][0])
+    if not _allowed(user, dag, run=True):
+        raise HTTPException(403, f"no permission to run {dag}")
     conf: dict[str, Any] = {}
     if action == "stop":
         if mode not in ("graceful", "immediate"):
@@ -250,29 +246,29 @@ def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()
     from airflow.utils.types import DagRunTriggeredByType
 
     try:
-        run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, conf=conf,
+        run = trigger_dag(dag, triggered_by=DagRunTriggeredByType.UI, conf=conf,
                           triggering_user_name=getattr(user, "get_name", lambda: None)())
     except Exception as exc:  # noqa: BLE001 - Airflow's own errors (unknown DAG, bad params) are the user's answer
-        raise HTTPException(400, f"could not trigger {dag_id}: {exc}") from None
-    _unpause(dag_id)  # as Airflow's own trigger form does: a run of a paused DAG would never start
+        raise HTTPException(400, f"could not trigger {dag}: {exc}") from None
+    _unpause(dag)  # as Airflow's own trigger form does: a run of a paused DAG would never start
     run_id = getattr(run, "run_id", None) if run is not None else None
-    return RedirectResponse(f"../?triggered={dag_id}%20{run_id or ''}", status_code=303)
+    return RedirectResponse(f"../?triggered={dag}%20{run_id or ''}", status_code=303)
 
 
-def _unpause(dag_id: str) -> None:
+def _unpause(dag: str) -> None:
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        model = session.get(DagModel, dag_id)
+        model = session.get(DagModel, dag)
         if model is not None and model.is_paused:
             model.is_paused = False
 
 
 @app.get("/{stream}/quality/{path:path}")
 def quality_file(stream: str, path: str, user: User) -> FileResponse:
-    _spec(stream, user)
-    root = (_quality_root() / stream).resolve()
+    spec = _spec(stream, user)
+    root = Layout(spec, default_data_root(), default_spec_dir()).quality_dir.resolve()
     target = (root / (path or "index.html")).resolve()
     if target.is_dir():
         target = target / "index.html"

@@ -57,12 +57,8 @@ EXAMPLES = 5
 RESULT_FORMAT = {"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES, "return_unexpected_index_query": False}
 
 
-def quality_dir(spec: StreamSpec, layout: Layout) -> Path:
-    return Path(layout.data(f"quality/{spec.name}"))
-
-
 def docs_index(spec: StreamSpec, layout: Layout) -> Path:
-    return quality_dir(spec, layout) / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    return layout.quality_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
 
 
 def iso(value: datetime) -> str:
@@ -103,7 +99,7 @@ class Validator:
 
         self.spark, self.spec, self.layout, self.rules = spark, spec, layout, rules
         self.run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
-        self.dir = quality_dir(spec, layout)
+        self.dir = layout.quality_dir
         self.ledger = Ledger(self.dir / "ledger.json")
         self.context = gx.get_context(mode="file", project_root_dir=str(self.dir))
         self.context.variables.progress_bars = {"globally": False}
@@ -382,11 +378,9 @@ class Validator:
 
     def validate_backfill(self, target: Target, label: str) -> dict[str, Any]:
         """Validate one backfilled range of an output as a whole (it is replaced whole on a rerun)."""
-        from spark_jobs.backfill import BACKFILL_DIR
-
         output = target.output
         report: dict[str, Any] = {"output": output.name, "kind": "backfill", "units": [], "problems": []}
-        path = self.layout.data(f"{BACKFILL_DIR}/{self.spec.name}/{output.name}/{label}")
+        path = str(self.layout.backfill_dir(output.name) / label)
         frame = read_committed(self.spark, path)
         if frame is None:
             report["note"] = f"no backfill output at {path}"

@@ -51,7 +51,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         run = context["run_id"] if "run_id" in context else "manual"
-        result_file = Path(hook.layout.data(f"quality/{self.stream}/runs/{_safe(run)}.json"))
+        result_file = hook.layout.quality_dir / "runs" / f"{_safe(run)}.json"
         result_file.unlink(missing_ok=True)
         self.application_args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml",
                                  "--result", str(result_file)]

@@ -22,7 +22,6 @@ from streamops.restarts import RestartBudget
 
 STREAM_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "stream_job.py")
 BACKFILL_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "backfill.py")
-HOLD_MARKER = "hold"  # in <checkpoint>/_control/: the stream was stopped on purpose; do not restart
 
 #: SparkSubmitHook's arguments that SparkSubmitOperator takes under the same name but keeps
 #: private (they are not templated): the supervisor keeps its own copy, with the operator's
@@ -63,7 +62,7 @@ def killed_task_cleanup_seconds() -> float:
 
 
 def _hold_marker(hook: StreamHook) -> Path:
-    return hook.layout.lease_dir / HOLD_MARKER
+    return hook.layout.hold_marker
 
 
 class StreamSupervisorOperator(SparkSubmitOperator):
@@ -143,7 +142,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = self.stream_hook
-        budget = RestartBudget(hook.layout.lease_dir / "runs.json", hook.spec.supervision.restart)
+        budget = RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart)
         _hold_marker(hook).unlink(missing_ok=True)
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         runs = 0
