@@ -7,9 +7,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from spark_jobs import backfill, generate, pipeline
-from spark_jobs.spec import Layout, SpecError, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, SpecError, default_spec_dir, load_spec, parse_spec
 
 SPEC = default_spec_dir() / "sensors.yaml"
 START, END = "2026-01-01T00:01:00Z", "2026-01-01T00:03:00Z"
@@ -74,3 +75,29 @@ def test_unknown_stream_and_bad_arguments_exit_2(tmp_path: Path, capsys) -> None
     assert backfill.main(["--spec", str(SPEC), "--start", END, "--end", START]) == 2
     with pytest.raises(SpecError, match="nope.yaml"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spark, tmp_path: Path) -> None:
+    """The backfill reads the accepted rows, so it cannot parse the input differently from the stream."""
+    data = yaml.safe_load((default_spec_dir() / "clicks.yaml").read_text())
+    data["source"]["options"] = {"sep": ";"}
+    data["outputs"] = [{"name": "views", "mode": "append", "query": {"type": "passthrough"},
+                        "sink": {"type": "parquet", "path": "sinks/clicks/views"}}]
+    spec = parse_spec(data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    landing = Path(layout.landing)
+    landing.mkdir(parents=True)
+    (landing / "part-0001.csv").write_text(
+        "event_id;user_id;page;ts;duration_ms\n"
+        "c1;u1;/home;2026-01-01T00:01:00Z;120\n"
+        "c2;u2;/docs;2026-01-01T00:02:00Z;340\n"
+        "c3;u1;/home,x;2026-01-01T00:02:30Z;7\n")  # a comma inside a field: only ';' separates
+    pipeline.run_available_now(spark, spec, layout)
+    streamed = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
+                      for r in spark.read.parquet(layout.data("sinks/clicks/views")).collect())
+    assert len(streamed) == 3 and spark.read.parquet(layout.data(spec.quarantine.path)).count() == 0
+    backfill.run(spark, spec, layout, "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z")
+    lo, hi = backfill.parse_range("2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z")
+    backfilled = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
+                        for r in spark.read.parquet(str(backfill.output_dir(spec, layout, "views", lo, hi))).collect())
+    assert backfilled == streamed
