@@ -10,8 +10,8 @@ the fault tests; and an on-demand quality DAG), Spark ``local[2]``, one run:
 1. throughput: the same generated input processed by the stream deployed through its DAG
    (``stream_sensors``: SparkSubmitOperator, supervisor polling, Airflow's four services
    running) and by bare ``spark-submit`` of the same job; input rows per second from the
-   start of the first micro-batch to the commit of the batch that took the last input file,
-   in every query (JVM start excluded);
+   start of the first micro-batch to the commit, in every output, of the batch that read the
+   rows the ingestion accepted from the last input file (JVM start excluded);
 2. recovery: SIGKILL of the driver right after a commit, with input waiting, to the first
    batch committed by a new driver: restarted by the supervisor, or by this script running
    ``spark-submit`` again the moment the old one ends;
@@ -64,7 +64,7 @@ from typing import Any
 import yaml
 
 from spark_jobs import generate
-from spark_jobs.checkpoint import batch_ids, file_name, processed_files
+from spark_jobs.checkpoint import batch_ids, file_name, processed_files, sink_files
 from spark_jobs.demo import spark_submit
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
@@ -236,6 +236,15 @@ class Stream:
             found = batch
         return found
 
+    def output_taking_batch(self, output: str, landed: set[str]) -> int | None:
+        """The committed batch of an output by which it read every row the ingestion accepted
+        from the ``landed`` files, or None while it has not."""
+        ingested = self.taking_batch(INGEST_QUERY, landed)
+        if ingested is None:
+            return None
+        accepted = {file_name(p) for p in sink_files(self.layout.accepted, through_batch=ingested)}
+        return self.taking_batch(output, accepted)
+
     def commit_time(self, query: str, batch: int) -> float:
         return (Path(self.layout.checkpoint(query)) / "commits" / str(batch)).stat().st_mtime
 
@@ -259,13 +268,13 @@ class Stream:
         return min(starts)
 
     def throughput(self, rows: int, started: float, timeout: float) -> dict[str, float]:
-        """Wait until every query committed all the landing files; rows per second from the
-        first batch's start to the last of those commits."""
+        """Wait until every output committed the rows the ingestion accepted from all the
+        landing files; rows per second from the first batch's start to the last of those commits."""
         names = self.landing_files()
-        queries = self.spec.query_names()
-        batches = wait_for(lambda: (b := {q: self.taking_batch(q, names) for q in queries})
+        outputs = [o.name for o in self.spec.outputs]
+        batches = wait_for(lambda: (b := {q: self.output_taking_batch(q, names) for q in outputs})
                            and all(v is not None for v in b.values()) and b,
-                           f"every query to commit the {len(names)} input files", timeout, every=0.5)
+                           f"every output to commit the rows of the {len(names)} input files", timeout, every=0.5)
         end = max(self.commit_time(q, b) for q, b in batches.items())
         begin = self.first_batch_start()
         return {"rows": rows, "seconds": end - begin, "rows_per_s": rows / (end - begin),
@@ -470,7 +479,7 @@ def freshness(p: Platform, events_per_file: int) -> dict:
     wait_for(lambda: assess(stream.spec, stream.layout).status == Status.IDLE, "the stream to be idle", 600, every=1)
     (landed,) = stream.feed(1, events_per_file)
     landed_at = landed.stat().st_mtime
-    batch = wait_for(lambda: (b := stream.taking_batch("readings", {landed.name})) is not None and (b,),
+    batch = wait_for(lambda: (b := stream.output_taking_batch("readings", {landed.name})) is not None and (b,),
                      f"{landed.name} to be committed in the readings sink", 300, every=0.1)[0]
     in_sink = stream.commit_time("readings", batch)
     triggered = time.time()
