@@ -160,10 +160,10 @@ class FileSource(Strict):
                 raise ValueError(f"option {key!r} is set by the platform; use the spec field instead")
             if key.lower() == "cleansource" and str(v[key]).lower() != "off":
                 raise ValueError(
-                    f"cleanSource: {v[key]} would move or delete a file as soon as one of the stream's queries "
-                    "has taken it, before the others do (every output and the quarantine read the landing "
-                    "directory): rows would be lost. Set archive_path instead: the platform archives files "
-                    "every query has committed")
+                    f"cleanSource: {v[key]} would move or delete a file as soon as the batch that took it is "
+                    "committed; if that commit file is lost, Spark replays the batch and no longer finds its "
+                    "files. Set archive_path instead: the platform archives files the ingestion committed before "
+                    "its newest batch")
         return v
 
     @model_validator(mode="after")
