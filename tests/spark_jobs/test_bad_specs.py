@@ -1,8 +1,9 @@
 """A corpus of invalid specs (tests/spark_jobs/bad_specs/): each is one realistic mistake.
 
-Every file starts with ``# expect: <field>: <message>``, what the error must say about
-that file, and may say ``# problems: N`` on its second line (default 1: one mistake is
-reported once, and nothing else in the file is wrong). test_spec.py checks the rules one
+Every file starts with ``# expect: <field>: <message>``, the whole line the error must
+say about that file (``{file}`` stands for the file's own path), and may say
+``# problems: N`` on its second line (default 1: one mistake is reported once, and
+nothing else in the file is wrong). test_spec.py checks the rules one
 by one on the example specs; this corpus checks that whole files fail readably.
 """
 
@@ -24,7 +25,7 @@ HEADER = re.compile(r"^# expect: (?P<expect>.+)\n(?:# problems: (?P<problems>\d+
 def header(path: Path) -> tuple[str, int]:
     match = HEADER.match(path.read_text(encoding="utf-8"))
     assert match, f"{path.name} must start with '# expect: <field>: <message>'"
-    return match["expect"], int(match["problems"] or 1)
+    return match["expect"].replace("{file}", str(path)), int(match["problems"] or 1)
 
 
 def test_the_corpus_is_broad() -> None:
@@ -43,7 +44,8 @@ def test_bad_spec_is_rejected_naming_the_file_and_field(path: Path) -> None:
         load_spec(path)
     message = str(err.value)
     assert err.value.source == str(path)
-    assert f"{path}: {expect}" in message, message
+    assert f"{path}: {expect}" in [line.strip() for line in message.splitlines()], message  # a whole line
+    assert expect in [f"{field or '<spec>'}: {text}" for field, text in err.value.problems], message
     assert len(err.value.problems) == problems, message
 
 
