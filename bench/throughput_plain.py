@@ -1,0 +1,249 @@
+"""Plain PySpark jobs that ``bench/throughput.py`` compares the platform with.
+
+    spark-submit --master 'local[2]' bench/throughput_plain.py --job job.json
+
+Only pyspark and the standard library: nothing of the platform is imported. The job file
+(written by the benchmark from a stream spec) holds the session settings, the source
+(format, schema with the corrupt-record column, reader options, landing directory,
+``maxFilesPerTrigger``), the stream's rules and outputs, and which variant to run:
+
+``parse`` (variant a)
+    One streaming query: the landing files parsed (PERMISSIVE, corrupt-record column, the
+    spec's schema and options) and written as they are into one Parquet file sink. No
+    quarantine, watermark, deduplication, join or aggregation.
+
+``per-output`` (variant b)
+    The stream's outputs written the obvious way: one streaming query per output, each
+    reading and parsing the landing files itself::
+
+        parse -> valid rows (no corrupt record, every required column present; every
+                   column referenced, so that the reader converts them all: see
+                   every_column_read)
+          -> watermark on the event time -> dropDuplicatesWithinWatermark(dedup key)
+          -> broadcast left (or inner) joins with the reference files -> event_date
+          -> pass-through columns, or groupBy(window(ts, duration, slide), keys).agg(...)
+          -> Parquet file sink (partitionBy as the spec says), or a SQLite table through
+             foreachBatch (upsert by the result key in update mode; the table's rows
+             replaced in complete mode)
+
+    plus one query writing the rejected rows (corrupt record or a required column
+    missing: raw record, reason, source file, time) to the quarantine (Parquet).
+
+Every query runs with the available-now trigger; they all start at once and the job ends
+when all have finished. At the end the job writes ``result`` (JSON) with every batch of
+every query (``query.recentProgress``: start, trigger execution time, input rows), so that
+the benchmark measures from the first batch's start to the last batch's end as it does
+for the platform's progress events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+CORRUPT = "_corrupt_record"
+SQLITE_TYPES = {T.StringType: "TEXT", T.LongType: "INTEGER", T.IntegerType: "INTEGER", T.DoubleType: "REAL",
+                T.BooleanType: "BOOLEAN", T.TimestampType: "TIMESTAMP", T.DateType: "DATE"}
+
+
+def session(job: dict[str, Any]) -> SparkSession:
+    builder = SparkSession.builder.appName(job["app"])
+    for key, value in job["conf"].items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def parsed(spark: SparkSession, source: dict[str, Any]) -> DataFrame:
+    reader = (spark.readStream.format(source["format"]).schema(source["schema"]).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT).option("maxFilesPerTrigger", source["max_files_per_trigger"]))
+    if source["format"] == "csv":
+        reader = reader.option("header", True)
+    for key, value in source["options"].items():
+        reader = reader.option(key, value)
+    return reader.load(source["landing"])
+
+
+def valid_condition(job: dict[str, Any]):  # noqa: ANN201 - a Column
+    cond = F.col(CORRUPT).isNull()
+    for name in job["required"]:
+        cond = cond & F.col(name).isNotNull()
+    return cond
+
+
+def every_column_read(job: dict[str, Any]):  # noqa: ANN201 - a Column, always true
+    """A condition on every declared column that is always true (a count of nulls is never
+    negative) but that Spark cannot prove so: the reader must convert every column.
+
+    Spark's CSV and JSON readers convert only the columns a query reads, and set the
+    corrupt-record column only for those. Without this, an output that does not read a
+    column would accept a record whose value in that column is malformed, which the
+    quarantine query (reading every column) quarantines as well.
+    """
+    nulls = sum((F.col(name).isNull().cast("int") for name in job["columns"]), F.lit(0))
+    return nulls >= 0
+
+
+def accepted(spark: SparkSession, job: dict[str, Any]) -> DataFrame:
+    """Valid rows, watermarked, deduplicated, enriched, with event_date."""
+    df = parsed(spark, job["source"]).where(valid_condition(job) & every_column_read(job)).drop(CORRUPT)
+    event_time = job["event_time"]
+    if event_time:
+        df = df.withWatermark(event_time["column"], event_time["watermark"])
+    if job["deduplicate"]:
+        df = df.dropDuplicatesWithinWatermark(job["deduplicate"])
+    for ref in job["joins"]:
+        reader = spark.read.format(ref["format"])
+        if ref["format"] == "csv":
+            reader = reader.option("header", True)
+        static = reader.load(ref["path"]).select(*[F.col(n).cast(t).alias(n) for n, t in ref["columns"]])
+        extra = [n for n, _ in ref["columns"] if n not in ref["key"] and n not in df.columns]
+        df = df.join(F.broadcast(static.select(*ref["key"], *extra)), on=ref["key"], how=ref["how"])
+    if event_time:
+        df = df.withColumn("event_date", F.to_date(F.col(event_time["column"])))
+    return df
+
+
+def aggregate(fn: str, column: str | None, event_time: str | None):  # noqa: ANN201 - a Column
+    if fn == "count":
+        return F.count(F.lit(1)) if column is None else F.count(F.col(column))
+    if fn == "latest":
+        return F.max_by(F.col(column), F.col(event_time))
+    return getattr(F, fn)(F.col(column))
+
+
+def output_frame(df: DataFrame, job: dict[str, Any], out: dict[str, Any]) -> DataFrame:
+    if out["query"] == "passthrough":
+        return df.select(*out["columns"])
+    event_time = (job["event_time"] or {}).get("column")
+    keys = [F.col(k) for k in out["group_by"]]
+    window = out["window"]
+    if window:
+        keys.insert(0, F.window(F.col(event_time), window["duration"], window["slide"]).alias("window"))
+    result = df.groupBy(*keys).agg(*[aggregate(a["fn"], a["column"], event_time).alias(a["name"])
+                                      for a in out["aggregates"]])
+    if window:
+        result = result.select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+                               *out["group_by"], *[a["name"] for a in out["aggregates"]])
+    return result
+
+
+def _sql_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def table_batches(frame: DataFrame, sink: dict[str, Any], mode: str):  # noqa: ANN201 - a foreachBatch function
+    """Create the table (primary key: the result key), then per batch: upsert (update mode) or
+    replace every row (complete mode), in one transaction."""
+    fields = frame.schema.fields
+    names = [f.name for f in fields]
+    table = sink["table"]
+    columns = ", ".join(f'"{f.name}" {SQLITE_TYPES[type(f.dataType)]}' for f in fields)
+    key = ", ".join(f'"{k}"' for k in sink["key"])
+    conn = sqlite3.connect(sink["db"], timeout=60)
+    try:
+        with conn:
+            conn.execute(f'CREATE TABLE IF NOT EXISTS "{table}" ({columns}, PRIMARY KEY ({key}))')
+    finally:
+        conn.close()
+    insert = f'INSERT INTO "{table}" VALUES ({", ".join("?" for _ in names)})'
+    updates = ", ".join(f'"{n}" = excluded."{n}"' for n in names if n not in sink["key"])
+    upsert = f"{insert} ON CONFLICT ({key}) DO UPDATE SET {updates}" if updates else f"{insert} ON CONFLICT DO NOTHING"
+
+    def write(batch: DataFrame, batch_id: int) -> None:
+        rows = [tuple(_sql_value(v) for v in row) for row in batch.collect()]
+        conn = sqlite3.connect(sink["db"], timeout=60)
+        try:
+            with conn:
+                if mode == "complete":
+                    conn.execute(f'DELETE FROM "{table}"')
+                    conn.executemany(insert, rows)
+                else:
+                    conn.executemany(upsert, rows)
+        finally:
+            conn.close()
+
+    return write
+
+
+def start(frame: DataFrame, name: str, checkpoint: str, mode: str, sink: dict[str, Any]):  # noqa: ANN201
+    writer = (frame.writeStream.queryName(name).outputMode(mode).option("checkpointLocation", checkpoint)
+              .trigger(availableNow=True))
+    if sink["type"] == "parquet":
+        writer = writer.format("parquet").option("path", sink["path"])
+        if sink.get("partition_by"):
+            writer = writer.partitionBy(*sink["partition_by"])
+    else:
+        writer = writer.foreachBatch(table_batches(frame, sink, mode))
+    return writer.start()
+
+
+def plan(spark: SparkSession, job: dict[str, Any]) -> list:
+    """Start the variant's queries."""
+    checkpoints = Path(job["checkpoints"])
+    if job["variant"] == "parse":
+        return [start(parsed(spark, job["source"]), "parse", str(checkpoints / "parse"), "append",
+                      {"type": "parquet", "path": job["parse_sink"]})]
+    queries = []
+    source = parsed(spark, job["source"])
+    columns = [F.col(c) for c in job["columns"]]
+    rejected = source.where(~valid_condition(job)).select(
+        F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns))).alias("raw"),
+        F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record")).otherwise(F.lit("missing required field"))
+        .alias("reason"),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.current_timestamp().alias("quarantined_at"))
+    queries.append(start(rejected, "quarantine", str(checkpoints / "quarantine"), "append",
+                         {"type": "parquet", "path": job["quarantine"]}))
+    for out in job["outputs"]:
+        frame = output_frame(accepted(spark, job), job, out)
+        queries.append(start(frame, out["name"], str(checkpoints / out["name"]), out["mode"], out["sink"]))
+    return queries
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", required=True, help="the job file the benchmark wrote (JSON)")
+    args = p.parse_args(argv)
+    job = json.loads(Path(args.job).read_text())
+    spark = session(job)
+    queries = []
+    failed = []
+    try:
+        queries = plan(spark, job)
+        for q in queries:
+            q.awaitTermination()
+            if q.exception() is not None:
+                failed.append(f"{q.name}: {q.exception()}")
+    except Exception as exc:  # noqa: BLE001 - reported, then exit 1
+        failed.append(str(exc))
+    finally:
+        for q in queries:
+            if q.isActive:
+                q.stop()
+    batches = [{"query": q.name, "batch_id": p["batchId"], "timestamp": p["timestamp"],
+                "trigger_ms": p["durationMs"].get("triggerExecution", 0), "input_rows": p["numInputRows"]}
+               for q in queries for p in (json.loads(x.json) for x in q.recentProgress)]
+    Path(job["result"]).write_text(json.dumps({"variant": job["variant"], "failed": failed, "batches": batches}))
+    spark.stop()
+    for message in failed:
+        print(f"query failed: {message}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
