@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 from typing import Any
@@ -23,6 +24,8 @@ def alert_on_failure(context: dict[str, Any]) -> None:
     try:
         from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-        SmtpNotifier(to=recipients, subject=f"[streams] {dag_id}.{task_id} failed", html_content=message).notify(context)
+        # the body is HTML: the message as written (an error may hold "<" or line breaks)
+        SmtpNotifier(to=recipients, subject=f"[streams] {dag_id}.{task_id} failed",
+                     html_content=f"<pre>{html.escape(message, quote=False)}</pre>").notify(context)
     except Exception as exc:  # noqa: BLE001 - an alert must never mask the failure it reports
         log.error("could not e-mail the alert to %s: %s", recipients, exc)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from spark_jobs.quality.rules import load_rules, rules_path
 from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
@@ -124,7 +124,11 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         "end": Param(None, type=["null", "string"], format="date-time",
                      description="event-time range end (exclusive); empty: the run's data interval"),
     }
-    with DAG(dag_id(spec.name, "backfill"), doc_md=_doc(spec, "backfill an event-time range"), schedule="@daily",
+    # daily data intervals: a run covers the day before it (so `airflow backfill create` reprocesses
+    # each day it is given). Not schedule="@daily": Airflow 3 makes that a trigger timetable,
+    # whose runs have an empty data interval (start == end), an empty range
+    daily = CronDataIntervalTimetable("@daily", timezone="UTC")
+    with DAG(dag_id(spec.name, "backfill"), doc_md=_doc(spec, "backfill an event-time range"), schedule=daily,
              start_date=START, catchup=False, max_active_runs=1, tags=tags, params=range_params,
              default_args={**_default_args(spec), "retries": 0}) as backfill_dag:
 
@@ -135,6 +139,10 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
             from spark_jobs.backfill import parse_range
 
             params = params or {}
+            if not (params.get("start") or params.get("end")) and data_interval_start and \
+                    data_interval_start == data_interval_end:
+                raise ValueError(f"the run's data interval is empty ({data_interval_start.isoformat()}): "
+                                 "give start and end")
             start = params.get("start") or (data_interval_start.isoformat() if data_interval_start else None)
             end = params.get("end") or (data_interval_end.isoformat() if data_interval_end else None)
             if not start or not end:

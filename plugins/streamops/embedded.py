@@ -83,6 +83,8 @@ class AirflowServices:
     :param spark_master: host of the ``spark_streams`` connection: where the streams run.
     :param all_admins: no login, every request is an admin (tests only); else ``users``
         (``name:role,...``) log in with the passwords Airflow generates into ``passwords_file``.
+    :param extra_env: more environment variables for every service and command; they win over
+        the defaults set here (e.g. ``AIRFLOW__CORE__DAGS_FOLDER``).
     """
 
     SERVICES = (["api-server"], ["scheduler", "--skip-serve-logs"], ["dag-processor"], ["triggerer", "--skip-serve-logs"])
@@ -111,8 +113,8 @@ class AirflowServices:
             AIRFLOW_CONN_SPARK_STREAMS=json.dumps({"conn_type": "spark", "host": spark_master}),
             STREAMS_DATA_DIR=str(data_root), PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", TZ="UTC",
             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            **(extra_env or {}),
         )
+        self.env.update(extra_env or {})  # added, or in place of the defaults above (e.g. the DAGs folder)
         self.procs: list[subprocess.Popen] = []
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -3,8 +3,9 @@
 Every driver run of a stream is recorded in ``<checkpoint>/_control/runs.json`` (start,
 end, exit code, why it ended), so the policy holds across task retries, DAG runs and
 scheduler restarts. A run counts as a failure unless it exited 0 (a requested stop or a
-finished available-now run; not a stalled driver the supervisor stopped) or lasted at
-least ``stable_after_minutes``; a stable run
+finished available-now run; not a stalled driver the supervisor stopped), was ended by
+an operator's stop (an immediate stop kills the driver: it exits non-zero, yet it did not
+fail), or lasted at least ``stable_after_minutes``; a stable run
 resets the count. The backoff doubles with every failure since the last stable run; the
 budget is spent when ``max_attempts`` of those failures ended within the last
 ``period_minutes``.
@@ -29,6 +30,7 @@ class Run:
     exit_code: int | None = None
     reason: str = ""
     forced: bool = False  # the supervisor stopped it (it stalled): a failure, whatever its exit code
+    requested: bool = False  # an operator stopped it (the stop DAG): not a failure, whatever its exit code
 
 
 class RestartBudget:
@@ -57,13 +59,19 @@ class RestartBudget:
         runs.append(Run(started_at=now))
         self._save(runs)
 
-    def record_end(self, now: float, exit_code: int | None, reason: str, forced: bool = False) -> None:
+    def record_end(self, now: float, exit_code: int | None, reason: str, forced: bool = False,
+                   requested: bool = False) -> None:
         runs = self.runs() or [Run(started_at=now)]
-        runs[-1].ended_at, runs[-1].exit_code, runs[-1].reason, runs[-1].forced = now, exit_code, reason, forced
+        last = runs[-1]
+        last.ended_at, last.exit_code, last.reason, last.forced, last.requested = now, exit_code, reason, forced, requested
         self._save(runs)
 
+    def last_run(self) -> Run | None:
+        runs = self.runs()
+        return runs[-1] if runs else None
+
     def _stable(self, run: Run) -> bool:
-        if run.exit_code == 0 and not run.forced:
+        if run.requested or (run.exit_code == 0 and not run.forced):
             return True
         end = run.ended_at if run.ended_at is not None else run.started_at
         return end - run.started_at >= self.policy.stable_after_minutes * 60

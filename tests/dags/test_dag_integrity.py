@@ -53,6 +53,18 @@ def test_quality_runs_on_the_rules_schedule_and_after_every_backfill(bag) -> Non
     assert backfill.task_dict["validate"].backfill_start == backfill.task_dict["backfill"].start
 
 
+def test_a_backfill_run_of_a_day_reprocesses_that_whole_day(bag) -> None:
+    """``airflow backfill create`` hands each run its data interval as the range: a whole day, not
+    the empty interval of the trigger timetable Airflow 3 makes of ``schedule="@daily"``."""
+    import pendulum
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(bag.dags["stream_sensors_backfill"]))
+    day = pendulum.datetime(2026, 1, 1, tz="UTC")
+    (run,) = dag.iter_dagrun_infos_between(day, day)
+    assert (run.logical_date, run.data_interval.start, run.data_interval.end) == (day, day, day.add(days=1))
+
+
 def test_dags_are_documented_and_tasks_have_retries_and_alerts(bag) -> None:
     from streamops.alerts import alert_on_failure
 

@@ -166,8 +166,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                     raise AirflowFailException(
                         f"stream {self.stream}: {budget.failures_in_period(time.time())} failed runs within "
                         f"{policy.period_minutes:g} minutes, the restart budget ({policy.max_attempts}) is spent; "
-                        f"the stream stays stopped. Look at the driver logs above, fix the cause, then trigger "
-                        f"this DAG again.")
+                        f"the stream stays stopped. {_last_failure(hook, budget)}Look at the driver logs above, "
+                        f"fix the cause, then trigger this DAG again.")
                 delay = budget.next_delay()
                 if delay:
                     self.log.warning("restarting stream %s in %.0fs (backoff after %d failed run(s))",
@@ -177,8 +177,13 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 runs += 1
                 self.log.info("starting stream %s (run %d of this task)", self.stream, runs)
                 code, reason, forced = self._run_driver()
-            budget.record_end(time.time(), code, reason, forced=forced)
-            if code == 0 and not forced:
+            # the stop DAG ended it: an immediate stop kills the driver, which then exits non-zero
+            # without having failed; recorded as requested, so it spends none of the restart budget
+            requested = _hold_marker(hook).exists()
+            if requested and (code != 0 or forced):
+                reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped on request)"
+            budget.record_end(time.time(), code, reason, forced=forced, requested=requested)
+            if (code == 0 and not forced) or requested:
                 self.log.info("stream %s stopped: %s", self.stream, reason)
                 return hook.health().to_dict()
             self.log.warning("stream %s driver ended (%s, exit %s)", self.stream, reason, code)
@@ -273,6 +278,23 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                                      grace, pid)
         if self.submit_hook is not None:
             self.submit_hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
+
+
+def _last_failure(hook: StreamHook, budget: RestartBudget) -> str:
+    """What ended the last run, for the message (and the alert) when the budget is spent: its
+    exit code and the error its driver reported last (a progress event), else why it ended."""
+    from spark_jobs.progress import read_events
+
+    last = budget.last_run()
+    if last is None:
+        return ""
+    error = None
+    for event in read_events(hook.layout.events_file):
+        if event.get("event") == "driver_failed" and float(event.get("logged_at") or 0) >= last.started_at:
+            error = str(event.get("error") or "").strip()
+    said = (error.splitlines()[0] if error else last.reason)[:1000]
+    code = "" if last.exit_code is None else f" with exit code {last.exit_code}"
+    return f"The last run ended{code}: {said.rstrip('.')}. " if said else ""
 
 
 def _corrupt_message(problems: list[str], hook: StreamHook) -> str:

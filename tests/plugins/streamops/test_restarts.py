@@ -56,6 +56,15 @@ def test_a_requested_stop_is_not_a_failure(tmp_path: Path) -> None:
     assert budget.consecutive_failures() == 0
 
 
+def test_a_run_an_operator_stopped_is_not_a_failure_whatever_its_exit_code(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    fail(budget, 0)
+    budget.record_start(100)
+    budget.record_end(110, 1, "killed (stopped on request)", requested=True)  # an immediate stop kills the driver
+    assert budget.consecutive_failures() == 0 and budget.next_delay() == 0 and not budget.exhausted(110)
+    assert budget.last_run().requested and budget.last_run().exit_code == 1
+
+
 def test_a_lost_supervisor_counts_its_run_as_ended(tmp_path: Path) -> None:
     budget = RestartBudget(tmp_path / "runs.json", POLICY)
     budget.record_start(0)  # the task process died: no end recorded

@@ -1,0 +1,396 @@
+"""An operator's actions under the real platform (Airflow's API server, scheduler with the
+LocalExecutor, DAG processor and triggerer on loopback, one instance for the whole file):
+
+1. a backfill through Airflow's own ``airflow backfill create``: the run's data interval is
+   the range; every output holds exactly what the accepted rows of that range give, and
+   the same range run again (reprocessing the completed run) gives identical files;
+2. an immediate stop from the stop DAG: the driver is killed, the supervisor ends and the
+   stream stays stopped, without spending its restart budget; started again, it catches
+   up, and every sink equals the ground truth: nothing lost or doubled by the kill;
+3. a stream whose driver fails at every start spends its restart budget: the supervisor
+   fails saying so and why, and exactly one alert e-mail arrives at the SMTP server that
+   Airflow's SMTP connection points at.
+"""
+
+from __future__ import annotations
+
+import email
+import email.message
+import email.policy
+import html
+import json
+import os
+import shutil
+import signal
+import socketserver
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from airflow_harness import ROOT, Airflow, DriverWatcher, deploy, stream_drivers, wait_for
+
+from spark_jobs import backfill, generate, pipeline, verify
+from spark_jobs.checkpoint import last_batch
+from spark_jobs.lease import holder_alive
+from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec
+from streamops.embedded import wait_until
+from streamops.health import Status, assess
+from streamops.restarts import RestartBudget
+
+pytestmark = pytest.mark.e2e
+
+ALERT_TO = "oncall@example.com"
+ALERT_FROM = "streams@example.com"
+#: The backfilled day: the generator's virtual clock starts at 2026-01-01T00:00:00Z.
+DAY = "2026-01-01"
+RANGE = ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00")
+MISSING_REFERENCE = "reference/no_such_devices.csv"
+
+
+# ---- a mail server on loopback -----------------------------------------------------------------
+
+
+class MailCatcher:
+    """The smallest SMTP server that Airflow's SMTP hook can send to (no TLS, no login): keeps
+    every message it receives."""
+
+    def __init__(self) -> None:
+        self.messages: list[email.message.EmailMessage] = []
+        catcher = self
+
+        class Session(socketserver.StreamRequestHandler):
+            def reply(self, line: str) -> None:
+                self.wfile.write(line.encode() + b"\r\n")
+                self.wfile.flush()
+
+            def handle(self) -> None:
+                self.reply("220 127.0.0.1 ESMTP test")
+                while line := self.rfile.readline():
+                    verb = line.decode(errors="replace").strip().split(" ", 1)[0].upper()
+                    if verb in ("EHLO", "HELO"):
+                        self.reply("250 127.0.0.1")
+                    elif verb == "DATA":
+                        self.reply("354 end data with <CR><LF>.<CR><LF>")
+                        data = []
+                        while (part := self.rfile.readline()) not in (b".\r\n", b".\n", b""):
+                            data.append(part[1:] if part.startswith(b".") else part)  # dot-unstuffing
+                        catcher.messages.append(email.message_from_bytes(b"".join(data), policy=email.policy.default))
+                        self.reply("250 OK: queued")
+                    elif verb == "QUIT":
+                        self.reply("221 bye")
+                        return
+                    else:  # MAIL, RCPT, RSET, NOOP
+                        self.reply("250 OK")
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Session)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def about(self, text: str) -> list[email.message.EmailMessage]:
+        return [m for m in self.messages if text in str(m["Subject"])]
+
+
+def body(message: email.message.EmailMessage) -> str:
+    """The text of an HTML message's body."""
+    return html.unescape(message.get_body(("html", "plain")).get_content())
+
+
+# ---- one Airflow for the file ------------------------------------------------------------------
+
+
+@dataclass
+class Platform:
+    airflow: Airflow
+    spec_dir: Path
+    data_root: Path
+    mail: MailCatcher
+
+    def spec_path(self, name: str) -> Path:
+        return self.spec_dir / f"{name}.yaml"
+
+    def stream(self, name: str) -> tuple[StreamSpec, Layout]:
+        spec = load_spec(self.spec_path(name))
+        return spec, Layout(spec, self.data_root, self.spec_dir)
+
+    def feed(self, name: str, files: int, seed: int) -> None:
+        assert generate.main(["--spec", str(self.spec_path(name)), "--data-root", str(self.data_root),
+                              "--files", str(files), "--events-per-file", "40", "--seed", str(seed)]) == 0
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        """Trigger a run; its run id."""
+        before = {r["run_id"] for r in self.airflow.runs(dag_id)}
+        self.airflow.cli("dags", "trigger", dag_id, *(("--conf", json.dumps(conf)) if conf else ()))
+        return wait_for(lambda: next((r["run_id"] for r in self.airflow.runs(dag_id) if r["run_id"] not in before),
+                                     None), f"the new run of {dag_id}", timeout=60, every=1)
+
+    def state(self, dag_id: str, run_id: str) -> str | None:
+        return next((r["state"] for r in self.airflow.runs(dag_id) if r["run_id"] == run_id), None)
+
+    def task_state(self, dag_id: str, task_id: str, run_id: str) -> str:
+        result = self.airflow.cli("tasks", "state", dag_id, task_id, run_id, check=False)
+        lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+        return lines[-1] if result.returncode == 0 and lines else ""
+
+    def task_log(self, dag_id: str, task_id: str, run_id: str | None = None) -> str:
+        runs = f"run_id={run_id}" if run_id else "run_id=*"
+        return "\n".join(p.read_text(errors="replace") for p in sorted(
+            (self.airflow.home / "logs").glob(f"dag_id={dag_id}/{runs}/task_id={task_id}/attempt=*.log")))
+
+
+def operator_specs(include: Path) -> Path:
+    """include/ with the sensors stream (a 2-second trigger) and `doomed`: the sensors stream under
+    another name and paths, whose reference data does not exist (every start fails) and whose
+    restart budget is one failed run."""
+    source = ROOT / "include"
+    for folder in ("expectations", "reference"):
+        shutil.copytree(source / folder, include / folder)
+    sensors = yaml.safe_load((source / "streams" / "sensors.yaml").read_text())
+    sensors["trigger"] = {"processing_time": "2 seconds"}
+    doomed = yaml.safe_load((source / "streams" / "sensors.yaml").read_text())
+    doomed.update(name="doomed", checkpoint="checkpoints/doomed", trigger={"processing_time": "2 seconds"})
+    doomed["source"].update(path="landing/doomed", archive_path="archive/doomed")
+    doomed["quarantine"]["path"] = "quarantine/doomed"
+    doomed["enrich"][0]["path"] = MISSING_REFERENCE
+    for output in doomed["outputs"]:
+        if "path" in output["sink"]:
+            output["sink"]["path"] = output["sink"]["path"].replace("sensors", "doomed")
+        else:
+            output["sink"]["table"] = "doomed_device_status"
+    doomed["supervision"] = {"stall_window": "3 minutes",
+                             "restart": {"max_attempts": 1, "backoff_initial_seconds": 1, "backoff_max_seconds": 2}}
+    (include / "streams").mkdir(parents=True)
+    for spec in (sensors, doomed):
+        (include / "streams" / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    shutil.copy(include / "expectations" / "sensors.yaml", include / "expectations" / "doomed.yaml")
+    return include / "streams"
+
+
+def dags_folder(folder: Path) -> Path:
+    """The project's DAG file of the sensors stream, and one for `doomed` written as the README says."""
+    folder.mkdir(parents=True)
+    shutil.copy(ROOT / "dags" / "stream_sensors.py", folder / "stream_sensors.py")
+    (folder / "stream_doomed.py").write_text(
+        '"""Airflow DAGs of the `doomed` stream."""\n\nfrom streamops.dag_factory import stream_dags\n\n'
+        'globals().update(stream_dags("doomed"))\n')
+    return folder
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory) -> Iterator[Platform]:  # noqa: ANN001
+    root = tmp_path_factory.mktemp("operator-actions")
+    spec_dir = operator_specs(root / "include")
+    data_root = root / "data"
+    mail = MailCatcher()
+    smtp = {"conn_type": "smtp", "host": "127.0.0.1", "port": mail.port,
+            "extra": {"from_email": ALERT_FROM, "disable_tls": True, "disable_ssl": True, "timeout": 10,
+                      "retry_limit": 0}}
+    airflow = Airflow(root / "airflow", data_root, extra_env={
+        "STREAMS_SPEC_DIR": str(spec_dir), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder(root / "dags")),
+        "STREAMS_ALERT_EMAIL": ALERT_TO, "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps(smtp)})
+    # the services import this checkout's code (the plugins folder, and spark_jobs through PYTHONPATH)
+    assert Path(airflow.env["AIRFLOW__CORE__PLUGINS_FOLDER"]) == ROOT / "plugins"
+    mail.start()
+    try:
+        airflow.start()
+        wait_for(airflow.healthy, "the Airflow API server", timeout=180, every=2)
+        yield Platform(airflow, spec_dir, data_root, mail)
+    finally:
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
+        mail.stop()
+
+
+# ---- 1. backfill -------------------------------------------------------------------------------
+
+
+def backfill_runs(p: Platform, dag_id: str) -> list[dict]:
+    return [r for r in p.airflow.runs(dag_id) if r["run_id"].startswith("backfill__")]
+
+
+def create_backfill(p: Platform, dag_id: str, *extra: str) -> None:
+    """``airflow backfill create`` for the day; while the previous backfill is not marked completed
+    yet (the scheduler does that after its runs end), Airflow refuses a second: try again."""
+    def created() -> bool:
+        result = p.airflow.cli("backfill", "create", "--dag-id", dag_id, "--from-date", DAY, "--to-date", DAY,
+                               "--max-active-runs", "1", *extra, check=False)
+        if result.returncode == 0:
+            return True
+        if "Another backfill is running" in result.stdout + result.stderr:
+            return False
+        raise AssertionError(f"airflow backfill create failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+    wait_for(created, f"Airflow to accept the backfill of {dag_id}", timeout=120, every=3)
+
+
+def snapshot(spark, spec: StreamSpec, layout: Layout) -> dict[str, list[str]]:  # noqa: ANN001
+    lo, hi = backfill.parse_range(*RANGE)
+    return {o.name: sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in
+                           spark.read.parquet(str(backfill.output_dir(spec, layout, o.name, lo, hi))).collect())
+            for o in spec.outputs}
+
+
+def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_identically(platform: Platform,
+                                                                                           spark) -> None:  # noqa: ANN001
+    p, dag = platform, "stream_sensors_backfill"
+    spec, layout = p.stream("sensors")
+    p.feed("sensors", files=8, seed=21)
+    pipeline.run_available_now(spark, spec, layout)  # the accepted rows the backfill reads
+
+    wait_for(lambda: dag in p.airflow.dag_ids(), f"the DAG processor to parse {dag}", timeout=180, every=2)
+    p.airflow.cli("dags", "unpause", dag)  # backfill runs only start on an unpaused DAG
+    # unpaused, the @daily DAG also runs its latest complete day (catchup is off): that day has no
+    # accepted rows, so that run fails; let it end first, so the two never share the 2 cores
+    wait_until(lambda: any(r["state"] in ("success", "failed") for r in p.airflow.runs(dag)
+                           if not r["run_id"].startswith("backfill__")), 240, every=3)
+
+    create_backfill(p, dag)
+    run = wait_for(lambda: (runs := backfill_runs(p, dag)) and runs[0]["state"] in ("success", "failed") and runs[0],
+                   "the backfill run to end", timeout=600, every=3)
+    assert run["state"] == "success", p.task_log(dag, "*", run["run_id"])[-8000:]
+    assert len(backfill_runs(p, dag)) == 1 and run["logical_date"].startswith(DAY)
+
+    # exactly the accepted events of the day: not malformed, not duplicates, not dropped as late
+    first = snapshot(spark, spec, layout)
+    ledger = [json.loads(line) for line in (p.data_root / "generated" / "sensors" / "ledger.jsonl").read_text().splitlines()]
+    lo, hi = backfill.parse_range(*RANGE)
+    in_range = sorted(r["event"]["event_id"] for r in ledger
+                      if r["kind"] in ("ok", "late_within") and lo <= datetime.fromisoformat(r["event"]["ts"]) < hi)
+    rows = {o: [json.loads(r) for r in first[o]] for o in first}
+    assert len(in_range) > 250
+    assert sorted(r["event_id"] for r in rows["readings"]) == in_range
+    # a 10-minute window sliding by 5 holds each row twice; the device table counts each row once
+    assert sum(r["readings"] for r in rows["site_temperature_10m"]) == 2 * len(in_range)
+    assert sum(r["readings"] for r in rows["device_status"]) == len(in_range)
+    target = backfill.output_dir(spec, layout, "readings", lo, hi)
+    assert [d.name for d in target.parent.iterdir()] == ["range=20260101T000000Z_20260102T000000Z"]
+    # and the validate task validated what it wrote
+    validated = json.loads((layout.quality_dir / "ledger.json").read_text())["backfills"]
+    unit = f"backfill {target.name}"
+    assert {o: (v[unit]["status"], v[unit]["rows"]) for o, v in validated.items()} == {
+        o: ("passed", len(rows[o])) for o in rows}
+
+    # the same day again, through Airflow's reprocessing of a completed run: the output is
+    # rewritten (a new folder swapped in) and identical
+    written = target.stat().st_ino
+    create_backfill(p, dag, "--reprocess-behavior", "completed")
+    run = wait_for(lambda: (runs := backfill_runs(p, dag)) and runs[0]["state"] in ("success", "failed") and runs[0],
+                   "the backfill run to end again", timeout=600, every=3)
+    assert run["state"] == "success", p.task_log(dag, "*", run["run_id"])[-8000:]
+    assert target.stat().st_ino != written, "the second backfill did not rewrite the range"
+    assert snapshot(spark, spec, layout) == first
+
+
+# ---- 2. immediate stop -------------------------------------------------------------------------
+
+
+def test_an_immediate_stop_keeps_the_stream_stopped_and_loses_or_doubles_nothing(platform: Platform,
+                                                                                 spark) -> None:  # noqa: ANN001
+    p = platform
+    spec, layout = p.stream("sensors")
+    readings = layout.checkpoint(INGEST_QUERY)
+    budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+    p.feed("sensors", files=24, seed=31)
+
+    def committed() -> int:
+        batch = last_batch(readings, "commits")
+        return -1 if batch is None else batch
+
+    before = committed()
+    watcher = DriverWatcher()
+    watcher.start()
+    try:
+        deploy(p.airflow, "sensors")
+        run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_sensors")), None),
+                       "the supervisor run", timeout=60, every=1)
+        wait_for(lambda: committed() >= before + 3, "3 committed batches", timeout=300)
+        wait_for(lambda: p.task_state("stream_sensors", "running", run) == "success", "the deploy to be confirmed",
+                 timeout=120, every=2)
+
+        # stop at once: the driver is killed wherever it is, and the stream stays stopped
+        stop = p.trigger("stream_sensors_stop", {"mode": "immediate"})
+        wait_for(lambda: p.state("stream_sensors_stop", stop) in ("success", "failed"), "the stop DAG to end",
+                 timeout=180, every=2)
+        assert p.state("stream_sensors_stop", stop) == "success", p.task_log("stream_sensors_stop", "stop")
+        wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+        wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
+                 timeout=120, every=2)
+        assert p.state("stream_sensors", run) == "success", p.task_log("stream_sensors", "supervise", run)
+        assert layout.hold_marker.exists() and not holder_alive(layout.lease_dir)
+        assert not wait_until(stream_drivers, 15, every=0.5), "the stream was started again"
+        assert "immediate" in p.task_log("stream_sensors_stop", "stop", stop)
+        # the kill was asked for: it is no failed run, and the next start waits for no backoff
+        last = budget.last_run()
+        assert last is not None and last.requested and last.exit_code != 0, last
+        assert budget.consecutive_failures() == 0 and budget.next_delay() == 0
+
+        # more input arrives while it is stopped; started again, it takes all of it
+        p.feed("sensors", files=6, seed=32)
+        again = p.trigger("stream_sensors")
+        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
+        assert "(backoff after" not in p.task_log("stream_sensors", "supervise", again)
+
+        # then a graceful stop
+        graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
+        wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
+                 timeout=240, every=2)
+        assert p.state("stream_sensors_stop", graceful) == "success", p.task_log("stream_sensors_stop", "stop", graceful)
+        wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+        wait_for(lambda: [r["state"] for r in p.airflow.runs("stream_sensors")] == ["success", "success"],
+                 "both supervisor runs to end", timeout=120, every=2)
+    finally:
+        watcher.stop()
+    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
+
+    manifest = json.loads((p.data_root / "generated" / "sensors" / "manifest.json").read_text())
+    report = verify.compare(spark, spec, layout, manifest)
+    assert report.ok, report.describe()
+    agreement = verify.agreement(spark, spec, layout)
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    runs = budget.runs()
+    assert [(r.exit_code != 0, r.requested) for r in runs[-2:]] == [(True, True), (False, True)]
+
+
+# ---- 3. alert --------------------------------------------------------------------------------
+
+
+def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(platform: Platform) -> None:
+    p = platform
+    spec, layout = p.stream("doomed")
+    Path(layout.landing).mkdir(parents=True, exist_ok=True)
+    missing = layout.reference(MISSING_REFERENCE)
+    assert not Path(missing).exists()
+
+    deploy(p.airflow, "doomed")
+    run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_doomed")), None),
+                   "the supervisor run", timeout=60, every=1)
+    wait_for(lambda: p.task_state("stream_doomed", "supervise", run) in ("success", "failed", "up_for_retry"),
+             "the supervisor task to end", timeout=300, every=3)
+    assert p.task_state("stream_doomed", "supervise", run) == "failed"  # not retried: the budget is spent
+    budget_spent = "1 failed runs within 60 minutes, the restart budget (1) is spent; the stream stays stopped"
+    log = p.task_log("stream_doomed", "supervise", run)
+    assert budget_spent in log and missing in log, log[-5000:]
+    history = RestartBudget(layout.runs_file, spec.supervision.restart).runs()
+    assert [(r.exit_code, r.requested) for r in history] == [(1, False)]  # one start, then no more
+    assert stream_drivers() == []
+
+    # one e-mail, to the address configured, naming the DAG, the task and the failure
+    wait_for(lambda: p.mail.about("stream_doomed"), "the alert e-mail", timeout=60)
+    assert not wait_until(lambda: len(p.mail.about("stream_doomed")) > 1, 15, every=0.5), "more than one alert"
+    (alert,) = p.mail.about("stream_doomed")
+    assert alert["Subject"] == "[streams] stream_doomed.supervise failed"
+    assert alert["To"] == ALERT_TO and alert["From"] == ALERT_FROM
+    text = body(alert)
+    assert budget_spent in text and missing in text and "exit code 1" in text, text
