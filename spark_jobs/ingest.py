@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_COLUMNS = ["raw", "reason", "source_file", "quarantined_at"]
+#: The quarantine table's columns.
+QUARANTINE_SCHEMA = "raw string, reason string, source_file string, quarantined_at timestamp"
 #: Working columns of the ingestion; never written to the accepted rows.
 REASON, EVENT_TIME, ROW_KEY, KIND = "_reason", "_event_time", "_row_key", "_kind"
 ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unmatched"
@@ -313,16 +314,21 @@ class FileSinkWriter:
 
 
 class IngestBatch:
-    """The foreachBatch function of the ingestion query."""
+    """The foreachBatch function of the ingestion query.
+
+    A batch is computed once: the accepted write fills a cache of the classified rows,
+    and the counts and the quarantine's write read it. A batch with nothing to quarantine
+    commits an empty quarantine batch without reading the rows again."""
 
     def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
-        self.spec, self.layout, self.on_batch = spec, layout, on_batch
+        self.spark, self.spec, self.layout, self.on_batch = spark, spec, layout, on_batch
         self.checkpoint = layout.checkpoint(INGEST_QUERY)
         self.references = [reference_frame(spark, spec, layout, i) for i in range(len(spec.enrich))]
         partitions = [EVENT_DATE_COLUMN] if spec.event_time is not None else []
         self.accepted = FileSinkWriter(spark, layout.accepted, partitions)
         self.quarantine = FileSinkWriter(spark, layout.data(spec.quarantine.path), []) if spec.quarantine else None
+        self._query_id: str | None = None  # the checkpoint's, known from the first batch on
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark judges a batch's rows late by the watermark the batch before ran with (its
@@ -330,16 +336,20 @@ class IngestBatch:
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
         rows = classify(self.spec, batch, self.references, watermark).persist()
         try:
-            counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
             self.accepted.add_batch(batch_id, accepted_rows(self.spec, rows))
+            counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
             if self.quarantine is not None:
-                self.quarantine.add_batch(batch_id, quarantined_rows(self.spec, rows))
+                rejected = (quarantined_rows(self.spec, rows) if counts.get(QUARANTINED)
+                            else self.spark.createDataFrame([], QUARANTINE_SCHEMA))
+                self.quarantine.add_batch(batch_id, rejected)
             elif counts.get(QUARANTINED):
                 raise RuntimeError(f"stream {self.spec.name}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         finally:
             rows.unpersist()
+        if self._query_id is None:
+            self._query_id = query_id(self.checkpoint)
         event = {"event": "ingested", "stream": self.spec.name, "query": INGEST_QUERY,
-                 "id": query_id(self.checkpoint), "batch_id": batch_id, "watermark_ms": watermark,
+                 "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
                  "rows": sum(counts.values()), **{k: counts.get(k, 0) for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)}}
         log.info("ingested batch %d of %s: %s", batch_id, self.spec.name,
                  ", ".join(f"{k} {event[k]}" for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)))
