@@ -34,9 +34,11 @@ and deduplication: ``clicks_four_outputs`` (a pass-through Parquet sink partitio
 event_date; a 15-minute window sliding every 5 minutes in append mode to Parquet; a
 complete-mode table sink keyed by page, as in clicks.yaml, and an update-mode one, both in
 SQLite under the run's data root; the quarantine) and ``clicks_one_output`` (the
-pass-through output alone, over the same landing files; variants a and c only), where the
-platform (c) is compared with the single parse (a): what the extra stage costs. Every variant of a stream reads the same landing files (hard links of the
-generated ones, modification times kept), each run in a fresh data root.
+pass-through output alone, over the same landing files), where the platform (c) is
+compared with the same output hand-written as one query plus the quarantine (b): what
+the extra stage, the accepted-rows table between the two, costs. Every variant of a
+stream reads the same landing files (hard links of the generated ones, modification
+times kept), each run in a fresh data root.
 
 Measured per run: wall time from spark-submit's start to its exit; the time of the
 batches, from the start of the first batch of any query to the end of the last (the
@@ -47,7 +49,7 @@ over the wall time; peak resident memory of the spark-submit JVM plus its Python
 processes (from /proc every 0.2 s); data files each Parquet sink's ``_spark_metadata`` log
 committed. Variants are interleaved (their order rotates with each repeat); medians of
 ``--repeats``; the ratios c/a and c/b are rows per second of c over a, resp. b (batches).
-Aims: ``clicks_four_outputs`` c/a >= 0.6 and c/b >= 1.5; ``clicks_one_output`` c/a >= 0.87.
+Aims: ``clicks_four_outputs`` c/a >= 0.6 and c/b >= 1.5; ``clicks_one_output`` c/b >= 0.87.
 
 Fairness check, after the runs: the sinks of the first repeat are read back (one local
 SparkSession): (a) holds one row per input record; (b) and (c) hold as many rows per output
@@ -112,7 +114,7 @@ MASTER = "local[2]"
 FOUR, ONE = "clicks_four_outputs", "clicks_one_output"
 VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform"}
 #: (stream, ratio, aim): printed beside the results
-AIMS = [(FOUR, "c/a", 0.6), (FOUR, "c/b", 1.5), (ONE, "c/a", 0.87)]
+AIMS = [(FOUR, "c/a", 0.6), (FOUR, "c/b", 1.5), (ONE, "c/b", 0.87)]
 
 
 # ---- processes --------------------------------------------------------------------------------------
@@ -695,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         examples = project_root() / "include" / "streams"
         specs = {"sensors": (examples / "sensors.yaml", "sensors", "abc"),
                  "clicks": (examples / "clicks.yaml", "clicks", "abc"),
-                 FOUR: (written[FOUR], "clicks_bench", "abc"), ONE: (written[ONE], "clicks_bench", "ac")}
+                 FOUR: (written[FOUR], "clicks_bench", "abc"), ONE: (written[ONE], "clicks_bench", "abc")}
         inputs: dict[str, Path] = {}
         for name in args.streams:
             spec_path, group, variants = specs[name]
