@@ -19,7 +19,7 @@ USER airflow
 WORKDIR /opt/streams
 # the project's pinned stack first (a layer that changes only with pyproject.toml)...
 COPY --chown=airflow:0 pyproject.toml README.md ./
-RUN mkdir -p spark_jobs/quality plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors \
+RUN mkdir -p spark_jobs/quality spark_jobs/testdata plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors \
              plugins/streamops/triggers \
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check
 # ...then the code: Spark jobs, DAGs, the Airflow plugin, specs, rules and reference data

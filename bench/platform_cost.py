@@ -63,12 +63,12 @@ from typing import Any
 
 import yaml
 
-from spark_jobs import generate
 from spark_jobs.checkpoint import batch_ids, file_name, processed_files, sink_files
-from spark_jobs.demo import spark_submit
 from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.progress import read_events
 from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec, project_root
+from spark_jobs.testdata import generate
+from spark_jobs.testdata.demo import spark_submit
 from streamops.embedded import AirflowServices, wait_for, wait_until
 from streamops.health import Status, assess
 
@@ -308,7 +308,7 @@ def copy_input(source: Path, data_root: Path) -> None:
 
 
 class BareStream:
-    """``spark-submit`` of the stream job (:func:`spark_jobs.demo.spark_submit`) in a thread; with
+    """``spark-submit`` of the stream job (:func:`spark_jobs.testdata.demo.spark_submit`) in a thread; with
     ``restart``, run again the moment it ends, unless it finished or was asked to stop."""
 
     def __init__(self, stream: Stream, *extra: str, restart: bool = False):

@@ -2,7 +2,7 @@
 
     python bench/throughput.py [--quick] [--rows N] [--files N] [--repeats N] [--streams NAME ...] [--keep]
 
-For each stream, one input is generated (``spark_jobs.generate``: about ``--rows`` valid
+For each stream, one input is generated (``spark_jobs.testdata.generate``: about ``--rows`` valid
 events over ``--files`` files, with its default shares of malformed records, duplicates,
 late events and one empty file), and three variants process exactly those landing files
 with ``spark-submit --master local[2]``, the available-now trigger and the same session
@@ -87,7 +87,6 @@ from typing import Any
 
 import yaml
 
-from spark_jobs import generate
 from spark_jobs.checkpoint import batch_ids, sink_files
 from spark_jobs.ingest import ddl
 from spark_jobs.progress import read_events
@@ -105,6 +104,7 @@ from spark_jobs.spec import (
     load_spec,
     project_root,
 )
+from spark_jobs.testdata import generate
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -474,7 +474,7 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # n
     """Read back the sinks of one repeat: counts against the ground truth, (b) against (c)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.verify import normalize, read_table
+    from spark_jobs.testdata.verify import normalize, read_table
 
     truth = stream.manifest_counts()
     problems: list[str] = []

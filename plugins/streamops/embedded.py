@@ -219,7 +219,7 @@ class Platform:
             self.deployed = True
             self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused")
             self.generators[name] = subprocess.Popen(
-                [sys.executable, "-m", "spark_jobs.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
+                [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
                  "--data-root", str(self.data_root), "--rate", str(self.rate),
                  "--events-per-file", str(self.events_per_file)],
                 stdout=open(self.data_root / "logs" / f"generate-{name}.log", "a"),  # noqa: SIM115
@@ -334,8 +334,8 @@ class Platform:
     def summary(self) -> dict[str, Any]:
         """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
         restarts in this run and the units validated."""
-        from spark_jobs import verify
         from spark_jobs.session import build_session
+        from spark_jobs.testdata import verify
         from streamops.restarts import RestartBudget
 
         spark = build_session("platform-summary", master="local[1]", extra={"spark.ui.enabled": "false"})

@@ -22,10 +22,10 @@ from airflow_harness import (  # tests/e2e/ is on sys.path (rootdir imports)
     wait_for,
 )
 
-from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import read_holder
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

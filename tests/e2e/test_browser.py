@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from airflow_harness import ROOT, Airflow, stream_drivers, wait_for
 
-from spark_jobs import generate
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate
 from streamops.health import Status, assess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

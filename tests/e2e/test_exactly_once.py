@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import generate, verify
 from spark_jobs.checkpoint import batch_ids, last_batch
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate, verify
 
 pytestmark = pytest.mark.e2e
 

@@ -35,10 +35,10 @@ import pytest
 import yaml
 from airflow_harness import Airflow, DriverWatcher, deploy, stream_drivers, wait_for
 
-from spark_jobs import generate, verify
 from spark_jobs.checkpoint import batch_ids
 from spark_jobs.lease import read_holder
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

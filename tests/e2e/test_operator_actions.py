@@ -33,10 +33,11 @@ import pytest
 import yaml
 from airflow_harness import ROOT, Airflow, DriverWatcher, deploy, stream_drivers, wait_for
 
-from spark_jobs import backfill, generate, pipeline, verify
+from spark_jobs import backfill, pipeline
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import holder_alive
 from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec
+from spark_jobs.testdata import generate, verify
 from streamops.embedded import wait_until
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from airflow_harness import BIN, Airflow, DriverWatcher, deploy, free_port, stream_drivers, wait_for
 
-from spark_jobs import generate, verify
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from spark_jobs import generate, verify
 from spark_jobs.archive import archivable, archive
 from spark_jobs.checkpoint import file_name, last_batch, processed_files
 from spark_jobs.pipeline import run_available_now
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec, parse_spec
+from spark_jobs.testdata import generate, verify
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

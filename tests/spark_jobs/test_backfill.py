@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs import backfill, generate, pipeline
+from spark_jobs import backfill, pipeline
 from spark_jobs.spec import Layout, SpecError, default_spec_dir, load_spec, parse_spec
+from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
 START, END = "2026-01-01T00:01:00Z", "2026-01-01T00:03:00Z"

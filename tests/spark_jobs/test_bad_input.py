@@ -27,8 +27,9 @@ import pytest
 import yaml
 from test_pipeline import T0, Run, at, run
 
-from spark_jobs import generate, pipeline, verify
+from spark_jobs import pipeline
 from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate, verify
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
 
-from spark_jobs import pipeline, verify
+from spark_jobs import pipeline
 from spark_jobs.checkpoint import sink_files, sink_last_batch
 from spark_jobs.ingest import accepted_batch
 from spark_jobs.spec import Layout, default_spec_dir, parse_spec
+from spark_jobs.testdata import verify
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
                "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}

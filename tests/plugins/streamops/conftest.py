@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import generate, pipeline
+from spark_jobs import pipeline
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import generate, pipeline
+from spark_jobs import pipeline
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.progress import EventLog, make_listener, read_events
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.testdata import generate
 
 INCLUDE = default_spec_dir().parent
 

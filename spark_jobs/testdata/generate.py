@@ -1,7 +1,7 @@
 """Test events for one stream's file source, with a ledger of what was written.
 
-    python -m spark_jobs.generate --spec include/streams/sensors.yaml --files 20 --events-per-file 100
-    python -m spark_jobs.generate --spec include/streams/clicks.yaml --rate 2 --duration 60
+    python -m spark_jobs.testdata.generate --spec include/streams/sensors.yaml --files 20 --events-per-file 100
+    python -m spark_jobs.testdata.generate --spec include/streams/clicks.yaml --rate 2 --duration 60
 
 Each file is written completely into ``<data_root>/generated/<stream>/staging/``, given
 its modification time there, and renamed into the landing directory, so Spark never
@@ -52,7 +52,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_jobs import groundtruth as gt
 from spark_jobs.spec import (
     Aggregation,
     Column,
@@ -63,6 +62,7 @@ from spark_jobs.spec import (
     default_data_root,
     load_spec,
 )
+from spark_jobs.testdata import groundtruth as gt
 
 DEFAULT_START = "2026-01-01T00:00:00Z"
 #: Safety distance from the watermark bounds for late events and duplicates.
@@ -704,7 +704,7 @@ def generate(spec_path: str | os.PathLike[str], data_root: str | os.PathLike[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.generate",
+    p = argparse.ArgumentParser(prog="python -m spark_jobs.testdata.generate",
                                 description="Write test events for one stream into its landing directory.")
     p.add_argument("--spec", required=True, help="the stream's spec file")
     p.add_argument("--data-root", help="data root (default: STREAMS_DATA_DIR or <project>/data)")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_jobs import generate, pipeline, verify
+from spark_jobs import pipeline
 from spark_jobs.spec import (
     INGEST_QUERY,
     SPARK_TYPES,
@@ -33,6 +33,7 @@ from spark_jobs.spec import (
     parse_spec,
 )
 from spark_jobs.tables import TableWriter
+from spark_jobs.testdata import generate, verify
 
 COLUMNS = [("event_id", "string"), ("ts", "timestamp"), ("day", "date"), ("temperature", "double"),
            ("readings", "long"), ("active", "boolean")]
@@ -82,7 +83,7 @@ def assert_only(report: verify.StreamReport, **found: Any) -> None:
 
 
 def test_verify_reads_sinks_without_the_pipeline_or_the_table_writer() -> None:
-    code = ("import sys, spark_jobs.verify; "
+    code = ("import sys, spark_jobs.testdata.verify; "
             "print(sorted(m for m in ('spark_jobs.pipeline', 'spark_jobs.tables', 'pyspark') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

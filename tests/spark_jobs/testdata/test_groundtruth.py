@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs import groundtruth as gt
 from spark_jobs.spec import Layout, Window, parse_spec
+from spark_jobs.testdata import groundtruth as gt
 
 DAY = "2026-01-01T"
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from spark_jobs.groundtruth import convert
 from spark_jobs.spec import Layout, Output, ParquetSink, StreamSpec, TableSink
+from spark_jobs.testdata.groundtruth import convert
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

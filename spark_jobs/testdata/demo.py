@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs import generate
 from spark_jobs.spec import Layout, default_data_root, default_spec_dir, load_specs
+from spark_jobs.testdata import generate
 
-STREAM_JOB = Path(__file__).resolve().parent / "stream_job.py"
-QUALITY_JOB = Path(__file__).resolve().parent / "quality_job.py"
+STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
+QUALITY_JOB = Path(__file__).resolve().parents[1] / "quality_job.py"
 
 
 def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, *extra: str,
@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         quality[name] = json.loads(result_file.read_text())
 
-    from spark_jobs import verify
     from spark_jobs.quality_job import describe
     from spark_jobs.session import build_session
+    from spark_jobs.testdata import verify
 
     spark = build_session("demo-verify", master="local[1]", extra={"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs import generate as gen
 from spark_jobs.spec import duration_seconds, load_spec
+from spark_jobs.testdata import generate as gen
 
-STREAMS = Path(__file__).resolve().parents[2] / "include" / "streams"
+STREAMS = Path(__file__).resolve().parents[3] / "include" / "streams"
 SENSORS, CLICKS = STREAMS / "sensors.yaml", STREAMS / "clicks.yaml"
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 MARGIN_MS = 30_000
