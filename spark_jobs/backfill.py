@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.checkpoint import sink_last_batch
+from spark_jobs.plan import compile_plan
 from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
 
 if TYPE_CHECKING:
@@ -72,14 +73,16 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     if sink_last_batch(layout.accepted) is None:
         raise BackfillError(f"stream {spec.name} has no accepted rows yet ({layout.accepted} holds no committed batch)")
     ts = F.col(spec.event_time.column)
-    accepted = ingest.accepted_batch(spark, spec, layout)
+    plan = compile_plan(spec, layout)
+    assert plan.ingestion is not None
+    accepted = ingest.accepted_batch(spark, plan.ingestion)
     in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()
     if in_range.limit(1).count() == 0:
         raise BackfillError(f"stream {spec.name} has no accepted rows with {spec.event_time.column} in "
                             f"[{lo.isoformat()}, {hi.isoformat()})")
     written: dict[str, int] = {}
     for output in spec.outputs:
-        frame = pipeline.output_frame(in_range, spec, output)
+        frame = pipeline.output_frame(in_range, plan.output(output.name), plan.event_time_column)
         target = output_dir(spec, layout, output.name, lo, hi)
         staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         writer = frame.write.mode("overwrite")

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from spark_jobs.checkpoint import batch_watermark_ms, query_id
+from spark_jobs.plan import IngestionPlan, JoinPlan, SourcePlan, StreamPlan
 from spark_jobs.spec import (
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
@@ -48,11 +49,6 @@ from spark_jobs.spec import (
     SOURCE_FILE_COLUMN,
     SPARK_TYPES,
     Column,
-    FileSource,
-    Layout,
-    RateSource,
-    StreamSpec,
-    duration_seconds,
 )
 
 if TYPE_CHECKING:
@@ -74,46 +70,30 @@ def ddl(columns: list[Column], corrupt: bool = False) -> str:
     return ", ".join(parts)
 
 
-def accepted_ddl(spec: StreamSpec) -> str:
-    """The accepted rows' schema: source columns, the reference columns the joins add, and
-    ``event_date`` (the table's partition column) when the stream has an event time."""
-    return ", ".join(f"`{name}` {SPARK_TYPES[t]}" for name, t in spec.enriched_columns().items())
-
-
 # ---- reading the source -----------------------------------------------------------------
 
 
-def read_source(spark: SparkSession, spec: StreamSpec, layout: Layout, streaming: bool = True) -> DataFrame:
+def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True) -> DataFrame:
     """The parsed source, with ``_corrupt_record`` and ``_source_file`` for file sources;
     the same reader (format, schema, options) in a stream and in a batch."""
-    src = spec.source
-    if isinstance(src, RateSource):
+    if not source.is_files:
         if not streaming:
-            raise ValueError(f"stream {spec.name}: the rate source cannot be read in batch")
-        return spark.readStream.format("rate").option("rowsPerSecond", src.rows_per_second).load()
-    assert isinstance(src, FileSource)
+            raise ValueError("the rate source cannot be read in batch")
+        return spark.readStream.format("rate").option("rowsPerSecond", source.rows_per_second).load()
     reader = spark.readStream if streaming else spark.read
-    reader = (reader.format(src.format).schema(ddl(src.columns, corrupt=True)).option("mode", "PERMISSIVE")
+    reader = (reader.format(source.format).schema(ddl(source.columns, corrupt=True)).option("mode", "PERMISSIVE")
               .option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN))
     if streaming:
-        reader = reader.option("maxFilesPerTrigger", src.max_files_per_trigger)
-    if src.format == "csv":
+        reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)
+    if source.format == "csv":
         reader = reader.option("header", True)
-    for key, value in src.options.items():
+    for key, value in source.options.items():
         reader = reader.option(key, value)
-    df = reader.load(layout.landing)
+    df = reader.load(source.landing)
     return df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
 
 
 # ---- what is malformed ----------------------------------------------------------------------
-
-
-def _required(spec: StreamSpec) -> list[Column]:
-    return [c for c in spec.source.columns if c.required]
-
-
-def _string_columns(spec: StreamSpec) -> list[Column]:
-    return [c for c in spec.source.columns if c.type == "string"]
 
 
 def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
@@ -129,18 +109,14 @@ def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
     return F.coalesce(bad, F.lit(False))
 
 
-def _format(spec: StreamSpec) -> str:
-    return spec.source.format if isinstance(spec.source, FileSource) else "rate"
-
-
-def _too_far_ahead(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column, or None
+def _too_far_ahead(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column, or None
     """Event time beyond processing time + ``event_time.max_future`` (never true for a null)."""
-    if spec.event_time is None or not isinstance(spec.source, FileSource):
+    et = plan.ingestion.event_time if plan.ingestion else None
+    if et is None or not plan.source.is_files:
         return None
-    ahead_us = round(duration_seconds(spec.event_time.max_future) * 1_000_000)
     # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch splits alike
-    limit = F.unix_micros(F.current_timestamp()) + F.lit(ahead_us)
-    return F.coalesce(F.unix_micros(F.col(spec.event_time.column)) > limit, F.lit(False))
+    limit = F.unix_micros(F.current_timestamp()) + F.lit(et.max_future_us)
+    return F.coalesce(F.unix_micros(F.col(et.column)) > limit, F.lit(False))
 
 
 def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark Columns
@@ -148,15 +124,13 @@ def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark
     return F.concat_ws(", ", *[F.when(test(c), F.lit(c.name)) for c in columns])
 
 
-def _corrupt_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
+def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
     """Why the parser rejected a record: invalid UTF-8, not a record at all, a value of the
     wrong type (naming the columns), or for CSV the wrong number of fields."""
-    src = spec.source
-    assert isinstance(src, FileSource)
     raw = F.col(CORRUPT_RECORD_COLUMN)
-    columns = list(src.columns)
-    prefix = f"malformed {src.format} record: "
-    if src.format == "json":
+    columns = list(source.columns)
+    prefix = f"malformed {source.format} record: "
+    if source.format == "json":
         def present(c: Column):  # noqa: ANN202
             return F.get_json_object(raw, f"$.{c.name}").isNotNull()
 
@@ -165,7 +139,7 @@ def _corrupt_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
         fallback = "does not match the schema"
     else:
         # the record split again into string fields, one more than declared to see extra ones
-        options = {k: str(v) for k, v in src.options.items()}
+        options = {k: str(v) for k, v in source.options.items()}
         fields = F.from_csv(raw, ", ".join(f"`_f{i}` string" for i in range(len(columns) + 1)), options)
 
         def present(c: Column):  # noqa: ANN202
@@ -177,27 +151,29 @@ def _corrupt_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
     wrong = F.concat_ws(", ", *[F.when(present(c) & F.col(c.name).isNull(), F.lit(f"{c.name} ({c.type})"))
                                for c in columns])
     return F.concat(F.lit(prefix), (
-        F.when(_not_utf8(raw, src.format), F.lit("not valid UTF-8"))
+        F.when(_not_utf8(raw, source.format), F.lit("not valid UTF-8"))
         .when(shape, F.lit(shape_reason))
         .when(wrong != "", F.concat(F.lit("value does not match the column type: "), wrong))
         .otherwise(F.lit(fallback))))
 
 
-def rejection_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
+def rejection_reason(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
     """Why a parsed row goes to the quarantine, or null for a valid row."""
-    if not isinstance(spec.source, FileSource):
+    source = plan.source
+    if not source.is_files:
         return F.lit(None).cast("string")
-    fmt = _format(spec)
-    bad_utf8 = _names_where(_string_columns(spec), lambda c: _not_utf8(F.col(c.name), fmt))
-    missing = _names_where(_required(spec), lambda c: F.col(c.name).isNull())
+    fmt = source.format
+    strings = [c for c in source.columns if c.type == "string"]
+    bad_utf8 = _names_where(strings, lambda c: _not_utf8(F.col(c.name), fmt))
+    missing = _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull())
     reason = (
-        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), _corrupt_reason(spec))
+        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), _corrupt_reason(source))
         .when(bad_utf8 != "", F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "), bad_utf8))
         .when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
     )
-    future = _too_far_ahead(spec)
+    future = _too_far_ahead(plan)
     if future is not None:
-        et = spec.event_time
+        et = plan.ingestion.event_time
         reason = reason.when(future, F.lit(f"event time too far in the future: {et.column} is more than "
                                            f"{et.max_future} ahead of the processing time"))
     return reason
@@ -206,24 +182,25 @@ def rejection_reason(spec: StreamSpec):  # noqa: ANN202 - a pyspark Column
 # ---- the streaming part: split, watermark, deduplicate ------------------------------------
 
 
-def decided(spec: StreamSpec, parsed: DataFrame) -> DataFrame:
+def decided(plan: StreamPlan, parsed: DataFrame) -> DataFrame:
     """Parsed rows with their rejection reason, watermarked and deduplicated.
 
     Works on a stream and on a batch (a batch has no watermark; it deduplicates all)."""
-    df = parsed.withColumn(REASON, rejection_reason(spec))
-    if spec.event_time is None:
+    df = parsed.withColumn(REASON, rejection_reason(plan))
+    ingestion = plan.ingestion
+    if ingestion is None or ingestion.event_time is None:
         return df
     valid = F.col(REASON).isNull()
-    df = df.withColumn(EVENT_TIME, F.when(valid, F.col(spec.event_time.column)))
+    df = df.withColumn(EVENT_TIME, F.when(valid, F.col(ingestion.event_time.column)))
     if df.isStreaming:
-        df = df.withWatermark(EVENT_TIME, spec.event_time.watermark)
-    if spec.deduplicate is not None:
+        df = df.withWatermark(EVENT_TIME, ingestion.event_time.watermark)
+    if ingestion.deduplicate is not None:
         # a rejected row is never a duplicate: a key of its own (it leaves the state at the
         # next batch, having no event time); uuid() differs on a replay, which restores the
         # state from before the batch, so that does not matter
-        source_file = F.col(SOURCE_FILE_COLUMN) if isinstance(spec.source, FileSource) else F.lit("")
+        source_file = F.col(SOURCE_FILE_COLUMN) if plan.source.is_files else F.lit("")
         df = df.withColumn(ROW_KEY, F.when(~valid, F.concat(source_file, F.lit(":"), F.expr("uuid()"))))
-        keys = [*spec.deduplicate.key, ROW_KEY]
+        keys = [*ingestion.deduplicate, ROW_KEY]
         df = df.dropDuplicatesWithinWatermark(keys) if df.isStreaming else df.dropDuplicates(keys)
     return df
 
@@ -231,62 +208,61 @@ def decided(spec: StreamSpec, parsed: DataFrame) -> DataFrame:
 # ---- the batch part: late rows, joins, the two tables ---------------------------------------
 
 
-def reference_frame(spark: SparkSession, spec: StreamSpec, layout: Layout, index: int) -> DataFrame:
+def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:
     """Reference data with the declared columns, picked by name and cast to their types.
 
     Keys must be unique: a key present twice would turn one input row into two."""
-    ref = spec.enrich[index]
-    path = layout.reference(ref.path)
-    reader = spark.read.format(ref.format)
-    if ref.format == "csv":
+    reader = spark.read.format(join.format)
+    if join.format == "csv":
         reader = reader.option("header", True).option("mode", "FAILFAST")
-    df = reader.load(path)
-    missing = [c.name for c in ref.columns if c.name not in df.columns]
+    df = reader.load(join.path)
+    missing = [c.name for c in join.columns if c.name not in df.columns]
     if missing:
-        raise ValueError(f"reference data {ref.name!r} ({path}) has no column(s) {missing}; it has {df.columns}")
-    df = df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in ref.columns])
-    repeated = df.groupBy(*ref.key).count().where("count > 1").limit(3).collect()
+        raise ValueError(f"reference data {join.name!r} ({join.path}) has no column(s) {missing}; it has {df.columns}")
+    df = df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in join.columns])
+    repeated = df.groupBy(*join.key).count().where("count > 1").limit(3).collect()
     if repeated:
-        raise ValueError(f"reference data {ref.name!r} ({path}) has key(s) {ref.key} more than once, e.g. "
-                         f"{[tuple(r[k] for k in ref.key) for r in repeated]}; each would multiply input rows")
+        raise ValueError(f"reference data {join.name!r} ({join.path}) has key(s) {join.key} more than once, e.g. "
+                         f"{[tuple(r[k] for k in join.key) for r in repeated]}; each would multiply input rows")
     return df
 
 
-def classify(spec: StreamSpec, rows: DataFrame, references: list[DataFrame], watermark_ms: int | None) -> DataFrame:
+def classify(ingestion: IngestionPlan, rows: DataFrame, references: list[DataFrame],
+             watermark_ms: int | None) -> DataFrame:
     """Rows with ``_kind`` (accepted, quarantined, late, unmatched), enriched by the joins.
 
     Every join is a left join with a match marker, so that a row an inner join would
     drop is counted as unmatched instead of vanishing."""
     df = rows
     unmatched = F.lit(False)
-    for i, (ref, static) in enumerate(zip(spec.enrich, references, strict=True)):
-        extra = [c.name for c in ref.columns if c.name not in ref.key and c.name not in df.columns]
+    for i, (join, static) in enumerate(zip(ingestion.joins, references, strict=True)):
+        extra = [c.name for c in join.columns if c.name not in join.key and c.name not in df.columns]
         marker = f"_matched_{i}"
-        df = df.join(F.broadcast(static.select(*ref.key, *extra).withColumn(marker, F.lit(True))),
-                     on=list(ref.key), how="left")
-        if ref.how == "inner":
+        df = df.join(F.broadcast(static.select(*join.key, *extra).withColumn(marker, F.lit(True))),
+                     on=list(join.key), how="left")
+        if join.how == "inner":
             unmatched = unmatched | F.col(marker).isNull()
     kind = F.when(F.col(REASON).isNotNull(), F.lit(QUARANTINED))
-    if spec.event_time is not None and watermark_ms is not None and watermark_ms > 0:
+    if ingestion.event_time is not None and watermark_ms is not None and watermark_ms > 0:
         # Spark's rule: a row at or before the watermark is late
         kind = kind.when(F.unix_micros(F.col(EVENT_TIME)) <= F.lit(watermark_ms * 1000), F.lit(LATE))
     kind = kind.when(unmatched, F.lit(UNMATCHED)).otherwise(F.lit(ACCEPTED))
     return df.withColumn(KIND, kind)
 
 
-def accepted_rows(spec: StreamSpec, classified: DataFrame) -> DataFrame:
+def accepted_rows(ingestion: IngestionPlan, classified: DataFrame) -> DataFrame:
     """The accepted rows in the accepted table's columns, one partition per event date."""
     df = classified.where(F.col(KIND) == ACCEPTED)
-    if spec.event_time is not None:
-        df = df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(spec.event_time.column)))
-    df = df.select(*[F.col(name) for name in spec.enriched_columns()])
-    return df.repartition(EVENT_DATE_COLUMN) if spec.event_time is not None else df.coalesce(1)
+    if ingestion.event_time is not None:
+        df = df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(ingestion.event_time.column)))
+    df = df.select(*[F.col(name) for name in ingestion.accepted_columns])
+    return df.repartition(*ingestion.partition_by) if ingestion.partition_by else df.coalesce(1)
 
 
-def quarantined_rows(spec: StreamSpec, classified: DataFrame) -> DataFrame:
+def quarantined_rows(source: SourcePlan, classified: DataFrame) -> DataFrame:
     """Rejected rows: the raw record, the reason, the file it came from, when."""
-    raw = F.to_json(F.struct(*[F.col(c.name) for c in spec.source.columns]))
-    if isinstance(spec.source, FileSource):
+    raw = F.to_json(F.struct(*[F.col(c.name) for c in source.columns]))
+    if source.is_files:
         raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN), raw)
         source_file = F.col(SOURCE_FILE_COLUMN)
     else:
@@ -320,43 +296,44 @@ class IngestBatch:
     and the counts and the quarantine's write read it. A batch with nothing to quarantine
     commits an empty quarantine batch without reading the rows again."""
 
-    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout,
+    def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
-        self.spark, self.spec, self.layout, self.on_batch = spark, spec, layout, on_batch
-        self.checkpoint = layout.checkpoint(INGEST_QUERY)
-        self.references = [reference_frame(spark, spec, layout, i) for i in range(len(spec.enrich))]
-        partitions = [EVENT_DATE_COLUMN] if spec.event_time is not None else []
-        self.accepted = FileSinkWriter(spark, layout.accepted, partitions)
-        self.quarantine = FileSinkWriter(spark, layout.data(spec.quarantine.path), []) if spec.quarantine else None
+        assert plan.ingestion is not None
+        self.spark, self.plan, self.ingestion, self.on_batch = spark, plan, plan.ingestion, on_batch
+        self.checkpoint = plan.ingestion.checkpoint
+        self.references = [reference_frame(spark, j) for j in plan.ingestion.joins]
+        self.accepted = FileSinkWriter(spark, plan.ingestion.accepted, plan.ingestion.partition_by)
+        quarantine = plan.ingestion.quarantine
+        self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark judges a batch's rows late by the watermark the batch before ran with (its
         # "watermark for late events"; the batch's own one only evicts state), so do the same
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
-        rows = classify(self.spec, batch, self.references, watermark).persist()
+        rows = classify(self.ingestion, batch, self.references, watermark).persist()
         try:
-            self.accepted.add_batch(batch_id, accepted_rows(self.spec, rows))
+            self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, rows))
             counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
             if self.quarantine is not None:
-                rejected = (quarantined_rows(self.spec, rows) if counts.get(QUARANTINED)
+                rejected = (quarantined_rows(self.plan.source, rows) if counts.get(QUARANTINED)
                             else self.spark.createDataFrame([], QUARANTINE_SCHEMA))
                 self.quarantine.add_batch(batch_id, rejected)
             elif counts.get(QUARANTINED):
-                raise RuntimeError(f"stream {self.spec.name}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
+                raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         finally:
             rows.unpersist()
         if self._query_id is None:
             self._query_id = query_id(self.checkpoint)
-        event = {"event": "ingested", "stream": self.spec.name, "query": INGEST_QUERY,
+        event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_QUERY,
                  "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
                  "rows": sum(counts.values()), **{k: counts.get(k, 0) for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)}}
-        log.info("ingested batch %d of %s: %s", batch_id, self.spec.name,
+        log.info("ingested batch %d of %s: %s", batch_id, self.plan.stream,
                  ", ".join(f"{k} {event[k]}" for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)))
         if self.on_batch is not None:
             self.on_batch(event)
 
 
-def accepted_batch(spark: SparkSession, spec: StreamSpec, layout: Layout) -> DataFrame:
+def accepted_batch(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     """The committed accepted rows, read in batch through the table's commit log."""
-    return spark.read.schema(accepted_ddl(spec)).parquet(layout.accepted)
+    return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted)

@@ -4,11 +4,14 @@
     accepted-rows table (a streaming source, read through its commit log)
       -> per output: pass-through or (windowed) aggregation -> sink
 
+The job works from the stream's plan (spark_jobs.plan), compiled once from the spec.
+
 An output reads every accepted batch committed so far at each trigger (no per-trigger
-file limit): its batches are whole ingestion batches, so its watermark never passes one
-the ingestion had not passed when it accepted a row, and no output drops a row as late
-that the ingestion accepted. A continuous trigger (rate source, map-like outputs) cannot
-use a file table between the stages; such an output reads the source itself.
+file limit), so its batches are whole ingestion batches and its watermark follows the
+ingestion's. Near the watermark an output can still drop a row the ingestion accepted
+(the two watermarks advance at different batches); Spark counts such rows in the
+output's progress. A continuous trigger (rate source, map-like outputs) cannot use a
+file table between the stages; such an output reads the source itself.
 """
 
 from __future__ import annotations
@@ -24,20 +27,16 @@ from pyspark.sql import types as T
 
 from spark_jobs import ingest
 from spark_jobs.checkpoint import query_id
+from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
 from spark_jobs.spec import (
     INGEST_QUERY,
     WINDOW_END,
     WINDOW_START,
     Aggregate,
     Aggregation,
-    ConsoleSink,
     Layout,
-    MemorySink,
-    Output,
-    ParquetSink,
     Passthrough,
     StreamSpec,
-    TableSink,
     Trigger,
 )
 
@@ -48,35 +47,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def query_name(spec: StreamSpec, query: str) -> str:
-    """Spark query name; also the memory sink's table name."""
-    return f"{spec.name}__{query.lstrip('_')}"
-
-
 # ---- outputs -------------------------------------------------------------------------------
 
 
-def _aggregate(spec: StreamSpec, agg: Aggregate):  # noqa: ANN202 - a pyspark Column
+def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 - a pyspark Column
     if agg.fn == "count":
         col = F.count(F.lit(1)) if agg.column is None else F.count(F.col(agg.column))
     elif agg.fn == "latest":
-        assert spec.event_time is not None
-        col = F.max_by(F.col(agg.column), F.col(spec.event_time.column))
+        assert event_time_column is not None
+        col = F.max_by(F.col(agg.column), F.col(event_time_column))
     else:
         col = getattr(F, agg.fn)(F.col(agg.column))
     return col.alias(agg.name)
 
 
-def output_frame(df: DataFrame, spec: StreamSpec, output: Output) -> DataFrame:
+def output_frame(df: DataFrame, output: OutputPlan, event_time_column: str | None) -> DataFrame:
+    """An output's query over the accepted rows (a stream, or a batch of them)."""
     q = output.query
     if isinstance(q, Passthrough):
-        return df.select(*spec.result_columns(output))
+        return df.select(*output.columns)
     assert isinstance(q, Aggregation)
     keys = [F.col(k) for k in q.group_by]
     if q.window is not None:
-        assert spec.event_time is not None
-        keys.insert(0, F.window(F.col(spec.event_time.column), q.window.duration, q.window.slide).alias("window"))
-    result = df.groupBy(*keys).agg(*[_aggregate(spec, a) for a in q.aggregates])
+        assert event_time_column is not None
+        keys.insert(0, F.window(F.col(event_time_column), q.window.duration, q.window.slide).alias("window"))
+    result = df.groupBy(*keys).agg(*[_aggregate(a, event_time_column) for a in q.aggregates])
     if q.window is not None:
         result = result.select(
             F.col("window.start").alias(WINDOW_START), F.col("window.end").alias(WINDOW_END),
@@ -98,34 +93,32 @@ def spec_type(data_type: T.DataType) -> str:
     raise ValueError(f"cannot store {data_type.simpleString()} in a table")
 
 
-def table_writer(columns: list[tuple[str, str]], spec: StreamSpec, output: Output, layout: Layout,
-                 sink_id: str):  # noqa: ANN201 - a TableWriter
+def table_writer(columns: list[tuple[str, str]], output: OutputPlan, sink_id: str):  # noqa: ANN201 - a TableWriter
     from spark_jobs.tables import TableWriter
 
     sink = output.sink
-    assert isinstance(sink, TableSink)
-    return TableWriter(url=layout.table_url(sink), table=sink.table, columns=columns, key=spec.result_key(output),
-                       mode=output.mode, sink_id=sink_id)
+    assert sink.kind == "table"
+    return TableWriter(url=sink.url, table=sink.table, columns=columns, key=output.key, mode=output.mode,
+                       sink_id=sink_id)
 
 
-def table_sink_id(spec: StreamSpec, output: Output, checkpoint_query_id: str | None) -> str:
+def table_sink_id(stream: str, output: str, checkpoint_query_id: str | None) -> str:
     """Batch ids start again at 0 in a new checkpoint, so the ledger names the sink by its
     output and the checkpoint's query id: a reset checkpoint never skips real batches."""
-    return f"{spec.name}.{output.name}@{checkpoint_query_id}"
+    return f"{stream}.{output}@{checkpoint_query_id}"
 
 
-def _foreach_table_batch(frame: DataFrame, spec: StreamSpec, output: Output, layout: Layout,
-                         checkpoint: str) -> Callable[[DataFrame, int], None]:
+def _foreach_table_batch(frame: DataFrame, stream: str, output: OutputPlan) -> Callable[[DataFrame, int], None]:
     """The foreachBatch function of a table sink; its writer is made at the first batch,
     when the checkpoint (and so its query id) exists."""
     columns = [(f.name, spec_type(f.dataType)) for f in frame.schema.fields]
-    table_writer(columns, spec, output, layout, "unstarted").ensure_table()
+    table_writer(columns, output, "unstarted").ensure_table()
     writers: list[Any] = []
 
     def write(batch: DataFrame, batch_id: int) -> None:
         if not writers:
-            writers.append(table_writer(columns, spec, output, layout,
-                                        table_sink_id(spec, output, query_id(checkpoint))))
+            writers.append(table_writer(columns, output, table_sink_id(stream, output.name,
+                                                                       query_id(output.checkpoint))))
         writer = writers[0]
         names = [c for c, _ in columns]
         rows = [tuple(r[n] for n in names) for r in batch.select(*names).toLocalIterator()]
@@ -147,64 +140,64 @@ def _with_trigger(writer: DataStreamWriter, trigger: Trigger) -> DataStreamWrite
 @dataclass(frozen=True)
 class PlannedQuery:
     name: str
+    checkpoint: str
     frame: DataFrame
     writer: DataStreamWriter
 
 
-def accepted_stream(spark: SparkSession, spec: StreamSpec, layout: Layout) -> DataFrame:
+def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     """The accepted-rows table as a streaming source: only batches in its commit log, all
     of them at each trigger (see the module's note), watermarked like the ingestion."""
-    Path(layout.accepted).mkdir(parents=True, exist_ok=True)
-    df = spark.readStream.schema(ingest.accepted_ddl(spec)).format("parquet").load(layout.accepted)
-    if spec.event_time is not None:
-        df = df.withWatermark(spec.event_time.column, spec.event_time.watermark)
+    Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
+    df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
+    if ingestion.event_time is not None:
+        df = df.withWatermark(ingestion.event_time.column, ingestion.event_time.watermark)
     return df
 
 
-def _ingest_query(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigger,
+def _ingest_query(spark: SparkSession, plan: StreamPlan, trigger: Trigger,
                   on_batch: Callable[[dict[str, Any]], None] | None) -> PlannedQuery:
-    frame = ingest.decided(spec, ingest.read_source(spark, spec, layout))
-    writer = (frame.writeStream.queryName(query_name(spec, INGEST_QUERY))
-              .option("checkpointLocation", layout.checkpoint(INGEST_QUERY))
-              .foreachBatch(ingest.IngestBatch(spark, spec, layout, on_batch)))
-    return PlannedQuery(INGEST_QUERY, frame, _with_trigger(writer, trigger))
+    ingestion = plan.ingestion
+    assert ingestion is not None
+    frame = ingest.decided(plan, ingest.read_source(spark, plan.source))
+    writer = (frame.writeStream.queryName(ingestion.query_name)
+              .option("checkpointLocation", ingestion.checkpoint)
+              .foreachBatch(ingest.IngestBatch(spark, plan, on_batch)))
+    return PlannedQuery(INGEST_QUERY, ingestion.checkpoint, frame, _with_trigger(writer, trigger))
 
 
-def _output_query(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output,
-                  trigger: Trigger) -> PlannedQuery:
-    if trigger.kind == "continuous":
-        source = ingest.read_source(spark, spec, layout)
+def _output_query(spark: SparkSession, plan: StreamPlan, output: OutputPlan, trigger: Trigger) -> PlannedQuery:
+    if output.reads_source or plan.ingestion is None:
+        source = ingest.read_source(spark, plan.source)
     else:
-        source = accepted_stream(spark, spec, layout)
-    frame = output_frame(source, spec, output)
-    checkpoint = layout.checkpoint(output.name)
+        source = accepted_stream(spark, plan.ingestion)
+    frame = output_frame(source, output, plan.event_time_column)
     sink = output.sink
-    if isinstance(sink, ParquetSink):  # one file per partition value per micro-batch
+    if sink.kind == "parquet":  # one file per partition value per micro-batch
         frame = frame.repartition(*sink.partition_by) if sink.partition_by else frame.coalesce(1)
-    writer = frame.writeStream.queryName(query_name(spec, output.name)).outputMode(output.mode)
-    writer = writer.option("checkpointLocation", checkpoint)
-    if isinstance(sink, ParquetSink):
-        writer = writer.format("parquet").option("path", layout.data(sink.path))
+    writer = frame.writeStream.queryName(output.query_name).outputMode(output.mode)
+    writer = writer.option("checkpointLocation", output.checkpoint)
+    if sink.kind == "parquet":
+        writer = writer.format("parquet").option("path", sink.path)
         if sink.partition_by:
             writer = writer.partitionBy(*sink.partition_by)
-    elif isinstance(sink, TableSink):
-        writer = writer.foreachBatch(_foreach_table_batch(frame, spec, output, layout, checkpoint))
-    elif isinstance(sink, ConsoleSink):
+    elif sink.kind == "table":
+        writer = writer.foreachBatch(_foreach_table_batch(frame, plan.stream, output))
+    elif sink.kind == "console":
         writer = writer.format("console").option("truncate", False)
-    elif isinstance(sink, MemorySink):
+    elif sink.kind == "memory":
         writer = writer.format("memory")
-    return PlannedQuery(output.name, frame, _with_trigger(writer, trigger))
+    return PlannedQuery(output.name, output.checkpoint, frame, _with_trigger(writer, trigger))
 
 
-def plan(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigger | None = None,
-         on_batch: Callable[[dict[str, Any]], None] | None = None) -> list[PlannedQuery]:
+def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None = None,
+                 on_batch: Callable[[dict[str, Any]], None] | None = None) -> list[PlannedQuery]:
     """Build (but do not start) the ingestion and every output query; ingestion first."""
-    _refuse_old_layout(spec, layout)
     planned = []
-    if spec.has_ingestion:
-        planned.append(_ingest_query(spark, spec, layout, trigger or spec.trigger, on_batch))
-    for output in spec.outputs:
-        planned.append(_output_query(spark, spec, layout, output, trigger or spec.trigger_for(output)))
+    if plan.ingestion is not None:
+        planned.append(_ingest_query(spark, plan, trigger or plan.ingestion.trigger, on_batch))
+    for output in plan.outputs:
+        planned.append(_output_query(spark, plan, output, trigger or output.trigger))
     return planned
 
 
@@ -217,18 +210,25 @@ def _refuse_old_layout(spec: StreamSpec, layout: Layout) -> None:
             "checkpoint aside together with the stream's sinks and quarantine to reprocess from the input.")
 
 
+def compile_for_start(spec: StreamSpec, layout: Layout) -> StreamPlan:
+    """The stream's plan, once its checkpoint is known to be of this layout."""
+    _refuse_old_layout(spec, layout)
+    return compile_plan(spec, layout)
+
+
 def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigger | None = None,
           on_batch: Callable[[dict[str, Any]], None] | None = None,
-          only: Callable[[str], bool] | None = None) -> dict[str, StreamingQuery]:
+          only: Callable[[str], bool] | None = None, plan: StreamPlan | None = None) -> dict[str, StreamingQuery]:
     """Start the queries (``only``: those whose name it accepts); if one cannot start, stop
-    the ones already started."""
+    the ones already started. ``plan``: the spec's plan, if already compiled."""
+    plan = plan or compile_for_start(spec, layout)
     queries: dict[str, StreamingQuery] = {}
     try:
-        for p in plan(spark, spec, layout, trigger, on_batch):
+        for p in plan_queries(spark, plan, trigger, on_batch):
             if only is not None and not only(p.name):
                 continue
             queries[p.name] = p.writer.start()
-            log.info("started query %s (id %s) checkpoint %s", p.name, queries[p.name].id, layout.checkpoint(p.name))
+            log.info("started query %s (id %s) checkpoint %s", p.name, queries[p.name].id, p.checkpoint)
     except Exception:
         for q in queries.values():
             q.stop()
@@ -252,8 +252,9 @@ def run_available_now(spark: SparkSession, spec: StreamSpec, layout: Layout, tim
     """Process what is waiting (available-now trigger): the ingestion first, then every
     output over what it committed. Returns the finished queries; a failure is raised."""
     once = Trigger(available_now=True)
-    finished = start(spark, spec, layout, once, on_batch, only=lambda name: name == INGEST_QUERY)
+    plan = compile_for_start(spec, layout)
+    finished = start(spark, spec, layout, once, on_batch, only=lambda name: name == INGEST_QUERY, plan=plan)
     _await_all(finished, timeout_seconds)
-    outputs = start(spark, spec, layout, once, on_batch, only=lambda name: name != INGEST_QUERY)
+    outputs = start(spark, spec, layout, once, on_batch, only=lambda name: name != INGEST_QUERY, plan=plan)
     _await_all(outputs, timeout_seconds)
     return {**finished, **outputs}

@@ -832,6 +832,11 @@ class Layout:
         return Path(self.data(f"backfill/{self.spec.name}/{output}"))
 
     @property
+    def plan_file(self) -> Path:
+        """The plan the running job works from (spark_jobs.plan), written when it starts."""
+        return self.lease_dir / "plan.json"
+
+    @property
     def events_file(self) -> Path:
         return Path(self.checkpoint_root) / "_events" / "progress.jsonl"
 

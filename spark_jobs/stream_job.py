@@ -112,8 +112,6 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
 
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file)
-    names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
-    spark.streams.addListener(make_listener(events, spec.name, names))
     trigger = None
     if args.trigger == "available-now":
         trigger = Trigger(available_now=True)
@@ -128,17 +126,18 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
         phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
     code, cause = EXIT_OK, ""
     try:
+        try:
+            plan = pipeline.compile_for_start(spec, layout)
+        except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+            code = _start_failed(spec, layout, events, exc)
+            return code
+        plan.write(layout.plan_file)
+        spark.streams.addListener(make_listener(events, spec.name, plan.spark_query_names))
         for only in phases:
             try:
-                queries = pipeline.start(spark, spec, layout, trigger, on_batch=events.write, only=only)
+                queries = pipeline.start(spark, spec, layout, trigger, on_batch=events.write, only=only, plan=plan)
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-                log.error("stream %s could not start: %s", spec.name, _first_line(exc))
-                if layout.checkpoint_root in str(exc):
-                    log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "
-                              "move it aside together with the stream's file sinks to reprocess from scratch.",
-                              layout.checkpoint_root)
-                events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
-                code = EXIT_FAILED
+                code = _start_failed(spec, layout, events, exc)
                 return code
             code, cause, stopped = _supervise(spec, layout, args, queries, marker, stop_requested, events)
             if code != EXIT_OK or stopped:
@@ -149,6 +148,16 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     if code != EXIT_OK:
         log.error("stream %s failed: %s", spec.name, cause)
     return code
+
+
+def _start_failed(spec, layout: Layout, events: EventLog, exc: Exception) -> int:  # noqa: ANN001
+    log.error("stream %s could not start: %s", spec.name, _first_line(exc))
+    if layout.checkpoint_root in str(exc):
+        log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "
+                  "move it aside together with the stream's file sinks to reprocess from scratch.",
+                  layout.checkpoint_root)
+    events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+    return EXIT_FAILED
 
 
 def _supervise(spec, layout: Layout, args: argparse.Namespace, queries: dict, marker: Path,  # noqa: ANN001

@@ -31,8 +31,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import ingest, pipeline
+from spark_jobs import pipeline
 from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch, watermark_seen_by
+from spark_jobs.plan import compile_plan, ddl
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
@@ -85,8 +86,9 @@ def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, outpu
     """The schema the output's query produces, from its plan over no rows."""
     from pyspark.sql import types as T
 
-    empty = spark.createDataFrame([], ingest.accepted_ddl(spec))
-    frame = pipeline.output_frame(empty, spec, output)
+    plan = compile_plan(spec, layout)
+    empty = spark.createDataFrame([], ddl(spec.enriched_columns()))
+    frame = pipeline.output_frame(empty, plan.output(output.name), plan.event_time_column)
     return T.StructType(frame.schema.fields)
 
 
@@ -371,8 +373,8 @@ class Validator:
     def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
 
         columns = [(f.name, pipeline.spec_type(f.dataType)) for f in schema.fields]
-        return pipeline.table_writer(columns, self.spec, output, self.layout,
-                                     pipeline.table_sink_id(self.spec, output, query_id))
+        return pipeline.table_writer(columns, compile_plan(self.spec, self.layout).output(output.name),
+                                     pipeline.table_sink_id(self.spec.name, output.name, query_id))
 
     # ---- backfilled ranges ------------------------------------------------------------------
 

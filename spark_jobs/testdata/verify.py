@@ -394,14 +394,17 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[Out
     hold their whole result. Reports that are not ok say which rows differ."""
     from spark_jobs import ingest, pipeline
     from spark_jobs.checkpoint import batch_watermark_ms, last_batch
+    from spark_jobs.plan import compile_plan
     from spark_jobs.spec import WINDOW_END, Aggregation
 
-    accepted = ingest.accepted_batch(spark, spec, layout)
+    plan = compile_plan(spec, layout)
+    assert plan.ingestion is not None
+    accepted = ingest.accepted_batch(spark, plan.ingestion)
     reports = []
     for output in spec.outputs:
         if not isinstance(output.sink, ParquetSink | TableSink):
             continue
-        frame = pipeline.output_frame(accepted, spec, output)
+        frame = pipeline.output_frame(accepted, plan.output(output.name), plan.event_time_column)
         q = output.query
         approximate = []
         if isinstance(q, Aggregation):

@@ -12,6 +12,7 @@ from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import sink_files, sink_last_batch
 from spark_jobs.ingest import accepted_batch
+from spark_jobs.plan import compile_plan
 from spark_jobs.spec import Layout, default_spec_dir, parse_spec
 from spark_jobs.testdata import verify
 
@@ -57,13 +58,13 @@ def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     assert sum(s.numRowsDroppedByWatermark for s in state) == 1
     assert sum(s.customMetrics.get("numDroppedDuplicateRows", 0) for s in state) == 1
 
-    accepted = sorted(r["event_id"] for r in accepted_batch(spark, spec, layout).collect())
+    accepted = sorted(r["event_id"] for r in accepted_batch(spark, compile_plan(spec, layout).ingestion).collect())
     assert accepted == ["e1", "e2", "e3", "e4", "e5"]
     sink = sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect())
     assert sink == accepted
     assert spark.read.parquet(layout.data("quarantine")).count() == 2
-    table = pipeline.table_writer([("device_id", "string"), ("n", "long")], spec, spec.output("per_device"), layout,
-                                  "reader").read_all()
+    table = pipeline.table_writer([("device_id", "string"), ("n", "long")],
+                                  compile_plan(spec, layout).output("per_device"), "reader").read_all()
     assert [(r["device_id"], r["n"]) for r in table] == [("dev-001", len(accepted))]
 
     # every output equals its query run as a batch over the accepted rows
@@ -111,7 +112,7 @@ def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
     assert [e["batch_id"] for e in events if e["event"] == "ingested"] == [last]  # replayed
     assert sink_files(layout.accepted) == before
     assert sink_files(layout.data("quarantine")) == quarantine_before
-    assert accepted_batch(spark, spec, layout).count() == 4  # e1, e2, e3, e3
+    assert accepted_batch(spark, compile_plan(spec, layout).ingestion).count() == 4  # e1, e2, e3, e3
 
 
 def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: Path) -> None:

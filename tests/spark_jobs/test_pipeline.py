@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs import pipeline
+from spark_jobs.plan import query_name
 from spark_jobs.progress import summarize
 from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
 
@@ -67,7 +68,7 @@ class Run:
         self.spark, self.spec, self.queries = spark, spec, queries
 
     def rows(self, output: str) -> list[dict]:
-        table = pipeline.query_name(self.spec, output)
+        table = query_name(self.spec.name, output)
         return [r.asDict() for r in self.spark.table(table).collect()]
 
     def progress(self, query: str) -> list[dict]:

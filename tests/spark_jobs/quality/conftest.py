@@ -10,6 +10,7 @@ import pytest
 
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import last_batch
+from spark_jobs.plan import compile_plan
 from spark_jobs.progress import EventLog, make_listener, read_events
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
 from spark_jobs.testdata import generate
@@ -31,7 +32,7 @@ def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
                           "--events-per-file", "40", "--event-interval-ms", "15000", "--seed", "11"]) == 0
     spec = load_spec(spec_path)
     layout = Layout(spec, root, default_spec_dir())
-    names = {pipeline.query_name(spec, q): q for q in spec.query_names()}
+    names = compile_plan(spec, layout).spark_query_names
     events = EventLog(layout.events_file)
     listener = make_listener(events, spec.name, names)  # as the job does
     spark.streams.addListener(listener)

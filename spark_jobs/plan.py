@@ -1,0 +1,218 @@
+"""A stream's plan: its spec compiled once into everything the job needs.
+
+    spec (include/streams/<name>.yaml) + layout (data root, spec folder)
+      -> StreamPlan
+           source     what to read and how (format, schema, options, landing path)
+           ingestion  the rules of the one parse (required columns, event time,
+                      deduplication, joins) and where its two tables and checkpoint are
+           outputs    per output: its query, result columns and key, mode, trigger,
+                      checkpoint and sink, every path and URL resolved
+
+The job (``spark_jobs.pipeline``, ``spark_jobs.ingest``) works from the plan alone, so a
+derived fact is computed in one place. ``stream_job`` writes the plan as JSON beside the
+checkpoint (``_control/plan.json``): what the running job was told, for an operator to read.
+No pyspark here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.spec import (
+    EVENT_DATE_COLUMN,
+    INGEST_QUERY,
+    SPARK_TYPES,
+    Aggregation,
+    Column,
+    ConsoleSink,
+    FileSource,
+    Layout,
+    MemorySink,
+    ParquetSink,
+    Passthrough,
+    RateSource,
+    StreamSpec,
+    TableSink,
+    Trigger,
+    duration_seconds,
+)
+
+
+def ddl(columns: dict[str, str]) -> str:
+    """``name: spec type`` pairs as a Spark DDL schema string."""
+    return ", ".join(f"`{name}` {SPARK_TYPES[t]}" for name, t in columns.items())
+
+
+def query_name(stream: str, query: str) -> str:
+    """Spark query name; also the memory sink's table name."""
+    return f"{stream}__{query.lstrip('_')}"
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    kind: str  # "files" or "rate"
+    columns: list[Column] = field(default_factory=list)
+    format: str = "rate"
+    options: dict[str, Any] = field(default_factory=dict)
+    landing: str | None = None
+    max_files_per_trigger: int | None = None
+    rows_per_second: int | None = None
+
+    @property
+    def is_files(self) -> bool:
+        return self.kind == "files"
+
+    @property
+    def column_types(self) -> dict[str, str]:
+        return {c.name: c.type for c in self.columns}
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """A stream-static join with reference data (a left join with a match marker; inner
+    joins count the rows without a match as unmatched)."""
+
+    name: str
+    path: str
+    format: str
+    columns: list[Column]
+    key: list[str]
+    how: str
+
+
+@dataclass(frozen=True)
+class EventTimePlan:
+    column: str
+    watermark: str
+    max_future: str
+    max_future_us: int
+
+
+@dataclass(frozen=True)
+class IngestionPlan:
+    query_name: str
+    checkpoint: str
+    trigger: Trigger
+    accepted: str  # the accepted-rows table (Parquet, through its _spark_metadata log)
+    accepted_columns: dict[str, str]  # source columns, join columns, event_date
+    partition_by: list[str]
+    quarantine: str | None
+    joins: list[JoinPlan]
+    event_time: EventTimePlan | None
+    deduplicate: list[str] | None
+
+    @property
+    def accepted_ddl(self) -> str:
+        return ddl(self.accepted_columns)
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    kind: str  # parquet, table, console, memory
+    path: str | None = None  # parquet
+    partition_by: list[str] = field(default_factory=list)  # parquet
+    url: str | None = None  # table
+    table: str | None = None  # table
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    name: str
+    query_name: str
+    query: Passthrough | Aggregation
+    mode: str
+    trigger: Trigger
+    checkpoint: str
+    columns: list[str]  # the result's columns, in order
+    key: list[str]  # the result's key (window bounds and groups, a table's key, the dedup key)
+    sink: SinkPlan
+    reads_source: bool  # a continuous output reads the source itself (no table between the stages)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    stream: str
+    event_time_column: str | None
+    source: SourcePlan
+    ingestion: IngestionPlan | None
+    outputs: list[OutputPlan]
+
+    def output(self, name: str) -> OutputPlan:
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(f"stream {self.stream!r} has no output {name!r}")
+
+    @property
+    def queries(self) -> list[str]:
+        """The stream's Spark queries: the ingestion, then one per output."""
+        return ([INGEST_QUERY] if self.ingestion else []) + [o.name for o in self.outputs]
+
+    @property
+    def spark_query_names(self) -> dict[str, str]:
+        """Spark's name of each query -> the stream's (``_ingest``, the outputs' names)."""
+        names = {self.ingestion.query_name: INGEST_QUERY} if self.ingestion else {}
+        return names | {o.query_name: o.name for o in self.outputs}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=_jsonable, sort_keys=False)
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the plan as JSON (atomically) to ``path``."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+        return target
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(exclude_none=True)
+    raise TypeError(f"cannot write {type(value).__name__} in a plan")
+
+
+def _sink(spec: StreamSpec, layout: Layout, sink: Any) -> SinkPlan:
+    if isinstance(sink, ParquetSink):
+        return SinkPlan("parquet", path=layout.data(sink.path), partition_by=list(sink.partition_by))
+    if isinstance(sink, TableSink):
+        return SinkPlan("table", url=layout.table_url(sink), table=sink.table)
+    if isinstance(sink, ConsoleSink):
+        return SinkPlan("console")
+    assert isinstance(sink, MemorySink)
+    return SinkPlan("memory")
+
+
+def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
+    """The spec's plan: every path, schema, key and name the job needs, resolved once."""
+    src = spec.source
+    if isinstance(src, FileSource):
+        source = SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
+                            landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
+    else:
+        assert isinstance(src, RateSource)
+        source = SourcePlan("rate", columns=list(src.columns), rows_per_second=src.rows_per_second)
+    et = spec.event_time
+    event_time = None if et is None else EventTimePlan(
+        et.column, et.watermark, et.max_future, round(duration_seconds(et.max_future) * 1_000_000))
+    ingestion = None
+    if spec.has_ingestion:
+        ingestion = IngestionPlan(
+            query_name=query_name(spec.name, INGEST_QUERY), checkpoint=layout.checkpoint(INGEST_QUERY),
+            trigger=spec.trigger, accepted=layout.accepted, accepted_columns=spec.enriched_columns(),
+            partition_by=[EVENT_DATE_COLUMN] if et is not None else [],
+            quarantine=layout.data(spec.quarantine.path) if spec.quarantine else None,
+            joins=[JoinPlan(e.name, layout.reference(e.path), e.format, list(e.columns), list(e.key), e.how)
+                   for e in spec.enrich],
+            event_time=event_time, deduplicate=list(spec.deduplicate.key) if spec.deduplicate else None)
+    outputs = [OutputPlan(
+        name=o.name, query_name=query_name(spec.name, o.name), query=o.query, mode=o.mode,
+        trigger=spec.trigger_for(o), checkpoint=layout.checkpoint(o.name), columns=spec.result_columns(o),
+        key=spec.result_key(o), sink=_sink(spec, layout, o.sink),
+        reads_source=spec.trigger_for(o).kind == "continuous") for o in spec.outputs]
+    return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs)
