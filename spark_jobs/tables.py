@@ -1,5 +1,9 @@
 """The relational table sink's database layer: idempotent writes, one micro-batch at a time.
 
+A :class:`TableSchema` is a table's declared shape (validated names, types, key) and the
+SQL made from it; a :class:`TableWriter` applies batches through it, converting and
+checking the rows' values.
+
 Spark's ``foreachBatch`` hands every micro-batch to :meth:`TableWriter.write_batch`.
 After a crash Spark replays the last batch with the same batch id, so each batch is
 applied in one transaction that also records ``(sink, batch_id)`` in the ledger table
@@ -286,6 +290,111 @@ def open_database(url: str) -> _Database:
         " postgresql://user:password@host:port/database")
 
 
+# ---- the definition ---------------------------------------------------------------------
+
+
+class TableSchema:
+    """A table's declared shape in one SQL dialect: validated names, types and key, and the SQL made from them.
+
+    ``columns`` are ``(name, spec type)`` pairs in row order; ``key`` is the primary key.
+    The statements cover the table and the ledger ``_stream_batches`` beside it; names are
+    validated here, so they can be quoted into SQL.
+    """
+
+    def __init__(self, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str], dialect: str,
+                 placeholder: str):
+        self.table = table
+        self.columns = [(str(n), str(t)) for n, t in columns]
+        self.key = list(key)
+        self.dialect = dialect
+        self.placeholder = placeholder
+        self._validate()
+        self.names = [n for n, _ in self.columns]
+        self.key_index = [self.names.index(k) for k in self.key]
+
+    def _validate(self) -> None:
+        t = self.table
+        if not isinstance(t, str) or not NAME_PATTERN.match(t):
+            raise TableSinkError(f"{t!r} is not a safe table name (lower case letters, digits, '_')")
+        if not self.columns:
+            raise TableSinkError(f"table {t!r}: no columns")
+        seen: set[str] = set()
+        for name, type_ in self.columns:
+            if not COLUMN_PATTERN.match(name):
+                raise TableSinkError(f"table {t!r}: {name!r} is not a plain column name (letters, digits, '_')")
+            if self.dialect == "postgresql" and len(name) > PG_MAX_IDENTIFIER:
+                raise TableSinkError(f"table {t!r}: column {name!r} is longer than PostgreSQL's"
+                                     f" {PG_MAX_IDENTIFIER} characters")
+            if name.lower() in seen:
+                raise TableSinkError(f"table {t!r}: duplicate column {name!r} (names are compared ignoring case)")
+            seen.add(name.lower())
+            if type_ not in SPARK_TYPES:
+                raise TableSinkError(f"table {t!r}: column {name!r} has unknown type {type_!r};"
+                                     f" use one of {sorted(SPARK_TYPES)}")
+        names = [n for n, _ in self.columns]
+        if not self.key:
+            raise TableSinkError(f"table {t!r}: a table sink needs a key")
+        for k in self.key:
+            if k not in names:
+                raise TableSinkError(f"table {t!r}: key column {k!r} is not one of the columns {names}")
+        if len(set(self.key)) != len(self.key):
+            raise TableSinkError(f"table {t!r}: duplicate key columns {self.key}")
+
+    def create_statements(self) -> list[str]:
+        """Create the ledger and the table if missing."""
+        types = SQL_TYPES[self.dialect]
+        cols = [f"{_quote(n)} {types[t][0]}{' NOT NULL' if n in self.key else ''}" for n, t in self.columns]
+        pk = ", ".join(_quote(k) for k in self.key)
+        table = f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+        ledger = (f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (sink TEXT NOT NULL, batch_id BIGINT NOT NULL,"
+                  " rows BIGINT NOT NULL, applied_at TIMESTAMP NOT NULL, PRIMARY KEY (sink, batch_id))")
+        return [ledger, table]
+
+    def check_existing(self, found_columns: list[tuple[str, str]], found_key: list[str], where: str) -> None:
+        """Raise unless a table found ``where`` (a redacted URL) has the declared columns and key, in any order."""
+        types = SQL_TYPES[self.dialect]
+        expected = [(n, types[t][1]) for n, t in self.columns]
+        if sorted(found_columns) != sorted(expected) or sorted(found_key) != sorted(self.key):
+            def show(cols: list[tuple[str, str]], key: list[str]) -> str:
+                return ", ".join(f"{n} {t}" for n, t in cols) + f"; key ({', '.join(key)})"
+
+            raise TableSinkError(
+                f"table {self.table!r} in {where} exists with different columns:"
+                f" expected {show(expected, self.key)}; found {show(found_columns, found_key)}."
+                " Migrate or drop the table (or write to a new table); it is not altered automatically.")
+
+    def upsert_sql(self) -> str:
+        """Insert a row, or update the row with its key."""
+        p = self.placeholder
+        cols = ", ".join(_quote(n) for n in self.names)
+        values = ", ".join([p] * len(self.names))
+        key = ", ".join(_quote(k) for k in self.key)
+        others = [n for n in self.names if n not in self.key]
+        action = ("DO UPDATE SET " + ", ".join(f"{_quote(n)} = excluded.{_quote(n)}" for n in others)
+                  if others else "DO NOTHING")
+        return f"INSERT INTO {_quote(self.table)} ({cols}) VALUES ({values}) ON CONFLICT ({key}) {action}"
+
+    def delete_sql(self) -> str:
+        """Empty the table (complete mode replaces its contents)."""
+        return f"DELETE FROM {_quote(self.table)}"
+
+    def select_sql(self) -> str:
+        """Every row, in column order, ordered by key."""
+        cols = ", ".join(_quote(n) for n in self.names)
+        order = ", ".join(_quote(k) for k in self.key)
+        return f"SELECT {cols} FROM {_quote(self.table)} ORDER BY {order}"
+
+    def ledger_sql(self) -> str:
+        """Record ``(sink, batch_id, rows, applied_at)``; inserts nothing if the batch is recorded already."""
+        p = self.placeholder
+        return (f"INSERT INTO {LEDGER_TABLE} (sink, batch_id, rows, applied_at) VALUES ({p}, {p}, {p}, {p})"
+                " ON CONFLICT (sink, batch_id) DO NOTHING")
+
+    def applied_sql(self) -> str:
+        """The batch ids recorded for one sink, ascending."""
+        return f"SELECT batch_id FROM {LEDGER_TABLE} WHERE sink = {self.placeholder} ORDER BY batch_id"
+
+
 # ---- the writer -------------------------------------------------------------------------
 
 
@@ -345,7 +454,8 @@ def _checker(table: str, column: str, spec_type: str) -> Callable[[Any], Any]:
 class TableWriter:
     """Writes micro-batches of one query's result rows into one table, idempotently.
 
-    ``columns`` are ``(name, spec type)`` pairs in row order; ``key`` is the primary key.
+    ``columns`` are ``(name, spec type)`` pairs in row order; ``key`` is the primary key
+    (see :class:`TableSchema`).
     ``mode`` ``"update"`` (and ``"append"``, which is the same here) upserts the batch's
     rows by key; ``"complete"`` replaces the table's contents with the batch.
     ``sink_id`` names the writer in the ledger: it must be unique per query *and*
@@ -355,19 +465,25 @@ class TableWriter:
     def __init__(self, url: str, table: str, columns: Sequence[tuple[str, str]], key: Sequence[str],
                  mode: Mode, sink_id: str):
         self.table = table
-        self.columns = [(str(n), str(t)) for n, t in columns]
-        self.key = list(key)
         self.mode = mode
         self.sink_id = sink_id
         self._url = url
         self._db = open_database(url)
-        self._validate()
-        self._names = [n for n, _ in self.columns]
-        self._key_index = [self._names.index(k) for k in self.key]
-        self._checks = [_checker(table, n, t) for n, t in self.columns]
-        self._dumps = [self._db.dump(t) for _, t in self.columns]
-        self._loads = [self._db.load(t) for _, t in self.columns]
+        self.schema = TableSchema(table, columns, key, self._db.dialect, self._db.placeholder)
+        if mode not in ("append", "update", "complete"):
+            raise TableSinkError(f"table {table!r}: mode must be update or complete, not {mode!r}")
+        if not isinstance(sink_id, str) or not sink_id.strip():
+            raise TableSinkError(f"table {table!r}: sink_id must be a non-empty string")
+        self._set_conversions()
         self._ensured = False
+
+    @property
+    def columns(self) -> list[tuple[str, str]]:
+        return self.schema.columns
+
+    @property
+    def key(self) -> list[str]:
+        return self.schema.key
 
     def __repr__(self) -> str:
         return (f"TableWriter(table={self.table!r}, url={redact(self._url)!r}, mode={self.mode!r},"
@@ -378,87 +494,23 @@ class TableWriter:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._set_conversions()
+
+    def _set_conversions(self) -> None:
+        """Per column: the value check, the conversion for the database and back (closures: not pickled)."""
         self._checks = [_checker(self.table, n, t) for n, t in self.columns]
         self._dumps = [self._db.dump(t) for _, t in self.columns]
         self._loads = [self._db.load(t) for _, t in self.columns]
-
-    def _validate(self) -> None:
-        t = self.table
-        if not isinstance(t, str) or not NAME_PATTERN.match(t):
-            raise TableSinkError(f"{t!r} is not a safe table name (lower case letters, digits, '_')")
-        if self.mode not in ("append", "update", "complete"):
-            raise TableSinkError(f"table {t!r}: mode must be update or complete, not {self.mode!r}")
-        if not isinstance(self.sink_id, str) or not self.sink_id.strip():
-            raise TableSinkError(f"table {t!r}: sink_id must be a non-empty string")
-        if not self.columns:
-            raise TableSinkError(f"table {t!r}: no columns")
-        seen: set[str] = set()
-        for name, type_ in self.columns:
-            if not COLUMN_PATTERN.match(name):
-                raise TableSinkError(f"table {t!r}: {name!r} is not a plain column name (letters, digits, '_')")
-            if self._db.dialect == "postgresql" and len(name) > PG_MAX_IDENTIFIER:
-                raise TableSinkError(f"table {t!r}: column {name!r} is longer than PostgreSQL's"
-                                     f" {PG_MAX_IDENTIFIER} characters")
-            if name.lower() in seen:
-                raise TableSinkError(f"table {t!r}: duplicate column {name!r} (names are compared ignoring case)")
-            seen.add(name.lower())
-            if type_ not in SPARK_TYPES:
-                raise TableSinkError(f"table {t!r}: column {name!r} has unknown type {type_!r};"
-                                     f" use one of {sorted(SPARK_TYPES)}")
-        names = [n for n, _ in self.columns]
-        if not self.key:
-            raise TableSinkError(f"table {t!r}: a table sink needs a key")
-        for k in self.key:
-            if k not in names:
-                raise TableSinkError(f"table {t!r}: key column {k!r} is not one of the columns {names}")
-        if len(set(self.key)) != len(self.key):
-            raise TableSinkError(f"table {t!r}: duplicate key columns {self.key}")
-
-    # ---- SQL ----------------------------------------------------------------------------
-
-    def _create_statements(self) -> list[str]:
-        types = SQL_TYPES[self._db.dialect]
-        cols = [f"{_quote(n)} {types[t][0]}{' NOT NULL' if n in self.key else ''}" for n, t in self.columns]
-        pk = ", ".join(_quote(k) for k in self.key)
-        table = f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
-        ledger = (f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (sink TEXT NOT NULL, batch_id BIGINT NOT NULL,"
-                  " rows BIGINT NOT NULL, applied_at TIMESTAMP NOT NULL, PRIMARY KEY (sink, batch_id))")
-        return [ledger, table]
-
-    def _upsert_sql(self) -> str:
-        p = self._db.placeholder
-        cols = ", ".join(_quote(n) for n in self._names)
-        values = ", ".join([p] * len(self._names))
-        key = ", ".join(_quote(k) for k in self.key)
-        others = [n for n in self._names if n not in self.key]
-        action = ("DO UPDATE SET " + ", ".join(f"{_quote(n)} = excluded.{_quote(n)}" for n in others)
-                  if others else "DO NOTHING")
-        return f"INSERT INTO {_quote(self.table)} ({cols}) VALUES ({values}) ON CONFLICT ({key}) {action}"
-
-    def _ledger_sql(self) -> str:
-        p = self._db.placeholder
-        return (f"INSERT INTO {LEDGER_TABLE} (sink, batch_id, rows, applied_at) VALUES ({p}, {p}, {p}, {p})"
-                " ON CONFLICT (sink, batch_id) DO NOTHING")
 
     # ---- API ----------------------------------------------------------------------------
 
     def ensure_table(self) -> None:
         """Create the table and the ledger if missing; check an existing table's shape."""
         with self._db.connect() as conn:
-            self._db.run_ddl(conn, self._create_statements())
+            self._db.run_ddl(conn, self.schema.create_statements())
             found = self._db.describe(conn, self.table)
-        types = SQL_TYPES[self._db.dialect]
-        expected = [(n, types[t][1]) for n, t in self.columns]
         assert found is not None
-        found_columns, found_key = found
-        if sorted(found_columns) != sorted(expected) or sorted(found_key) != sorted(self.key):
-            def show(cols: list[tuple[str, str]], key: list[str]) -> str:
-                return ", ".join(f"{n} {t}" for n, t in cols) + f"; key ({', '.join(key)})"
-
-            raise TableSinkError(
-                f"table {self.table!r} in {redact(self._url)} exists with different columns:"
-                f" expected {show(expected, self.key)}; found {show(found_columns, found_key)}."
-                " Migrate or drop the table (or write to a new table); it is not altered automatically.")
+        self.schema.check_existing(*found, where=redact(self._url))
         self._ensured = True
 
     def write_batch(self, batch_id: int, rows: Iterable[Sequence[Any] | Mapping[str, Any]]) -> bool:
@@ -468,37 +520,33 @@ class TableWriter:
         params = self._prepare(rows)
         if not self._ensured:
             self.ensure_table()
-        delete = f"DELETE FROM {_quote(self.table)}" if self.mode == "complete" else None
-        ledger = (self._ledger_sql(), (self.sink_id, batch_id, len(params), self._db.now()))
+        delete = self.schema.delete_sql() if self.mode == "complete" else None
+        ledger = (self.schema.ledger_sql(), (self.sink_id, batch_id, len(params), self._db.now()))
         with self._db.connect() as conn:
-            return self._db.apply(conn, ledger, delete, self._upsert_sql(), params)
+            return self._db.apply(conn, ledger, delete, self.schema.upsert_sql(), params)
 
     def applied_batches(self) -> list[int]:
         """Batch ids this sink has applied, ascending."""
         if not self._ensured:
             self.ensure_table()
-        p = self._db.placeholder
         with self._db.connect() as conn:
-            rows = conn.execute(f"SELECT batch_id FROM {LEDGER_TABLE} WHERE sink = {p} ORDER BY batch_id",
-                                (self.sink_id,)).fetchall()
+            rows = conn.execute(self.schema.applied_sql(), (self.sink_id,)).fetchall()
         return [int(r[0]) for r in rows]
 
     def read_all(self) -> list[dict[str, Any]]:
         """Every row of the table as a dict, ordered by key (timestamps naive UTC)."""
         if not self._ensured:
             self.ensure_table()
-        cols = ", ".join(_quote(n) for n in self._names)
-        order = ", ".join(_quote(k) for k in self.key)
         with self._db.connect() as conn:
-            rows = conn.execute(f"SELECT {cols} FROM {_quote(self.table)} ORDER BY {order}").fetchall()
-        loads = list(zip(self._names, self._loads, strict=True))
+            rows = conn.execute(self.schema.select_sql()).fetchall()
+        loads = list(zip(self.schema.names, self._loads, strict=True))
         return [{n: (v if v is None or f is None else f(v)) for (n, f), v in zip(loads, row, strict=True)}
                 for row in rows]
 
     # ---- rows ---------------------------------------------------------------------------
 
     def _values(self, index: int, row: Any) -> Sequence[Any]:
-        names = self._names
+        names = self.schema.names
         if not isinstance(row, Mapping):
             fields = getattr(row, "__fields__", None) or getattr(row, "_fields", None)
             if fields and isinstance(row, tuple):  # a Spark Row or a namedtuple: match by name
@@ -525,10 +573,10 @@ class TableWriter:
         checks = list(zip(self._checks, self._dumps, strict=True))
         for index, row in enumerate(rows):
             values = self._values(index, row)
-            for k in self._key_index:
+            for k in self.schema.key_index:
                 if values[k] is None:
                     raise TableSinkError(f"table {self.table!r}: row {index} has NULL in key column"
-                                         f" {self._names[k]!r}; rows with a null key are not written")
+                                         f" {self.schema.names[k]!r}; rows with a null key are not written")
             converted = []
             for (check, dump), v in zip(checks, values, strict=True):
                 if v is not None:
@@ -536,7 +584,7 @@ class TableWriter:
                     if dump is not None:
                         v = dump(v)
                 converted.append(v)
-            key = tuple(converted[k] for k in self._key_index)
+            key = tuple(converted[k] for k in self.schema.key_index)
             if key in keys:
                 raise TableSinkError(
                     f"table {self.table!r}: rows {keys[key]} and {index} have the same key"
@@ -544,5 +592,5 @@ class TableWriter:
             keys[key] = index
             out.append(tuple(converted))
         # A fixed order takes row locks in the same order in every writer (no deadlocks).
-        out.sort(key=lambda r: tuple(r[k] for k in self._key_index))
+        out.sort(key=lambda r: tuple(r[k] for k in self.schema.key_index))
         return out
