@@ -88,7 +88,7 @@ from typing import Any
 import yaml
 
 from spark_jobs.checkpoint import batch_ids, sink_files
-from spark_jobs.ingest import ddl
+from spark_jobs.plan import compile_plan
 from spark_jobs.progress import read_events
 from spark_jobs.session import SESSION_CONF
 from spark_jobs.spec import (
@@ -344,8 +344,9 @@ class Stream:
         return {
             "app": f"bench-{variant}:{self.name}", "variant": {"a": "parse", "b": "per-output"}[variant],
             "conf": conf,
-            "source": {"format": src.format, "schema": ddl(src.columns, corrupt=True), "options": src.options,
-                       "landing": layout.landing, "max_files_per_trigger": src.max_files_per_trigger},
+            "source": {"format": src.format, "schema": compile_plan(spec, layout).source.reader_ddl,
+                       "options": src.options, "landing": layout.landing,
+                       "max_files_per_trigger": src.max_files_per_trigger},
             "columns": [c.name for c in src.columns], "required": [c.name for c in src.columns if c.required],
             "event_time": et and {"column": et.column, "watermark": et.watermark},
             "deduplicate": spec.deduplicate.key if spec.deduplicate else None,

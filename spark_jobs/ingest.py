@@ -63,13 +63,6 @@ REASON, EVENT_TIME, ROW_KEY, KIND = "_reason", "_event_time", "_row_key", "_kind
 ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unmatched"
 
 
-def ddl(columns: list[Column], corrupt: bool = False) -> str:
-    parts = [f"`{c.name}` {SPARK_TYPES[c.type]}" for c in columns]
-    if corrupt:
-        parts.append(f"`{CORRUPT_RECORD_COLUMN}` string")
-    return ", ".join(parts)
-
-
 # ---- reading the source -----------------------------------------------------------------
 
 
@@ -81,7 +74,7 @@ def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True)
             raise ValueError("the rate source cannot be read in batch")
         return spark.readStream.format("rate").option("rowsPerSecond", source.rows_per_second).load()
     reader = spark.readStream if streaming else spark.read
-    reader = (reader.format(source.format).schema(ddl(source.columns, corrupt=True)).option("mode", "PERMISSIVE")
+    reader = (reader.format(source.format).schema(source.reader_ddl).option("mode", "PERMISSIVE")
               .option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN))
     if streaming:
         reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.spec import (
+    CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
     INGEST_QUERY,
     SPARK_TYPES,
@@ -67,8 +68,9 @@ class SourcePlan:
         return self.kind == "files"
 
     @property
-    def column_types(self) -> dict[str, str]:
-        return {c.name: c.type for c in self.columns}
+    def reader_ddl(self) -> str:
+        """The file reader's schema: the declared columns, then the corrupt-record column."""
+        return ddl({c.name: c.type for c in self.columns}) + f", `{CORRUPT_RECORD_COLUMN}` string"
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} in a plan")
 
 
-def _sink(spec: StreamSpec, layout: Layout, sink: Any) -> SinkPlan:
+def _sink(layout: Layout, sink: Any) -> SinkPlan:
     if isinstance(sink, ParquetSink):
         return SinkPlan("parquet", path=layout.data(sink.path), partition_by=list(sink.partition_by))
     if isinstance(sink, TableSink):
@@ -213,6 +215,6 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
     outputs = [OutputPlan(
         name=o.name, query_name=query_name(spec.name, o.name), query=o.query, mode=o.mode,
         trigger=spec.trigger_for(o), checkpoint=layout.checkpoint(o.name), columns=spec.result_columns(o),
-        key=spec.result_key(o), sink=_sink(spec, layout, o.sink),
+        key=spec.result_key(o), sink=_sink(layout, o.sink),
         reads_source=spec.trigger_for(o).kind == "continuous") for o in spec.outputs]
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs)

@@ -101,6 +101,11 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     assert second.wait() == 3, second.output()
     assert "in use by a live driver" in second.output()
 
+    # the running job's plan is beside its checkpoint
+    plan = json.loads(layout.plan_file.read_text())
+    assert plan["ingestion"]["checkpoint"] == readings
+    assert [o["name"] for o in plan["outputs"]] == [o.name for o in spec.outputs]
+
     layout.stop_marker.touch()
     assert first.wait() == 0, first.output()[-3000:]
     assert not layout.stop_marker.exists()

@@ -78,6 +78,8 @@ def test_the_plan_is_written_as_json_for_an_operator_to_read(tmp_path: Path, cli
     assert [p.name for p in target.parent.iterdir()] == ["plan.json"]  # no temporary file left
 
 
-def test_names_and_schemas() -> None:
+def test_names_and_schemas(clicks_plan) -> None:
     assert query_name("clicks", INGEST_QUERY) == "clicks__ingest"
+    assert clicks_plan.source.reader_ddl == ("`event_id` string, `user_id` string, `page` string, `ts` timestamp, "
+                                             "`duration_ms` bigint, `_corrupt_record` string")
     assert ddl({"a": "long", "b b": "timestamp"}) == "`a` bigint, `b b` timestamp"
