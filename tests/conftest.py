@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import pytest
@@ -152,18 +153,32 @@ def postgres_url(postgres_server) -> str:
     return postgres_server.url
 
 
-@pytest.fixture
-def postgres_database(postgres_server) -> Iterator[str]:
-    """URL of a fresh, empty database on the session's server, dropped afterwards."""
+@contextmanager
+def fresh_database(server) -> Iterator[str]:  # noqa: ANN001 - a tests/postgres_server.PostgresServer
+    """URL of a new, empty database on ``server``, dropped on exit."""
     import uuid
 
     import psycopg
 
     name = f"test_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+    with psycopg.connect(server.url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield postgres_server.database_url(name)
+        yield server.database_url(name)
     finally:
-        with psycopg.connect(postgres_server.url, autocommit=True) as conn:
+        with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_database(postgres_server) -> Iterator[str]:
+    """URL of a fresh, empty database on the session's server, dropped afterwards."""
+    with fresh_database(postgres_server) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_postgres_database(postgres_server) -> Iterator[str]:
+    """As ``postgres_database``, shared by the tests of one module (one Airflow for a file)."""
+    with fresh_database(postgres_server) as url:
+        yield url

@@ -3,12 +3,31 @@ home, and condition waits (never bare sleeps)."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
+
+import yaml
 
 from streamops.embedded import BIN, AirflowServices, free_port, json_lines, wait_for  # noqa: F401 - used by the tests
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def example_spec(name: str) -> dict:
+    """The project's example spec ``name`` (``include/streams/<name>.yaml``), as a dict to change."""
+    return yaml.safe_load((ROOT / "include" / "streams" / f"{name}.yaml").read_text())
+
+
+def include_with(root: Path, *specs: dict) -> Path:
+    """An ``include/`` under ``root``: the project's expectations and reference data, and the
+    given stream specs; its ``streams`` folder (the spec directory to point the platform at)."""
+    for folder in ("expectations", "reference"):
+        shutil.copytree(ROOT / "include" / folder, root / folder, dirs_exist_ok=True)
+    (root / "streams").mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        (root / "streams" / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root / "streams"
 
 
 class Airflow(AirflowServices):

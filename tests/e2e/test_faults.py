@@ -26,18 +26,16 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from airflow_harness import Airflow, DriverWatcher, deploy, stream_drivers, wait_for
+from airflow_harness import Airflow, DriverWatcher, deploy, example_spec, include_with, stream_drivers, wait_for
 
 from spark_jobs.checkpoint import batch_ids
 from spark_jobs.lease import read_holder
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
 from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
@@ -49,19 +47,16 @@ STALL_WINDOW_SECONDS = 30
 
 
 def fault_specs(root: Path) -> Path:
-    """The sensors stream with a short trigger, stall window and restart backoff, in its own include/."""
-    include = default_spec_dir().parent
-    for folder in ("expectations", "reference"):
-        shutil.copytree(include / folder, root / folder)
-    spec = yaml.safe_load((include / "streams" / "sensors.yaml").read_text())
+    """The sensors stream with a short trigger, two files per batch (so faults land mid-way), a
+    short stall window and restart backoff, in its own include/."""
+    spec = example_spec("sensors")
     spec["trigger"] = {"processing_time": "2 seconds"}
+    spec["source"]["max_files_per_trigger"] = 2
     # every fault below is a failed run within the hour: the budget covers them all, with room to spare
     spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds",
                            "restart": {"max_attempts": KILLS + 9, "backoff_initial_seconds": 1,
                                        "backoff_max_seconds": 4, "stable_after_minutes": 10}}
-    (root / "streams").mkdir(parents=True)
-    (root / "streams" / "sensors.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return root / "streams"
+    return include_with(root, spec)
 
 
 class Stream:

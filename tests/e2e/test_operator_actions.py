@@ -1,12 +1,16 @@
 """An operator's actions under the real platform (Airflow's API server, scheduler with the
-LocalExecutor, DAG processor and triggerer on loopback, one instance for the whole file):
+LocalExecutor, DAG processor and triggerer on loopback, on PostgreSQL metadata as in
+production; one instance for the whole file):
 
 1. a backfill through Airflow's own ``airflow backfill create``: the run's data interval is
    the range; every output holds exactly what the accepted rows of that range give, and
    the same range run again (reprocessing the completed run) gives identical files;
-2. an immediate stop from the stop DAG: the driver is killed, the supervisor ends and the
-   stream stays stopped, without spending its restart budget; started again, it catches
-   up, and every sink equals the ground truth: nothing lost or doubled by the kill;
+2. supervision: an immediate stop from the stop DAG (the driver is killed, the supervisor
+   ends and the stream stays stopped, without spending its restart budget); started again,
+   it catches up; a SIGKILLed driver is restarted from the checkpoint; the quality DAG
+   validates every closed window with Great Expectations; the scheduled restart stops and
+   resumes it; a graceful stop ends it; every sink equals the ground truth, the outputs
+   agree, and never two drivers ran at once;
 3. a stream whose driver fails at every start spends its restart budget: the supervisor
    fails saying so and why, and exactly one alert e-mail arrives at the SMTP server that
    Airflow's SMTP connection points at.
@@ -24,18 +28,18 @@ import shutil
 import signal
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
-from airflow_harness import ROOT, Airflow, DriverWatcher, deploy, stream_drivers, wait_for
+from airflow_harness import ROOT, Airflow, DriverWatcher, deploy, example_spec, include_with, stream_drivers, wait_for
 
 from spark_jobs import backfill, pipeline
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.lease import holder_alive
+from spark_jobs.lease import holder_alive, read_holder
 from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec
 from spark_jobs.testdata import generate, verify
 from streamops.embedded import wait_until
@@ -151,15 +155,13 @@ class Platform:
 
 
 def operator_specs(include: Path) -> Path:
-    """include/ with the sensors stream (a 2-second trigger) and `doomed`: the sensors stream under
-    another name and paths, whose reference data does not exist (every start fails) and whose
-    restart budget is one failed run."""
-    source = ROOT / "include"
-    for folder in ("expectations", "reference"):
-        shutil.copytree(source / folder, include / folder)
-    sensors = yaml.safe_load((source / "streams" / "sensors.yaml").read_text())
+    """include/ with the sensors stream (a 2-second trigger, two files per batch) and `doomed`: the
+    sensors stream under another name and paths, whose reference data does not exist (every start
+    fails) and whose restart budget is one failed run."""
+    sensors = example_spec("sensors")
     sensors["trigger"] = {"processing_time": "2 seconds"}
-    doomed = yaml.safe_load((source / "streams" / "sensors.yaml").read_text())
+    sensors["source"]["max_files_per_trigger"] = 2
+    doomed = example_spec("sensors")
     doomed.update(name="doomed", checkpoint="checkpoints/doomed", trigger={"processing_time": "2 seconds"})
     doomed["source"].update(path="landing/doomed", archive_path="archive/doomed")
     doomed["quarantine"]["path"] = "quarantine/doomed"
@@ -171,11 +173,9 @@ def operator_specs(include: Path) -> Path:
             output["sink"]["table"] = "doomed_device_status"
     doomed["supervision"] = {"stall_window": "3 minutes",
                              "restart": {"max_attempts": 1, "backoff_initial_seconds": 1, "backoff_max_seconds": 2}}
-    (include / "streams").mkdir(parents=True)
-    for spec in (sensors, doomed):
-        (include / "streams" / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    spec_dir = include_with(include, sensors, doomed)
     shutil.copy(include / "expectations" / "sensors.yaml", include / "expectations" / "doomed.yaml")
-    return include / "streams"
+    return spec_dir
 
 
 def dags_folder(folder: Path) -> Path:
@@ -189,7 +189,9 @@ def dags_folder(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory) -> Iterator[Platform]:  # noqa: ANN001
+def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]:  # noqa: ANN001
+    """Airflow's services on PostgreSQL metadata, as in production (the other end-to-end tests run
+    on the embedded default, SQLite)."""
     root = tmp_path_factory.mktemp("operator-actions")
     spec_dir = operator_specs(root / "include")
     data_root = root / "data"
@@ -197,7 +199,8 @@ def platform(tmp_path_factory) -> Iterator[Platform]:  # noqa: ANN001
     smtp = {"conn_type": "smtp", "host": "127.0.0.1", "port": mail.port,
             "extra": {"from_email": ALERT_FROM, "disable_tls": True, "disable_ssl": True, "timeout": 10,
                       "retry_limit": 0}}
-    airflow = Airflow(root / "airflow", data_root, extra_env={
+    metadata_url = module_postgres_database.replace("postgresql://", "postgresql+psycopg://", 1)
+    airflow = Airflow(root / "airflow", data_root, metadata_url, extra_env={
         "STREAMS_SPEC_DIR": str(spec_dir), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder(root / "dags")),
         "STREAMS_ALERT_EMAIL": ALERT_TO, "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps(smtp)})
     # the services import this checkout's code (the plugins folder, and spark_jobs through PYTHONPATH)
@@ -294,11 +297,11 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
     assert snapshot(spark, spec, layout) == first
 
 
-# ---- 2. immediate stop -------------------------------------------------------------------------
+# ---- 2. supervision: stops, a kill, validation, a scheduled restart -------------------------
 
 
-def test_an_immediate_stop_keeps_the_stream_stopped_and_loses_or_doubles_nothing(platform: Platform,
-                                                                                 spark) -> None:  # noqa: ANN001
+def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restarts_on_schedule(
+        platform: Platform, spark) -> None:  # noqa: ANN001
     p = platform
     spec, layout = p.stream("sensors")
     readings = layout.checkpoint(INGEST_QUERY)
@@ -320,7 +323,7 @@ def test_an_immediate_stop_keeps_the_stream_stopped_and_loses_or_doubles_nothing
         wait_for(lambda: p.task_state("stream_sensors", "running", run) == "success", "the deploy to be confirmed",
                  timeout=120, every=2)
 
-        # stop at once: the driver is killed wherever it is, and the stream stays stopped
+        # 2a. stop at once: the driver is killed wherever it is, and the stream stays stopped
         stop = p.trigger("stream_sensors_stop", {"mode": "immediate"})
         wait_for(lambda: p.state("stream_sensors_stop", stop) in ("success", "failed"), "the stop DAG to end",
                  timeout=180, every=2)
@@ -337,20 +340,54 @@ def test_an_immediate_stop_keeps_the_stream_stopped_and_loses_or_doubles_nothing
         assert last is not None and last.requested and last.exit_code != 0, last
         assert budget.consecutive_failures() == 0 and budget.next_delay() == 0
 
-        # more input arrives while it is stopped; started again, it takes all of it
+        # 2b. more input arrives while it is stopped; started again, it takes all of it
         p.feed("sensors", files=6, seed=32)
         again = p.trigger("stream_sensors")
         wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
         assert "(backoff after" not in p.task_log("stream_sensors", "supervise", again)
 
-        # then a graceful stop
+        # 2c. SIGKILL of the driver with input waiting: the supervisor restarts it from the checkpoint
+        first = read_holder(layout.lease_dir)
+        p.feed("sensors", files=6, seed=33)
+        killed_at = time.time()
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: (h := read_holder(layout.lease_dir)) is not None and h.pid != first.pid
+                 and any(c.stat().st_mtime > killed_at for c in (Path(readings) / "commits").glob("[0-9]*")),
+                 "a new driver to commit a batch after the kill", timeout=240, every=0.2)
+        print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
+        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+
+        # 2d. unpaused, the quality DAG validates the closed units of the live sinks; its */10
+        # schedule may start a second run while the first one validates: every run must succeed
+        p.airflow.cli("dags", "unpause", "stream_sensors_quality")
+        wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors_quality")])
+                 and all(s == "success" for s in states), "the quality DAG to succeed", timeout=300, every=3)
+        quality = json.loads((layout.quality_dir / "summary.json").read_text())
+        assert quality["ok"], quality
+        windows_validated = quality["outputs"]["site_temperature_10m"]["validated"]
+        balances = {b["output"]: b["status"] for b in quality["accounting"]["balances"]}
+        assert balances["device_status"] in ("balanced", "incomplete"), balances  # incomplete: an event lost in a kill
+
+        # 2e. the scheduled restart: unpaused, its cron's latest interval runs at once: a graceful
+        # stop, a resume from the checkpoint and a new driver, with the downtime logged
+        before_restart = read_holder(layout.lease_dir)
+        p.airflow.cli("dags", "unpause", "stream_sensors_restart")
+        wait_for(lambda: [r["state"] for r in p.airflow.runs("stream_sensors_restart")] == ["success"],
+                 "the scheduled restart to succeed", timeout=300, every=3)
+        after_restart = read_holder(layout.lease_dir)
+        assert after_restart is not None and after_restart.pid != before_restart.pid
+        restart_run = p.airflow.runs("stream_sensors_restart")[0]["run_id"]
+        assert p.task_state("stream_sensors_restart", "downtime", restart_run) == "success"
+
+        # 2f. then a graceful stop from the stop DAG, which waits for the driver to exit
         graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
         wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
                  timeout=240, every=2)
         assert p.state("stream_sensors_stop", graceful) == "success", p.task_log("stream_sensors_stop", "stop", graceful)
         wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
-        wait_for(lambda: [r["state"] for r in p.airflow.runs("stream_sensors")] == ["success", "success"],
-                 "both supervisor runs to end", timeout=120, every=2)
+        wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors")])
+                 and len(states) >= 3 and all(s == "success" for s in states),
+                 "every supervisor run to end", timeout=120, every=2)
     finally:
         watcher.stop()
     assert watcher.most == 1, f"{watcher.most} drivers ran at once"
@@ -360,8 +397,12 @@ def test_an_immediate_stop_keeps_the_stream_stopped_and_loses_or_doubles_nothing
     assert report.ok, report.describe()
     agreement = verify.agreement(spark, spec, layout)
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
-    runs = budget.runs()
-    assert [(r.exit_code != 0, r.requested) for r in runs[-2:]] == [(True, True), (False, True)]
+    # every window in the sink was validated, once (in append mode only closed windows reach it)
+    windows = spark.read.parquet(layout.data("sinks/sensors/site_temperature_10m")).select("window_end").distinct()
+    assert windows_validated == windows.count() > 0
+    # stopped at once (asked); killed (a failure); stopped for the scheduled restart; stopped on request
+    assert [(r.exit_code != 0, r.requested) for r in budget.runs()[-4:]] == [
+        (True, True), (True, False), (False, True), (False, True)]
 
 
 # ---- 3. alert --------------------------------------------------------------------------------
