@@ -23,7 +23,7 @@ the line in the file; a CSV header is line 1)::
     {"file": 4, ..., "kind": "duplicate", "flags": [], "of": {"file": 3, "line": 88}, "event": {...}}
     {"file": 4, ..., "kind": "malformed", "reason": "wrong_type", "column": "temperature", "raw": "..."}
 
-``kind`` is one of ok, late_within, late_beyond, duplicate, future, malformed.
+``kind`` is one of ok, late_within, late_beyond, late_edge, duplicate, future, malformed.
 
 Event time comes from a virtual clock (batch mode: ``--start`` plus ``--event-interval-ms``
 per on-time event) or the wall clock (rate mode).
@@ -78,6 +78,7 @@ class Settings:
     duration: float | None = None  # seconds; None = until SIGINT/SIGTERM
     late_within: float = 0.03
     late_beyond: float = 0.02
+    late_edge: float = 0.0  # late events whose fate the micro-batch boundaries decide (see records.py)
     duplicates: float = 0.02
     malformed: float = 0.03
     unknown_keys: float = 0.02
@@ -98,12 +99,12 @@ class Settings:
 
     def check(self) -> None:
         problems = []
-        for name in ("late_within", "late_beyond", "duplicates", "malformed", "unknown_keys", "future"):
+        for name in ("late_within", "late_beyond", "late_edge", "duplicates", "malformed", "unknown_keys", "future"):
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 problems.append(f"{name} must be between 0 and 1, not {value}")
-        if self.late_within + self.late_beyond + self.duplicates + self.future > 1:
-            problems.append("late_within + late_beyond + duplicates + future must not exceed 1")
+        if self.late_within + self.late_beyond + self.late_edge + self.duplicates + self.future > 1:
+            problems.append("late_within + late_beyond + late_edge + duplicates + future must not exceed 1")
         if self.files < 0 or self.events_per_file < 0 or self.empty_files < 0:
             problems.append("files, events_per_file and empty_files must not be negative")
         if self.rate is not None and not self.rate > 0:
@@ -370,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events-per-file", type=int, default=100, help="valid events per file (default 100)")
     for name, default, what in (("late-within", 0.03, "late events Spark must keep"),
                                 ("late-beyond", 0.02, "events behind the watermark Spark must drop"),
+                                ("late-edge", 0.0, "events so near the watermark that the micro-batches decide"),
                                 ("duplicates", 0.02, "exact copies of recent on-time events"),
                                 ("malformed", 0.03, "malformed records, as a share of the valid events"),
                                 ("unknown-keys", 0.02, "on-time events whose join keys the reference data lacks"),
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         files=10 if args.files is None else args.files, events_per_file=args.events_per_file, rate=args.rate,
         duration=args.duration, late_within=args.late_within, late_beyond=args.late_beyond,
-        duplicates=args.duplicates, malformed=args.malformed, unknown_keys=args.unknown_keys,
+        late_edge=args.late_edge, duplicates=args.duplicates, malformed=args.malformed, unknown_keys=args.unknown_keys,
         future=args.future, empty_files=args.empty_files, seed=args.seed, start=args.start,
         event_interval_ms=args.event_interval_ms, clock=args.clock)
     try:

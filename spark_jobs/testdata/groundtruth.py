@@ -11,8 +11,8 @@ every file has been processed:
           -> each output's query
 
 ``counts`` accounts for every record: ``input_records = accepted + quarantined +
-duplicates + dropped_late + unjoined`` (``unjoined``: dropped by an inner join, so 0
-for left joins). Late events are dropped by the deduplication's watermark filter.
+duplicates + dropped_late + unjoined + undecided`` (``unjoined``: dropped by an inner join,
+so 0 for left joins; ``undecided``: ``late_edge`` records without a decision). Late events are dropped by the deduplication's watermark filter.
 ``quarantine`` lists every quarantined record (file number and name, line, reason and
 text) so that the quarantine can be compared by content, not only by count.
 
@@ -23,7 +23,13 @@ state with a watermark between ``maxts(k - M) - D`` and ``maxts(k - 1) - D``; bu
 drops rows as late by the *previous* batch's watermark, which is only known to lie
 between ``maxts(k - 2M) - D`` and ``maxts(k - 1) - D`` (see
 :meth:`FileHistory.watermark_bounds`). A row (or window) between the bounds has no
-predictable fate and raises :class:`GroundTruthError`; the generator never makes one.
+predictable fate and raises :class:`GroundTruthError`; the generator never makes one,
+except as a record of kind ``late_edge``, made on purpose between the bounds. Its fate is
+the ingestion's decision, given as ``decided`` (its deduplication key -> accepted or not,
+read by the verifier from the accepted rows); without one it is counted as ``undecided``
+and left out. An output may drop an accepted ``late_edge`` row from a window whose end
+lies below the highest bound (its own watermark may have closed that window first): such
+windows are listed as ``uncertain`` and not compared.
 
 Spark measures ``max_future`` from the processing time, which is later than the
 ``now`` given here (when the records were written). The generator puts records of kind
@@ -68,7 +74,8 @@ from spark_jobs.spec import (
 )
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-VALID_KINDS = ("ok", "late_within", "late_beyond", "duplicate")
+LATE_EDGE = "late_edge"
+VALID_KINDS = ("ok", "late_within", "late_beyond", LATE_EDGE, "duplicate")
 MALFORMED = "malformed"
 FUTURE = "future"
 
@@ -301,8 +308,12 @@ def _out(value: Any, type_: str) -> Any:
 
 
 def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Layout, *,
-             files: int | None = None, settings: Any = None, now_ms: int | None = None) -> dict[str, Any]:
+             files: int | None = None, settings: Any = None, now_ms: int | None = None,
+             decided: Mapping[tuple, bool] | None = None) -> dict[str, Any]:
     """What every output of ``spec`` holds after all records have been processed exactly once.
+
+    ``decided``: the ingestion's decision on each ``late_edge`` record, by deduplication key
+    (True: accepted); see the module's note.
 
     ``files`` (the number of files written) and ``settings`` (how they were generated)
     are copied into the result; ``files`` defaults to the highest file number seen.
@@ -327,7 +338,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     future_limit = None if ahead is None else (round(time.time() * 1000) if now_ms is None else now_ms) + ahead
 
     counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
-              "duplicates": 0, "dropped_late": 0, "accepted": 0}
+              "duplicates": 0, "dropped_late": 0, "accepted": 0, "undecided": 0}
 
     # parse and quarantine
     valid: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
@@ -353,7 +364,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     final_watermark = None if max_event is None else max_event - delay
     kept: dict[tuple, int | None] = {}
     bounds_by_file: dict[int, tuple[int | None, int | None]] = {}
-    accepted: list[tuple[int, dict[str, Any], tuple[int | None, int | None]]] = []
+    accepted: list[tuple[int, dict[str, Any], tuple[int | None, int | None], bool]] = []
     for rec, event in valid:
         file_no = rec.get("file", 0)
         if file_no not in bounds_by_file:
@@ -361,7 +372,16 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         bounds = bounds_by_file[file_no]
         if spec.deduplicate is not None:
             assert event_col is not None  # the spec rules demand event time for deduplication
-            if _classify(event[event_col], bounds):
+            edge = rec.get("kind") == LATE_EDGE
+            if edge:
+                key = tuple(event[k] for k in spec.deduplicate.key)
+                if decided is None or key not in decided:
+                    counts["undecided"] += 1
+                    continue
+                if not decided[key]:
+                    counts["dropped_late"] += 1
+                    continue
+            elif _classify(event[event_col], bounds):
                 _check_kind(rec, "late")
                 counts["dropped_late"] += 1
                 continue
@@ -384,7 +404,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
             for r in rows:
                 r[EVENT_DATE_COLUMN] = format_date(event[event_col])
         counts["accepted"] += 1
-        accepted.extend((file_no, r, bounds) for r in rows)
+        accepted.extend((file_no, r, bounds, rec.get("kind") == LATE_EDGE) for r in rows)
 
     outputs = {o.name: _output(spec, o, accepted, types, event_col, final_watermark) for o in spec.outputs}
     return {
@@ -467,25 +487,30 @@ def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str]
     columns = spec.result_columns(output)
     key = spec.result_key(output)
     if isinstance(q, Passthrough):
-        rows = [{c: _out(r.get(c), types.get(c, "string")) for c in columns} for _, r, _ in accepted]
+        rows = [{c: _out(r.get(c), types.get(c, "string")) for c in columns} for _, r, _, _ in accepted]
         rows.sort(key=lambda r: (_sort_key(r, key), json.dumps(r, sort_keys=True, default=str)))
-        return {"kind": "rows", "mode": output.mode, "key": key, "approximate": [], "columns": columns, "rows": rows}
+        return {"kind": "rows", "mode": output.mode, "key": key, "approximate": [], "columns": columns, "rows": rows,
+                "uncertain": []}
 
     assert isinstance(q, Aggregation)
     groups: dict[tuple, list[dict[str, Any]]] = {}
-    for _, row, bounds in accepted:
+    uncertain: set[tuple] = set()
+    for _, row, bounds, edge in accepted:
         group = tuple(row.get(c) for c in q.group_by)
         if q.window is None:
             groups.setdefault(group, []).append(row)
             continue
         for start, end in windows_for(row[event_col], q.window):
+            if edge and bounds[1] is not None and end <= bounds[1]:
+                uncertain.add((start, end, *group))  # the output's watermark may have closed it first
             # a window whose end is at or below the watermark no longer takes rows
-            if _classify(end, bounds):
+            elif _classify(end, bounds):
                 continue
             groups.setdefault((start, end, *group), []).append(row)
-    result = []
+    result, uncertain_keys = [], []
     for group, rows in groups.items():
         out: dict[str, Any] = {}
+        is_uncertain = group in uncertain
         if q.window is not None:
             start, end, *rest = group
             if final_watermark is None or end > final_watermark:
@@ -494,13 +519,16 @@ def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str]
             group = tuple(rest)
         for c, v in zip(q.group_by, group, strict=True):
             out[c] = _out(v, types.get(c, "string"))
+        if is_uncertain:
+            uncertain_keys.append([out[c] for c in key])
+            continue
         for agg in q.aggregates:
             out[agg.name] = _aggregate(agg, rows, types, event_col)
         result.append(out)
     result.sort(key=lambda r: (_sort_key(r, key), _sort_key(r, columns)))
     approximate = [a.name for a in q.aggregates if a.fn == "approx_count_distinct"]
     return {"kind": "rows", "mode": output.mode, "key": key, "approximate": approximate, "columns": columns,
-            "rows": result}
+            "rows": result, "uncertain": sorted(uncertain_keys, key=repr)}
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
 """The records of one generated file: which kinds, at which event times, with which values, in which encoding.
 
 A file's records are, besides on-time events, late events that Spark must keep (``late_within``)
-or drop (``late_beyond``) whatever the micro-batch boundaries, exact duplicates, events
+or drop (``late_beyond``) whatever the micro-batch boundaries; if asked (``late_edge``, default
+0), late events so close to the watermark that the micro-batch boundaries decide their fate
+(the verifier reads the ingestion's decision from its accepted rows); exact duplicates, events
 whose join keys are missing from the reference data, and malformed records; if asked
 (``future``, default 0), events dated far beyond ``event_time.max_future`` ahead of now,
 which Spark must quarantine before they reach the watermark. Each comes with its ledger
@@ -155,20 +157,22 @@ class RecordMaker:
         prev_max = history.maxts(seq - 1)
         has_time = self.event_col is not None
         # the lowest watermark that can judge this file's rows late (None: nothing is late yet)
-        lowest_watermark = history.watermark_bounds(seq, self.m, self.delay)[0] if has_time else None
+        lowest_watermark, highest_watermark = (history.watermark_bounds(seq, self.m, self.delay) if has_time
+                                               else (None, None))
+        # each valid event's kind, by its share; a kind this stream cannot have falls back to on time
+        shares = ((gt.LATE_EDGE, settings.late_edge, bool(self.spec.deduplicate) and lowest_watermark is not None),
+                  ("late_beyond", settings.late_beyond, lowest_watermark is not None),
+                  ("late_within", settings.late_within, has_time and self.delay - self.margin > 2),
+                  ("duplicate", settings.duplicates, bool(self.spec.deduplicate)),
+                  (gt.FUTURE, settings.future, self.max_future is not None))
         kinds = []
         for _ in range(n):
-            u = rng.random()
-            if u < settings.late_beyond:
-                kind = "late_beyond" if lowest_watermark is not None else "ok"
-            elif u < settings.late_beyond + settings.late_within:
-                kind = "late_within" if has_time and self.delay - self.margin > 2 else "ok"
-            elif u < settings.late_beyond + settings.late_within + settings.duplicates:
-                kind = "duplicate" if self.spec.deduplicate else "ok"
-            elif u < settings.late_beyond + settings.late_within + settings.duplicates + settings.future:
-                kind = gt.FUTURE if self.max_future is not None else "ok"
-            else:
-                kind = "ok"
+            u, kind = rng.random(), "ok"
+            for name, share, possible in shares:
+                if u < share:
+                    kind = name if possible else "ok"
+                    break
+                u -= share
             kinds.append(kind)
         if kinds and "ok" not in kinds:
             kinds[0] = "ok"  # every file with events has an on-time one to copy and to move the clock
@@ -209,6 +213,16 @@ class RecordMaker:
                 # below the watermark by more than a window: every window holding it has closed too
                 bound = lowest_watermark - self.window - LATE_MARGIN_MS
                 ts = bound - 1 - rng.randrange(max(self.delay, 60_000))
+                add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
+            elif kind == gt.LATE_EDGE:
+                # between the lowest and the highest watermark that can judge this file (and a little
+                # below): whether Spark keeps it depends on where the micro-batches begin and end
+                assert lowest_watermark is not None and highest_watermark is not None
+                below = max(highest_watermark - lowest_watermark, 1000)
+                ts = _free_ts(rng, lowest_watermark - below, highest_watermark, used)
+                if ts is None:
+                    continue
+                used.add(ts)
                 add(rng.uniform(0, n_ok), {"kind": kind, "flags": [], "event": self._event(seq, next(counter), ts, rng, False)})
             elif kind == gt.FUTURE:
                 ts = max(now_ms, state["clock_ms"]) + self.max_future + FUTURE_LEAD_MS + rng.randrange(86_400_000)
