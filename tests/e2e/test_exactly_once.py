@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from airflow_harness import example_spec, include_with
 
 from spark_jobs.checkpoint import batch_ids, last_batch
-from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
 from spark_jobs.testdata import generate, verify
 
 pytestmark = pytest.mark.e2e
 
+SPEC = default_spec_dir() / "sensors.yaml"
 STREAM_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "stream_job.py"
 TIMEOUT = 240
 FILES = 40  # two files per micro-batch: 20 batches, so stops and kills land mid-way
@@ -46,13 +46,13 @@ def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | 
 class Driver:
     """One spark-submit of the stream job, in its own process group."""
 
-    def __init__(self, spec_path: Path, data_root: Path, logs: Path, *extra: str):
+    def __init__(self, data_root: Path, logs: Path, *extra: str):
         self.log_path = logs / f"driver-{len(list(logs.glob('driver-*.log')))}.log"
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                "--conf", "spark.ui.enabled=false", str(STREAM_JOB),
-               "--spec", str(spec_path), "--data-root", str(data_root), *extra]
+               "--spec", str(SPEC), "--data-root", str(data_root), *extra]
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -72,30 +72,24 @@ class Driver:
 
 @pytest.fixture
 def stream(tmp_path: Path):
-    """The sensors example, two files per micro-batch."""
-    spec = example_spec("sensors")
-    spec["source"]["max_files_per_trigger"] = 2
-    spec_path = include_with(tmp_path / "include", spec) / "sensors.yaml"
     data_root = tmp_path / "data"
-    assert generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(FILES),
+    assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", str(FILES),
                           "--events-per-file", "40", "--seed", "11"]) == 0
     logs = tmp_path / "logs"
     logs.mkdir()
     drivers: list[Driver] = []
-    yield spec_path, data_root, logs, drivers
+    yield load_spec(SPEC), Layout(load_spec(SPEC), data_root, default_spec_dir()), data_root, logs, drivers
     for d in drivers:
         if d.proc.poll() is None:
             d.kill()
 
 
 def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
-    spec_path, data_root, logs, drivers = stream
-    spec = load_spec(spec_path)
-    layout = Layout(spec, data_root, spec_path.parent)
+    spec, layout, data_root, logs, drivers = stream
     readings = layout.checkpoint(INGEST_QUERY)
 
     def start(*extra: str) -> Driver:
-        drivers.append(Driver(spec_path, data_root, logs, *extra))
+        drivers.append(Driver(data_root, logs, *extra))
         return drivers[-1]
 
     # 1. run on the spec's trigger (every 5 s), then stop gracefully between batches
