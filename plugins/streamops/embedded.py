@@ -296,27 +296,22 @@ class Platform:
         self.out("==> stopping Airflow")
         self.airflow.stop()
 
-    def catch_up(self, name: str, interrupted: Callable[[], bool], patience: float = 180) -> None:
-        """Wait until the stream is idle (all input taken), for as long as its backlog keeps
-        shrinking: give up on one whose backlog has not shrunk for ``patience`` seconds, or
-        that stays down for 60 s."""
+    def catch_up(self, name: str, interrupted: Callable[[], bool], timeout: float = 300) -> None:
+        """Wait until the stream is idle (all input taken); give up on one that stays down for 60 s."""
         from streamops.health import Status, assess
 
         down_since: float | None = None
-        smallest, shrunk_at = None, time.monotonic()
 
         def settled() -> bool:
-            nonlocal down_since, smallest, shrunk_at
-            health = assess(self.specs[name], self.layouts[name])
-            if health.status in (Status.DEAD, Status.CORRUPT):
+            nonlocal down_since
+            status = assess(self.specs[name], self.layouts[name]).status
+            if status in (Status.DEAD, Status.CORRUPT):
                 down_since = down_since or time.monotonic()
                 return time.monotonic() - down_since > 60
             down_since = None
-            if smallest is None or health.backlog_files < smallest:
-                smallest, shrunk_at = health.backlog_files, time.monotonic()
-            return health.status == Status.IDLE or time.monotonic() - shrunk_at > patience
+            return status == Status.IDLE
 
-        wait_until(settled, float("inf"), interrupted=interrupted)
+        wait_until(settled, timeout, interrupted=interrupted)
         health = assess(self.specs[name], self.layouts[name])
         if health.status != Status.IDLE:
             self.out(f"    {name} has not caught up: {health.summary()}")
