@@ -283,13 +283,13 @@ class Platform:
                 self.catch_up(name, second_interrupt)
         if graceful and not second_interrupt():
             self.out("==> validating what the streams wrote (quality DAGs)")
-            for name in sorted(self.specs):
-                self.run_dag(dag_id(name, "quality"), {}, 600, second_interrupt)
+            self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
         self.out("==> stopping the streams" + (" gracefully (stop DAGs)" if graceful else ""))
+        if graceful and not second_interrupt():
+            self.run_dags({dag_id(name, "stop"): {"mode": "graceful"} for name in sorted(self.specs)}, 240,
+                          second_interrupt)
         for name in sorted(self.specs):
             hook = StreamHook(name, str(self.spec_dir), str(self.data_root))
-            if graceful and not second_interrupt():
-                self.run_dag(dag_id(name, "stop"), {"mode": "graceful"}, 240, second_interrupt)
             if hook.driver_alive():
                 hook.kill_driver()
                 hook.wait_for_exit(30)
@@ -316,18 +316,30 @@ class Platform:
         if health.status != Status.IDLE:
             self.out(f"    {name} has not caught up: {health.summary()}")
 
-    def run_dag(self, dag_id: str, conf: dict[str, Any], timeout: float, interrupted: Callable[[], bool]) -> str:
-        """Trigger a DAG run and wait for it to end; its final state."""
-        before = {r["run_id"] for r in self.airflow.runs(dag_id)}
-        self.airflow.cli("dags", "trigger", dag_id, "--conf", json.dumps(conf))
+    def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,
+                 interrupted: Callable[[], bool]) -> dict[str, str]:
+        """Trigger a run of each DAG (with its conf), all at once, and wait for every run to
+        end; each DAG's final state ("unfinished" after ``timeout`` seconds)."""
+        before = {dag: {r["run_id"] for r in self.airflow.runs(dag)} for dag in runs}
+        for dag, conf in runs.items():
+            self.airflow.cli("dags", "trigger", dag, "--conf", json.dumps(conf))
+        states: dict[str, str] = {}
 
-        def ended() -> str | None:
-            new = [r for r in self.airflow.runs(dag_id) if r["run_id"] not in before]
-            return new[0]["state"] if new and new[0]["state"] in ("success", "failed") else None
+        def ended() -> bool:
+            for dag in runs:
+                if dag not in states:
+                    new = [r for r in self.airflow.runs(dag) if r["run_id"] not in before[dag]]
+                    if new and new[0]["state"] in ("success", "failed"):
+                        states[dag] = new[0]["state"]
+                        self.out(f"    {dag}: {states[dag]}")
+            return len(states) == len(runs)
 
-        state = wait_until(ended, timeout, every=3, interrupted=interrupted) or "unfinished"
-        self.out(f"    {dag_id}: {state}")
-        return state
+        wait_until(ended, timeout, every=3, interrupted=interrupted)
+        for dag in runs:
+            if dag not in states:
+                states[dag] = "unfinished"
+                self.out(f"    {dag}: unfinished")
+        return states
 
     # -- summary
 

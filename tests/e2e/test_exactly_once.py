@@ -18,17 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from airflow_harness import example_spec, include_with
 
 from spark_jobs.checkpoint import batch_ids, last_batch
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
 from spark_jobs.testdata import generate, verify
 
 pytestmark = pytest.mark.e2e
 
-SPEC = default_spec_dir() / "sensors.yaml"
 STREAM_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "stream_job.py"
 TIMEOUT = 240
-FILES = 40  # two files per micro-batch: 20 batches, so stops and kills land mid-way
+FILES = 40  # two files per micro-batch (pinned below): 20 batches, so stops and kills land mid-way
 LAST_BATCH = FILES // 2 - 1
 
 
@@ -46,13 +46,13 @@ def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen | 
 class Driver:
     """One spark-submit of the stream job, in its own process group."""
 
-    def __init__(self, data_root: Path, logs: Path, *extra: str):
+    def __init__(self, spec_path: Path, data_root: Path, logs: Path, *extra: str):
         self.log_path = logs / f"driver-{len(list(logs.glob('driver-*.log')))}.log"
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
                "--conf", "spark.ui.enabled=false", str(STREAM_JOB),
-               "--spec", str(SPEC), "--data-root", str(data_root), *extra]
+               "--spec", str(spec_path), "--data-root", str(data_root), *extra]
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
@@ -73,23 +73,28 @@ class Driver:
 @pytest.fixture
 def stream(tmp_path: Path):
     data_root = tmp_path / "data"
-    assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", str(FILES),
+    sensors = example_spec("sensors")
+    sensors["source"]["max_files_per_trigger"] = 2
+    spec_dir = include_with(tmp_path / "include", sensors)
+    spec_path = spec_dir / "sensors.yaml"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(FILES),
                           "--events-per-file", "40", "--seed", "11"]) == 0
     logs = tmp_path / "logs"
     logs.mkdir()
     drivers: list[Driver] = []
-    yield load_spec(SPEC), Layout(load_spec(SPEC), data_root, default_spec_dir()), data_root, logs, drivers
+    spec = load_spec(spec_path)
+    yield spec_path, spec, Layout(spec, data_root, spec_dir), data_root, logs, drivers
     for d in drivers:
         if d.proc.poll() is None:
             d.kill()
 
 
 def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
-    spec, layout, data_root, logs, drivers = stream
+    spec_path, spec, layout, data_root, logs, drivers = stream
     readings = layout.checkpoint(INGEST_QUERY)
 
     def start(*extra: str) -> Driver:
-        drivers.append(Driver(data_root, logs, *extra))
+        drivers.append(Driver(spec_path, data_root, logs, *extra))
         return drivers[-1]
 
     # 1. run on the spec's trigger (every 5 s), then stop gracefully between batches

@@ -13,16 +13,25 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from airflow_harness import BIN, Airflow, DriverWatcher, deploy, free_port, stream_drivers, wait_for
+from airflow_harness import (
+    BIN,
+    Airflow,
+    DriverWatcher,
+    deploy,
+    example_spec,
+    free_port,
+    include_with,
+    stream_drivers,
+    wait_for,
+)
 
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
 from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
 
-SPEC = default_spec_dir() / "sensors.yaml"
 
 
 class SparkCluster:
@@ -86,14 +95,18 @@ class SparkCluster:
 
 def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path: Path, spark) -> None:
     data_root = tmp_path / "data"
-    spec = load_spec(SPEC)
-    layout = Layout(spec, data_root, default_spec_dir())
+    sensors = example_spec("sensors")
+    sensors["source"]["max_files_per_trigger"] = 2  # 15 batches: the lost worker lands mid-way
+    spec_dir = include_with(tmp_path / "include", sensors)
+    spec = load_spec(spec_dir / "sensors.yaml")
+    layout = Layout(spec, data_root, spec_dir)
     readings = layout.checkpoint(INGEST_QUERY)
-    assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", "30",
+    assert generate.main(["--spec", str(spec_dir / "sensors.yaml"), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "9"]) == 0
 
     cluster = SparkCluster(tmp_path / "spark")
-    airflow = Airflow(tmp_path / "airflow", data_root, spark_master=cluster.url)
+    airflow = Airflow(tmp_path / "airflow", data_root, spark_master=cluster.url,
+                      extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
     watcher = DriverWatcher()
     try:
         cluster.start()

@@ -16,7 +16,8 @@ SPEC = default_spec_dir() / "sensors.yaml"
 @pytest.fixture(scope="session")
 def pristine(spark, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("stream") / "data"
-    assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
+    files = 2 * load_spec(SPEC).source.max_files_per_trigger + 2  # three micro-batches
+    assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", str(files),
                           "--events-per-file", "30", "--seed", "3"]) == 0
     spec = load_spec(SPEC)
     pipeline.run_available_now(spark, spec, Layout(spec, root, default_spec_dir()))

@@ -179,7 +179,8 @@ def kinds(entries):
 @pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
 def test_manifest_counts_add_up(tmp_path, spec_path):
     spec = load_spec(spec_path)
-    run(spec_path, tmp_path, files=6, events_per_file=50, **BUSY)
+    files = 2 * spec.source.max_files_per_trigger + 4  # events late beyond the watermark start at file 2m+1
+    run(spec_path, tmp_path, files=files, events_per_file=50, **BUSY)
     m = manifest(tmp_path, spec.name)
     c = m["counts"]
     entries = ledger(tmp_path, spec.name)
@@ -188,7 +189,7 @@ def test_manifest_counts_add_up(tmp_path, spec_path):
     assert c["input_records"] == c["accepted"] + c["quarantined"] + c["duplicates"] + c["dropped_late"]
     assert c["quarantined"] == k["malformed"] and c["duplicates"] == k["duplicate"]
     assert c["dropped_late"] == k["late_beyond"] and c["accepted"] == k["ok"] + k["late_within"]
-    assert m["stream"] == spec.name and m["files"] == 7 and m["settings"][0]["seed"] == 7
+    assert m["stream"] == spec.name and m["files"] == files + 1 and m["settings"][0]["seed"] == 7
     assert set(m["outputs"]) == {o.name for o in spec.outputs}
     passthrough = [o for o in spec.outputs if o.query.type == "passthrough"]
     for o in passthrough:
@@ -259,7 +260,8 @@ def test_late_events_and_duplicates_are_placed_safely(tmp_path, which, events):
     spec = load_spec(spec_path)
     root = tmp_path / "data"
     # custom: a file spans 150 s of event time, more than the 2-minute watermark delay
-    run(spec_path, root, files=12, events_per_file=events, empty_files=3, **BUSY)
+    files = max(12, 2 * spec.source.max_files_per_trigger + 4)  # late beyond the watermark from file 2m+1
+    run(spec_path, root, files=files, events_per_file=events, empty_files=3, **BUSY)
     seen = check_placement(ledger(root, spec.name), spec)
     assert all(seen.values()), seen
 
