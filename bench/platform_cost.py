@@ -236,12 +236,19 @@ class Stream:
             found = batch
         return found
 
+    def writer_of(self, output: str) -> str:
+        """The query that commits an output: ``_ingest`` for the output the ingestion serves
+        (its sink is the accepted-rows table), else the output's own."""
+        served = self.spec.served_output
+        return INGEST_QUERY if served is not None and served.name == output else output
+
     def output_taking_batch(self, output: str, landed: set[str]) -> int | None:
         """The committed batch of an output by which it read every row the ingestion accepted
-        from the ``landed`` files, or None while it has not."""
+        from the ``landed`` files, or None while it has not. ``output`` is ``_ingest`` for the
+        output the ingestion serves: that batch is the ingestion's own."""
         ingested = self.taking_batch(INGEST_QUERY, landed)
-        if ingested is None:
-            return None
+        if ingested is None or output == INGEST_QUERY:
+            return ingested
         accepted = {file_name(p) for p in sink_files(self.layout.accepted, through_batch=ingested)}
         return self.taking_batch(output, accepted)
 
@@ -271,7 +278,7 @@ class Stream:
         """Wait until every output committed the rows the ingestion accepted from all the
         landing files; rows per second from the first batch's start to the last of those commits."""
         names = self.landing_files()
-        outputs = [o.name for o in self.spec.outputs]
+        outputs = [self.writer_of(o.name) for o in self.spec.outputs]
         batches = wait_for(lambda: (b := {q: self.output_taking_batch(q, names) for q in outputs})
                            and all(v is not None for v in b.values()) and b,
                            f"every output to commit the rows of the {len(names)} input files", timeout, every=0.5)
@@ -479,9 +486,10 @@ def freshness(p: Platform, events_per_file: int) -> dict:
     wait_for(lambda: assess(stream.spec, stream.layout).status == Status.IDLE, "the stream to be idle", 600, every=1)
     (landed,) = stream.feed(1, events_per_file)
     landed_at = landed.stat().st_mtime
-    batch = wait_for(lambda: (b := stream.output_taking_batch("readings", {landed.name})) is not None and (b,),
+    readings = stream.writer_of("readings")
+    batch = wait_for(lambda: (b := stream.output_taking_batch(readings, {landed.name})) is not None and (b,),
                      f"{landed.name} to be committed in the readings sink", 300, every=0.1)[0]
-    in_sink = stream.commit_time("readings", batch)
+    in_sink = stream.commit_time(readings, batch)
     triggered = time.time()
     run = p.wait_run(p.DAGS[2], p.trigger(p.DAGS[2]), 900, every=0.5)
     validated = _epoch(run["end_date"])

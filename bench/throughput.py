@@ -368,7 +368,10 @@ class Stream:
         sinks = {"accepted": layout.accepted} if variant == "c" else {}
         if self.spec.quarantine:
             sinks["quarantine"] = layout.data(self.spec.quarantine.path)
+        served = self.spec.served_output
         for o in self.spec.outputs:
+            if variant == "c" and served is not None and o.name == served.name:
+                continue  # its sink is the accepted-rows table, counted once as "accepted"
             if isinstance(o.sink, ParquetSink):
                 sinks[o.name] = layout.data(o.sink.path)
         return sinks

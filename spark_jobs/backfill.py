@@ -9,7 +9,8 @@ judged late once, by the ingestion. Each
 output is written to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``:
 first into a temporary folder, then swapped in by a rename, so a rerun of the same range
 replaces its output whole and gives identical results. The live checkpoint and sinks are
-never touched.
+never touched. The output the ingestion serves is written too: its range of the accepted
+rows, copied to its backfill folder like any other output's result.
 
 Exit codes: 0 written, 2 bad parameters or spec (the message says which), 1 failure.
 """

@@ -17,7 +17,9 @@ decides to two tables, both written through Spark's own file sink (data files pl
 
 Every output of the stream reads the accepted-rows table as its streaming source, so all
 outputs see the same accepted rows, across kills and restarts too (a replayed batch
-writes nothing twice: the file sink skips a batch its log already holds).
+writes nothing twice: the file sink skips a batch its log already holds). A pass-through
+output of exactly the accepted rows is not written again: the table is written into its
+sink path, and that output has no query (``StreamSpec.served_output``).
 
 Rejected rows carry no event time into the watermark (a row dated 2100 would otherwise
 move it decades ahead) and get a key of their own for the deduplication, so two equal

@@ -6,6 +6,11 @@
 
 The job works from the stream's plan (spark_jobs.plan), compiled once from the spec.
 
+A pass-through output whose rows are exactly the accepted rows (Parquet, partitioned
+like them; see ``StreamSpec.served_output``) gets no query: its sink path is the
+accepted-rows table, written once by the ingestion, and it has no checkpoint of its
+own. Every row of such a stream is then written once, not twice.
+
 An output reads every accepted batch committed so far at each trigger (no per-trigger
 file limit), so its batches are whole ingestion batches and its watermark follows the
 ingestion's. Near the watermark an output can still drop a row the ingestion accepted
@@ -26,7 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs import ingest
-from spark_jobs.checkpoint import query_id
+from spark_jobs.checkpoint import query_id, sink_last_batch
 from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
 from spark_jobs.spec import (
     INGEST_QUERY,
@@ -38,6 +43,7 @@ from spark_jobs.spec import (
     Passthrough,
     StreamSpec,
     Trigger,
+    own_accepted_path,
 )
 
 if TYPE_CHECKING:
@@ -192,11 +198,12 @@ def _output_query(spark: SparkSession, plan: StreamPlan, output: OutputPlan, tri
 
 def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None = None,
                  on_batch: Callable[[dict[str, Any]], None] | None = None) -> list[PlannedQuery]:
-    """Build (but do not start) the ingestion and every output query; ingestion first."""
+    """Build (but do not start) the ingestion and every output query; ingestion first. The
+    output the ingestion serves has none: the ingestion's accepted rows are its sink."""
     planned = []
     if plan.ingestion is not None:
         planned.append(_ingest_query(spark, plan, trigger or plan.ingestion.trigger, on_batch))
-    for output in plan.outputs:
+    for output in plan.queried_outputs:
         planned.append(_output_query(spark, plan, output, trigger or output.trigger))
     return planned
 
@@ -210,9 +217,38 @@ def _refuse_old_layout(spec: StreamSpec, layout: Layout) -> None:
             "checkpoint aside together with the stream's sinks and quarantine to reprocess from the input.")
 
 
+def _refuse_unserved_layout(spec: StreamSpec, layout: Layout) -> None:
+    """A served output's sink must not mix with what its own query wrote before.
+
+    Before the ingestion served an output, that output had its own query (and
+    checkpoint) writing its sink, with batch ids of its own in the sink's commit log, and
+    the accepted rows lived in ``accepted/<stream>``, where the other outputs' checkpoints
+    point. Resuming would have the ingestion skip or interleave batches in that log and
+    the other outputs read a table they have never seen, so such a checkpoint is refused.
+    """
+    served = spec.served_output
+    if served is None:
+        return
+    sink = layout.accepted
+    move = (f"Move aside the checkpoint {layout.checkpoint_root} together with the stream's sinks (including {sink}) "
+            "and quarantine to reprocess from the input, or keep the output written by its own query by making it "
+            "differ from the accepted rows (e.g. its columns or partitioning).")
+    own = Path(layout.checkpoint(served.name))
+    if own.exists():
+        raise RuntimeError(
+            f"stream {spec.name}: output {served.name} is now written by the ingestion (its sink {sink} is the "
+            f"accepted-rows table), but its checkpoint {own} from when it had a query of its own exists. {move}")
+    old = Path(layout.data(own_accepted_path(spec)))
+    if str(old) != sink and old.exists() and (sink_last_batch(old) is not None or any(old.iterdir())):
+        raise RuntimeError(
+            f"stream {spec.name}: its accepted rows now live in the sink of output {served.name} ({sink}), but the "
+            f"accepted-rows table {old} of the earlier layout holds data. {move} Move {old} aside as well.")
+
+
 def compile_for_start(spec: StreamSpec, layout: Layout) -> StreamPlan:
     """The stream's plan, once its checkpoint is known to be of this layout."""
     _refuse_old_layout(spec, layout)
+    _refuse_unserved_layout(spec, layout)
     return compile_plan(spec, layout)
 
 

@@ -6,7 +6,9 @@
            ingestion  the rules of the one parse (required columns, event time,
                       deduplication, joins) and where its two tables and checkpoint are
            outputs    per output: its query, result columns and key, mode, trigger,
-                      checkpoint and sink, every path and URL resolved
+                      checkpoint and sink, every path and URL resolved; the output the
+                      ingestion serves (``served_by_ingestion``: its sink is the
+                      accepted-rows table) has no query and no checkpoint
 
 The job (``spark_jobs.pipeline``, ``spark_jobs.ingest``) works from the plan alone, so a
 derived fact is computed in one place. ``stream_job`` writes the plan as JSON beside the
@@ -128,11 +130,13 @@ class OutputPlan:
     query: Passthrough | Aggregation
     mode: str
     trigger: Trigger
-    checkpoint: str
+    checkpoint: str | None  # None for the served output: it has no query of its own
     columns: list[str]  # the result's columns, in order
     key: list[str]  # the result's key (window bounds and groups, a table's key, the dedup key)
     sink: SinkPlan
     reads_source: bool  # a continuous output reads the source itself (no table between the stages)
+    #: the ingestion writes this output: its sink is the accepted-rows table (StreamSpec.served_output)
+    served_by_ingestion: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,15 +154,20 @@ class StreamPlan:
         raise KeyError(f"stream {self.stream!r} has no output {name!r}")
 
     @property
+    def queried_outputs(self) -> list[OutputPlan]:
+        """The outputs written by a query of their own: all but the served one."""
+        return [o for o in self.outputs if not o.served_by_ingestion]
+
+    @property
     def queries(self) -> list[str]:
-        """The stream's Spark queries: the ingestion, then one per output."""
-        return ([INGEST_QUERY] if self.ingestion else []) + [o.name for o in self.outputs]
+        """The stream's Spark queries: the ingestion, then one per output it does not serve."""
+        return ([INGEST_QUERY] if self.ingestion else []) + [o.name for o in self.queried_outputs]
 
     @property
     def spark_query_names(self) -> dict[str, str]:
         """Spark's name of each query -> the stream's (``_ingest``, the outputs' names)."""
         names = {self.ingestion.query_name: INGEST_QUERY} if self.ingestion else {}
-        return names | {o.query_name: o.name for o in self.outputs}
+        return names | {o.query_name: o.name for o in self.queried_outputs}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, default=_jsonable, sort_keys=False)
@@ -212,9 +221,11 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
             joins=[JoinPlan(e.name, layout.reference(e.path), e.format, list(e.columns), list(e.key), e.how)
                    for e in spec.enrich],
             event_time=event_time, deduplicate=list(spec.deduplicate.key) if spec.deduplicate else None)
+    served = spec.served_output.name if spec.served_output else None
     outputs = [OutputPlan(
         name=o.name, query_name=query_name(spec.name, o.name), query=o.query, mode=o.mode,
-        trigger=spec.trigger_for(o), checkpoint=layout.checkpoint(o.name), columns=spec.result_columns(o),
-        key=spec.result_key(o), sink=_sink(layout, o.sink),
-        reads_source=spec.trigger_for(o).kind == "continuous") for o in spec.outputs]
+        trigger=spec.trigger_for(o), checkpoint=None if o.name == served else layout.checkpoint(o.name),
+        columns=spec.result_columns(o), key=spec.result_key(o), sink=_sink(layout, o.sink),
+        reads_source=spec.trigger_for(o).kind == "continuous", served_by_ingestion=o.name == served)
+        for o in spec.outputs]
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs)

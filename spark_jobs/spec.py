@@ -468,9 +468,38 @@ class StreamSpec(Strict):
         outputs all run continuously (continuous processing cannot feed a file table)."""
         return any(self.trigger_for(o).kind != "continuous" for o in self.outputs)
 
+    @property
+    def served_output(self) -> Output | None:
+        """The pass-through output the ingestion writes itself, or None.
+
+        An output whose rows are exactly the accepted rows would only copy the
+        accepted-rows table: a pass-through query of every accepted column in their order
+        (``columns`` absent or equal to :meth:`enriched_columns`), a Parquet sink
+        partitioned like the accepted rows (``[event_date]`` with event_time, else none),
+        and a trigger that is not continuous. Its sink path then *is* the accepted-rows
+        table (:func:`accepted_path`): the ingestion writes every accepted row once,
+        into that sink, and the output has no query and no checkpoint of its own. Every
+        other output reads the accepted rows from there. Only the first output that
+        qualifies is served; a second one is written by its own query as before.
+        """
+        if not self.has_ingestion:
+            return None
+        accepted = list(self.enriched_columns())
+        partitioning = [EVENT_DATE_COLUMN] if self.event_time is not None else []
+        for o in self.outputs:
+            q, sink = o.query, o.sink
+            if (isinstance(q, Passthrough) and (q.columns is None or list(q.columns) == accepted)
+                    and o.mode == "append" and isinstance(sink, ParquetSink)
+                    and list(sink.partition_by) == partitioning and self.trigger_for(o).kind != "continuous"):
+                return o
+        return None
+
     def query_names(self) -> list[str]:
-        """The stream's Spark queries: the ingestion, then one per output."""
-        return ([INGEST_QUERY] if self.has_ingestion else []) + [o.name for o in self.outputs]
+        """The stream's Spark queries: the ingestion, then one per output (except the
+        output the ingestion serves, see :attr:`served_output`)."""
+        served = self.served_output
+        return ([INGEST_QUERY] if self.has_ingestion else []) + [
+            o.name for o in self.outputs if served is None or o.name != served.name]
 
 
 # ---- semantic rules (what Spark would reject later, or do wrongly) -----------------------
@@ -584,16 +613,31 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
 
 
 def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
-    """Checkpoint location (unresolved) of each query the spec starts."""
+    """Checkpoint location (unresolved) of each query the spec starts, and of each output.
+
+    The output the ingestion serves (:attr:`StreamSpec.served_output`) has no query;
+    its entry is where its own query kept its checkpoint before it was served. Nothing
+    is written there, and a stream whose checkpoint still holds it does not start
+    (``spark_jobs.pipeline``)."""
     paths = {o.name: o.checkpoint or f"{spec.checkpoint.rstrip('/')}/{o.name}" for o in spec.outputs}
     if spec.has_ingestion:
         paths[INGEST_QUERY] = f"{spec.checkpoint.rstrip('/')}/{INGEST_QUERY}"
     return paths
 
 
-def accepted_path(spec: StreamSpec) -> str:
-    """Where the stream's accepted rows live (unresolved): ``accepted/<stream>``."""
+def own_accepted_path(spec: StreamSpec) -> str:
+    """The accepted-rows table of a stream without a served output: ``accepted/<stream>``."""
     return f"accepted/{spec.name}"
+
+
+def accepted_path(spec: StreamSpec) -> str:
+    """Where the stream's accepted rows live (unresolved): the sink path of the output the
+    ingestion serves (:attr:`StreamSpec.served_output`), else ``accepted/<stream>``."""
+    served = spec.served_output
+    if served is not None:
+        assert isinstance(served.sink, ParquetSink)
+        return served.sink.path
+    return own_accepted_path(spec)
 
 
 def _nested(a: str, b: str) -> bool:
@@ -614,7 +658,7 @@ def _shared_path_problems(specs: dict[str, StreamSpec]) -> dict[str, list[tuple[
                 owners.append((source, f"outputs[{i}].sink.path", "sink", out.sink.path))
         if spec.quarantine:
             owners.append((source, "quarantine.path", "sink", spec.quarantine.path))
-        if spec.has_ingestion:
+        if spec.has_ingestion and spec.served_output is None:  # else the served output's sink path, added above
             owners.append((source, "name", "sink", accepted_path(spec)))
     problems: dict[str, list[tuple[str, str]]] = {}
     for n, (src, field, kind, path) in enumerate(owners):
@@ -796,7 +840,8 @@ class Layout:
 
     @property
     def accepted(self) -> str:
-        """The accepted-rows table every output reads (see spark_jobs.ingest)."""
+        """The accepted-rows table every output reads (see spark_jobs.ingest); the sink of the
+        served output, if the stream has one (:attr:`StreamSpec.served_output`)."""
         return self.data(accepted_path(self.spec))
 
     @property

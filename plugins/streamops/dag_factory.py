@@ -44,7 +44,10 @@ START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never 
 
 
 def _doc(spec: StreamSpec, what: str) -> str:
-    outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.type} |" for o in spec.outputs)
+    served = spec.served_output.name if spec.served_output else None
+    outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.type}"
+                        f"{' (the accepted rows, written by the ingestion)' if o.name == served else ''} |"
+                        for o in spec.outputs)
     return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n"
             f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}\n\n"
             f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "

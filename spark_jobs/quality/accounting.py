@@ -20,6 +20,8 @@ Each output, from its own progress events and its sink::
 read back as the committed rows of a pass-through Parquet sink, or the sum of a plain
 ``count`` over a table without windows. A windowed append output holds its open
 windows' rows in state, not in the sink, so its balance is reported as not checkable.
+The output the ingestion serves (its sink is the accepted-rows table) has no query:
+it reflects exactly the rows the ingestion accepted, read back from that table.
 
 Spark posts a batch's progress event after its commit, and the listener writes it a
 moment later, so a reader can see a commit whose event is not written yet. Such a
@@ -205,6 +207,17 @@ def output_balance(output: str, totals: Totals, measured: int | None, measured_b
         b.status, b.message, b.accepted = NOT_CHECKABLE, "its accepted rows are not readable from its sink", None
         return b
     b = _pending_or_incomplete(b, totals, {"sink": measured_batch})
+    return _settle(b, "rows lost from or added to the sink")
+
+
+def served_balance(output: str, ingested: Totals, accepted: int, accepted_batch: int | None) -> Balance:
+    """The output the ingestion serves: the rows the ingestion accepted against the rows
+    its sink (the accepted-rows table, holding batches up to ``accepted_batch``) holds.
+    Nothing is dropped between the two: they are one write."""
+    b = Balance(output, BALANCED, "", ingested.accepted, accepted, batches=ingested.through_batch + 1)
+    b = _pending_or_incomplete(b, ingested, {"sink": accepted_batch})
+    if b.status == BALANCED and not b.message:
+        b.message = "served by the ingestion: its sink is the accepted-rows table"
     return _settle(b, "rows lost from or added to the sink")
 
 

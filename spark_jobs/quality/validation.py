@@ -7,6 +7,8 @@ Units (see :class:`~spark_jobs.quality.rules.Target`):
 * a pass-through output: each event-time period (``unit`` in the rules, default one
   hour) once the stream's watermark has passed its end and the output has taken every
   row the ingestion accepted before (:func:`~spark_jobs.checkpoint.watermark_seen_by`);
+  the output the ingestion serves (its sink is the accepted-rows table) once the
+  watermark of the ingestion's last committed batch has passed it;
 * a table: its whole content, once per newly applied batch.
 
 Only committed output is read: a Parquet sink through ``spark.read`` of its root, which
@@ -251,7 +253,8 @@ class Validator:
         from pyspark.sql import functions as F
 
         output = target.output
-        ckpt = read_query_checkpoint(self.layout.checkpoint(output.name), with_files=False)
+        served = self._served(output)
+        ckpt = read_query_checkpoint(self._checkpoint_of(output), with_files=False)
         entry = self.ledger.output(output.name, ckpt.query_id)
         report: dict[str, Any] = {"output": output.name, "kind": target.kind, "units": [], "problems": []}
         if ckpt.last_committed is None:
@@ -261,7 +264,9 @@ class Validator:
         if target.kind == "snapshot":
             return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
 
-        if target.kind == "window":  # a window reaches the sink once the output's own watermark passed it
+        if target.kind == "window" or served:
+            # a window reaches the sink once the output's own watermark passed it; the served output is
+            # the ingestion's accepted rows, complete up to the watermark of its last committed batch
             wm_ms = batch_watermark_ms(ckpt.path, ckpt.last_committed) or 0
         else:  # rows: once the stream's watermark passed the unit and the output took what came before
             wm_ms = watermark_seen_by(self.layout.checkpoint(INGEST_QUERY), self.layout.accepted, ckpt.path) or 0
@@ -398,6 +403,15 @@ class Validator:
         self.ledger.record_backfill(output.name, units[unit])
         return report
 
+    def _served(self, output: Output) -> bool:
+        served = self.spec.served_output
+        return served is not None and served.name == output.name
+
+    def _checkpoint_of(self, output: Output) -> str:
+        """The checkpoint of the query that writes the output: the ingestion's for the
+        output it serves (that output has no query of its own)."""
+        return self.layout.checkpoint(INGEST_QUERY if self._served(output) else output.name)
+
     # ---- accounting ---------------------------------------------------------------------------
 
     def account(self) -> acc.StreamAccounting | None:
@@ -416,13 +430,17 @@ class Validator:
 
         ingested, _ = committed(INGEST_QUERY)
         accepted = read_committed(self.spark, self.layout.accepted)
+        accepted_rows, accepted_batch = 0 if accepted is None else accepted.count(), sink_last_batch(self.layout.accepted)
         quarantine_path = self.layout.data(self.spec.quarantine.path) if self.spec.quarantine else None
         quarantine = read_committed(self.spark, quarantine_path) if quarantine_path else None
         quarantined = 0 if quarantine is None else quarantine.count()
         balances = [acc.ingestion_balance(
-            ingested, 0 if accepted is None else accepted.count(), sink_last_batch(self.layout.accepted),
+            ingested, accepted_rows, accepted_batch,
             quarantined, sink_last_batch(quarantine_path) if quarantine_path else ingested.through_batch)]
         for output in self.spec.outputs:
+            if self._served(output):
+                balances.append(acc.served_balance(output.name, ingested, accepted_rows, accepted_batch))
+                continue
             t, ck = committed(output.name)
             measure = acc.accepted_measure(self.spec, output)
             measured, measured_batch = self._accepted(output, measure, ck.query_id)

@@ -110,6 +110,10 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     plan = json.loads(layout.plan_file.read_text())
     assert plan["ingestion"]["checkpoint"] == readings
     assert [o["name"] for o in plan["outputs"]] == [o.name for o in spec.outputs]
+    # readings is served by the ingestion: its sink is the accepted-rows table, with no query or checkpoint
+    assert [o["name"] for o in plan["outputs"] if o["served_by_ingestion"]] == ["readings"]
+    assert plan["ingestion"]["accepted"] == layout.data("sinks/sensors/readings")
+    assert not Path(layout.checkpoint("readings")).exists()
 
     layout.stop_marker.touch()
     assert first.wait() == 0, first.output()[-3000:]

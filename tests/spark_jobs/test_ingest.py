@@ -117,9 +117,11 @@ def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
 
 def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: Path) -> None:
     day2 = reading("n1", 60 * 24 + 1)
-    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1), reading("b", 2), day2]])
+    copy = {**PASSTHROUGH, "name": "copy", "sink": {**PASSTHROUGH["sink"], "path": "sinks/copy"}}
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [[reading("a", 1), reading("b", 2), day2]])
     pipeline.run_available_now(spark, spec, layout)
-    for table in (layout.accepted, layout.data("sinks/rows")):
+    assert layout.accepted == layout.data("sinks/rows")  # rows is served by the ingestion; copy has its own query
+    for table in (layout.accepted, layout.data("sinks/copy")):
         files = sorted(Path(p).parent.name for p in sink_files(table))
         assert files == ["event_date=2026-01-01", "event_date=2026-01-02"], table
 
@@ -140,3 +142,63 @@ def test_a_checkpoint_of_the_per_output_layout_is_refused(spark, tmp_path: Path)
     with pytest.raises(RuntimeError, match="written when every output parsed the input itself"):
         pipeline.run_available_now(spark, spec, layout)
     shutil.rmtree(Path(layout.checkpoint_root, "_quarantine"))
+
+
+def files_per_batch(table: str) -> dict[int, list[str]]:
+    """The partition folder of each file a batch added to a file sink, per batch."""
+    last = sink_last_batch(table)
+    added, before = {}, set()
+    for batch in range(last + 1):
+        now = sink_files(table, through_batch=batch)
+        added[batch] = sorted(Path(p).parent.name for p in now - before)
+        before = now
+    return added
+
+
+def test_a_served_passthrough_output_is_the_accepted_rows_written_once(spark, tmp_path: Path) -> None:
+    day2 = [reading("d2a", 60 * 24 + 1), reading("d2b", 60 * 24 + 2)]
+    files = [[reading("a", 1), reading("b", 2), "not json"], [reading("c", 3), *day2], [reading("d", 4)]]
+    spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), files)
+    plan = compile_plan(spec, layout)
+    assert spec.served_output.name == "rows" and plan.output("rows").served_by_ingestion
+    assert plan.queries == ["_ingest", "windows"]
+    events: list[dict] = []
+    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+
+    assert set(queries) == {"_ingest", "windows"}  # no query for rows ...
+    assert not Path(layout.checkpoint("rows")).exists()  # ... and no checkpoint
+    assert sorted(p.name for p in Path(layout.checkpoint_root).iterdir() if not p.name.startswith("_")) == ["windows"]
+    assert not Path(layout.data(f"accepted/{spec.name}")).exists()  # no second table of the same rows
+    # the sink holds exactly the accepted rows, each once
+    accepted = sum(e["accepted"] for e in events if e["event"] == "ingested")
+    sink = spark.read.parquet(layout.data("sinks/rows"))
+    assert sorted(r["event_id"] for r in sink.collect()) == ["a", "b", "c", "d", "d2a", "d2b"]
+    assert sink.count() == accepted == accepted_batch(spark, plan.ingestion).count()
+    assert sorted(sink.columns) == sorted(plan.output("rows").columns)
+    # at most one Parquet file per event_date per micro-batch
+    added = files_per_batch(layout.data("sinks/rows"))
+    assert added[1] == ["event_date=2026-01-01", "event_date=2026-01-02"]
+    assert all(len(folders) == len(set(folders)) for folders in added.values()), added
+    # the other output read the same rows from there; every output agrees with its query over them
+    assert sum(p.numInputRows for p in queries["windows"].recentProgress) == accepted
+    reports = verify.agreement(spark, spec, layout)
+    assert [r.name for r in reports] == ["windows", "rows"] and all(r.ok for r in reports)
+
+
+def test_a_checkpoint_from_before_the_output_was_served_is_refused(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1)]])
+    own = Path(layout.checkpoint("rows"))
+    (own / "commits").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match=r"output rows is now written by the ingestion .* its checkpoint "
+                                           rf"{own} from when it had a query of its own exists"):
+        pipeline.run_available_now(spark, spec, layout)
+    shutil.rmtree(own)
+    old = Path(layout.data(f"accepted/{spec.name}"))
+    (old / "_spark_metadata").mkdir(parents=True)
+    (old / "_spark_metadata" / "0").write_text("v1\n")
+    with pytest.raises(RuntimeError, match=rf"the accepted-rows table {old} of the earlier layout holds data"):
+        pipeline.run_available_now(spark, spec, layout)
+    shutil.rmtree(old)
+    old.mkdir()  # an empty folder holds nothing to mix with
+    pipeline.run_available_now(spark, spec, layout)
+    assert [r["event_id"] for r in spark.read.parquet(layout.accepted).collect()] == ["a"]

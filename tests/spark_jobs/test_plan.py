@@ -83,3 +83,102 @@ def test_names_and_schemas(clicks_plan) -> None:
     assert clicks_plan.source.reader_ddl == ("`event_id` string, `user_id` string, `page` string, `ts` timestamp, "
                                              "`duration_ms` bigint, `_corrupt_record` string")
     assert ddl({"a": "long", "b b": "timestamp"}) == "`a` bigint, `b b` timestamp"
+
+
+SERVED = """
+    name: meters
+    source:
+      type: files
+      path: landing/meters
+      format: json
+      columns:
+        - {name: id, type: string, required: true}
+        - {name: ts, type: timestamp, required: true}
+        - {name: kwh, type: double}
+    quarantine: {path: quarantine/meters}
+    event_time: {column: ts, watermark: 1 minute}
+    outputs:
+      - {name: totals, query: {type: aggregate, group_by: [id], aggregates: [{name: n, fn: count}]},
+         mode: complete, sink: {type: table, table: meters_totals}}
+      - {name: raw, query: {type: passthrough}, mode: append,
+         sink: {type: parquet, path: sinks/meters/raw, partition_by: [event_date]}}
+      - {name: copy, query: {type: passthrough, columns: [id, ts, kwh, event_date]}, mode: append,
+         sink: {type: parquet, path: sinks/meters/copy, partition_by: [event_date]}}
+    checkpoint: checkpoints/meters
+"""
+
+
+def served_spec(**changes):  # noqa: ANN201 - a StreamSpec
+    data = yaml.safe_load(SERVED)
+    for path, value in changes.items():
+        target = data
+        *parents, last = path.split(".")
+        for p in parents:
+            target = target[int(p)] if p.isdigit() else target[p]
+        target[last] = value
+    return parse_spec(data)
+
+
+def test_a_passthrough_of_the_accepted_rows_is_served_by_the_ingestion(tmp_path: Path) -> None:
+    spec = served_spec()
+    assert spec.served_output.name == "raw"  # the first that qualifies; copy qualifies too, but only one is served
+    assert spec.query_names() == [INGEST_QUERY, "totals", "copy"]
+    plan = compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
+    data = str((tmp_path / "data").resolve())
+    raw = plan.output("raw")
+    assert raw.served_by_ingestion and raw.checkpoint is None
+    assert plan.ingestion.accepted == raw.sink.path == f"{data}/sinks/meters/raw"  # written once, by the ingestion
+    assert plan.ingestion.partition_by == raw.sink.partition_by == ["event_date"]
+    assert not plan.output("copy").served_by_ingestion and not plan.output("totals").served_by_ingestion
+    assert plan.output("copy").checkpoint == f"{data}/checkpoints/meters/copy"
+    assert plan.queries == [INGEST_QUERY, "totals", "copy"]
+    assert plan.spark_query_names == {"meters__ingest": INGEST_QUERY, "meters__totals": "totals",
+                                      "meters__copy": "copy"}
+    shown = json.loads(plan.to_json())
+    assert [(o["name"], o["served_by_ingestion"]) for o in shown["outputs"]] == [
+        ("totals", False), ("raw", True), ("copy", False)]
+    assert shown["ingestion"]["accepted"] == shown["outputs"][1]["sink"]["path"]
+
+
+@pytest.mark.parametrize("changes", [
+    {"outputs.1.query": {"type": "passthrough", "columns": ["id", "ts", "event_date"]}},  # fewer columns
+    {"outputs.1.query": {"type": "passthrough", "columns": ["ts", "id", "kwh", "event_date"]}},  # another order
+    {"outputs.1.sink": {"type": "parquet", "path": "sinks/meters/raw"}},  # not partitioned like the accepted rows
+    {"outputs.1.sink": {"type": "parquet", "path": "sinks/meters/raw", "partition_by": ["id"]}},
+    {"outputs.1.sink": {"type": "console"}},
+])
+def test_an_output_that_is_not_exactly_the_accepted_rows_keeps_its_own_query(tmp_path: Path, changes: dict) -> None:
+    spec = served_spec(**changes)
+    assert spec.served_output.name == "copy"  # raw no longer qualifies; the next one that does is served
+    plan = compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
+    assert plan.queries == [INGEST_QUERY, "totals", "raw"]
+    assert plan.output("raw").checkpoint == str((tmp_path / "data" / "checkpoints" / "meters" / "raw").resolve())
+
+
+def test_without_a_served_output_the_accepted_rows_have_their_own_table(tmp_path: Path, clicks_plan) -> None:
+    data = yaml.safe_load(SERVED)
+    data["outputs"] = data["outputs"][:1]
+    spec = parse_spec(data)
+    assert spec.served_output is None and spec.query_names() == [INGEST_QUERY, "totals"]
+    assert Layout(spec, tmp_path).accepted == str(tmp_path / "accepted" / "meters")
+    assert not any(o.served_by_ingestion for o in clicks_plan.outputs)
+
+
+def test_without_event_time_the_served_output_is_the_unpartitioned_one(tmp_path: Path) -> None:
+    data = yaml.safe_load(SERVED)
+    del data["event_time"]
+    data["outputs"] = [{"name": "dated", "query": {"type": "passthrough"}, "mode": "append",
+                        "sink": {"type": "parquet", "path": "sinks/meters/dated", "partition_by": ["id"]}},
+                       {"name": "plain", "query": {"type": "passthrough"}, "mode": "append",
+                        "sink": {"type": "parquet", "path": "sinks/meters/plain"}}]
+    spec = parse_spec(data)
+    assert spec.served_output.name == "plain"
+    assert compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR)).ingestion.partition_by == []
+
+
+def test_the_sensors_readings_are_served_by_the_ingestion(tmp_path: Path) -> None:
+    spec = load_spec(SPEC_DIR / "sensors.yaml")
+    plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
+    assert spec.served_output.name == "readings"
+    assert plan.queries == spec.query_names() == [INGEST_QUERY, "site_temperature_10m", "device_status"]
+    assert plan.ingestion.accepted == str(tmp_path / "sinks" / "sensors" / "readings")

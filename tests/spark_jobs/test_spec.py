@@ -274,5 +274,6 @@ def test_layout_resolves_paths(tmp_path: Path, sensors: dict) -> None:
     assert layout.checkpoint("readings") == str(tmp_path / "data" / "checkpoints" / "sensors" / "readings")
     assert layout.reference("reference/devices.csv") == str(SPEC_DIR.parent / "reference" / "devices.csv")
     assert set(checkpoint_paths(spec)) == {"readings", "site_temperature_10m", "device_status", "_ingest"}
-    assert layout.accepted == str(tmp_path / "data" / "accepted" / "sensors")
+    # readings is served by the ingestion: its sink is the accepted-rows table
+    assert layout.accepted == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
     assert layout.table_url(spec.outputs[2].sink).startswith("sqlite:////")

@@ -66,7 +66,7 @@ def supervisor(data_root: Path) -> StreamSupervisorOperator:
 
 
 def test_supervisor_fails_on_a_corrupt_checkpoint_and_says_what_to_do(data_root: Path) -> None:
-    ckpt = Path(hook(data_root).layout.checkpoint("readings"))
+    ckpt = Path(hook(data_root).layout.checkpoint("site_temperature_10m"))
     newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
     newest.write_text("v1\n{\"batchWaterm")
     with pytest.raises(AirflowFailException) as err:

@@ -114,14 +114,15 @@ def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path)
     status = {s["stream"]: s for s in client.get("/streams/api/status").json()}
     sensors = status["sensors"]
     assert sensors["status"] == "dead" and sensors["reason"] == "no live driver holds the checkpoint"
-    committed = last_batch(data_root / "checkpoints" / "sensors" / "readings", "commits")
-    assert sensors["last_committed"]["readings"] == committed is not None
+    committed = last_batch(data_root / "checkpoints" / "sensors" / "_ingest", "commits")
+    assert sensors["last_committed"]["_ingest"] == committed is not None
+    assert "readings" not in sensors["last_committed"]  # served by the ingestion: no query of its own
     assert sensors["backlog_files"] == 0 and sensors["restarts_last_day"] == 0
     assert sensors["validation"] == {"ok": True, "at": "2026-01-01T00:10:00Z", "units": 3, "failed_units": 0,
                                      "accounting_ok": True}
     assert status["clicks"]["validation"] is None
     page = client.get("/streams/").text
-    assert "<td class='status dead'>dead" in page and f"readings: {committed}" in page
+    assert "<td class='status dead'>dead" in page and f"_ingest: {committed}" in page
     assert "<a href='sensors/quality/docs/index.html'>Data Docs</a>" in page
     stream = client.get("/streams/sensors/").text
     for action in ("start", "stop", "restart", "backfill", "validate"):

@@ -14,6 +14,7 @@ from spark_jobs.quality.accounting import (
     fold,
     ingestion_balance,
     output_balance,
+    served_balance,
 )
 from spark_jobs.spec import default_spec_dir, load_spec
 
@@ -118,3 +119,15 @@ def test_stream_accounting_fails_on_imbalance_and_on_a_high_quarantine_rate() ->
     assert high.problems == ["quarantine rate 6.00% (6 of 100 input rows) is above the threshold 5.00%"]
     bad = output_balance("readings", fold(Totals(), [progress(0, 96)], "q1", 0), 90, 0, "rows")
     assert StreamAccounting(100, 4, 0.05, [bad]).problems[0].startswith("accounting of readings: unbalanced")
+
+
+def test_the_served_output_reflects_exactly_the_rows_the_ingestion_accepted() -> None:
+    # its sink is the accepted-rows table: the ingestion's accepted count against the rows read back there
+    totals = fold(Totals(), [progress(0, 10), ingested(0, 7, 3), progress(1, 5), ingested(1, 5)], "q1", 1,
+                  ingestion=True)
+    ok = served_balance("readings", totals, 12, 1)
+    assert (ok.status, ok.input, ok.accepted, ok.difference, ok.batches) == (BALANCED, 12, 12, 0, 2)
+    assert "served by the ingestion" in ok.message
+    lost = served_balance("readings", totals, 11, 1)
+    assert lost.status == UNBALANCED and "1 row(s) unaccounted for" in lost.message
+    assert served_balance("readings", totals, 12, 2).status == PENDING  # the table holds a batch not yet committed
