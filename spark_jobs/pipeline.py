@@ -21,6 +21,7 @@ file table between the stages; such an output reads the source itself.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_jobs import ingest
-from spark_jobs.checkpoint import query_id, sink_last_batch
+from spark_jobs.checkpoint import last_batch, query_id, sink_last_batch
 from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
 from spark_jobs.spec import (
     INGEST_QUERY,
@@ -245,11 +246,35 @@ def _refuse_unserved_layout(spec: StreamSpec, layout: Layout) -> None:
             f"accepted-rows table {old} of the earlier layout holds data. {move} Move {old} aside as well.")
 
 
+def _refuse_moved_accepted_rows(plan: StreamPlan, layout: Layout) -> None:
+    """The accepted-rows table must stay where the ingestion's checkpoint wrote it.
+
+    A spec edit can move it: an output the ingestion served stops qualifying (or starts
+    to), so the accepted rows would go to another folder while the ingestion resumes
+    from its checkpoint, and the outputs would read a table missing every batch before.
+    The plan the last start wrote (``_control/plan.json``) says where they went."""
+    if plan.ingestion is None or not layout.plan_file.exists():
+        return
+    try:
+        before = (json.loads(layout.plan_file.read_text(encoding="utf-8")).get("ingestion") or {}).get("accepted")
+    except (OSError, ValueError):
+        return  # an unreadable plan says nothing; the start writes a new one
+    if before and before != plan.ingestion.accepted and last_batch(plan.ingestion.checkpoint, "commits") is not None:
+        raise RuntimeError(
+            f"stream {plan.stream}: its accepted rows were written to {before} (see {layout.plan_file}), but with "
+            f"this spec they would go to {plan.ingestion.accepted}, while the ingestion resumes from its checkpoint "
+            f"{plan.ingestion.checkpoint}; the outputs would miss every earlier batch. Restore the spec's pass-through "
+            f"output, or move aside the checkpoint {layout.checkpoint_root} together with the stream's sinks "
+            f"(including {before}) and quarantine to reprocess from the input.")
+
+
 def compile_for_start(spec: StreamSpec, layout: Layout) -> StreamPlan:
     """The stream's plan, once its checkpoint is known to be of this layout."""
     _refuse_old_layout(spec, layout)
     _refuse_unserved_layout(spec, layout)
-    return compile_plan(spec, layout)
+    plan = compile_plan(spec, layout)
+    _refuse_moved_accepted_rows(plan, layout)
+    return plan
 
 
 def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigger | None = None,

@@ -144,6 +144,21 @@ def test_a_checkpoint_of_the_per_output_layout_is_refused(spark, tmp_path: Path)
     shutil.rmtree(Path(layout.checkpoint_root, "_quarantine"))
 
 
+def test_a_spec_edit_that_moves_the_accepted_rows_is_refused(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
+    pipeline.run_available_now(spark, spec, layout)
+    compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
+    served_at = layout.accepted
+    # the pass-through output is no longer partitioned by date: the ingestion no longer serves it
+    edited = parse_spec(make_spec([WINDOWS, {**PASSTHROUGH, "sink": {"type": "parquet", "path": "sinks/rows"}}]))
+    edited_layout = Layout(edited, tmp_path / "data", default_spec_dir())
+    assert edited.served_output is None and edited_layout.accepted != served_at
+    with pytest.raises(RuntimeError, match=rf"its accepted rows were written to {served_at} .* would go to "
+                                           rf"{edited_layout.accepted}, while the ingestion resumes"):
+        pipeline.compile_for_start(edited, edited_layout)
+    assert pipeline.compile_for_start(spec, layout).ingestion.accepted == served_at  # the spec as it was starts
+
+
 def files_per_batch(table: str) -> dict[int, list[str]]:
     """The partition folder of each file a batch added to a file sink, per batch."""
     last = sink_last_batch(table)
