@@ -83,7 +83,7 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
                             f"[{lo.isoformat()}, {hi.isoformat()})")
     written: dict[str, int] = {}
     for output in spec.outputs:
-        frame = pipeline.output_frame(in_range, plan.output(output.name), plan.event_time_column)
+        frame = pipeline.output_frame(in_range, plan, plan.output(output.name))
         target = output_dir(spec, layout, output.name, lo, hi)
         staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         writer = frame.write.mode("overwrite")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ from spark_jobs import ingest
 from spark_jobs.checkpoint import last_batch, query_id, sink_last_batch
 from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
 from spark_jobs.spec import (
+    ACCEPTED_VIEW,
     INGEST_QUERY,
     WINDOW_END,
     WINDOW_START,
@@ -42,6 +43,7 @@ from spark_jobs.spec import (
     Aggregation,
     Layout,
     Passthrough,
+    SqlQuery,
     StreamSpec,
     Trigger,
     own_accepted_path,
@@ -68,10 +70,26 @@ def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 -
     return col.alias(agg.name)
 
 
-def output_frame(df: DataFrame, output: OutputPlan, event_time_column: str | None) -> DataFrame:
+def sql_frame(accepted: DataFrame, sql: str, references: Mapping[str, DataFrame]) -> DataFrame:
+    """A SQL query over the views ``accepted`` and the reference data by name.
+
+    Spark resolves the views when the query is analyzed, which ``spark.sql`` does at
+    once: views of the same names made later (another output's) do not change it."""
+    for name, frame in references.items():
+        frame.createOrReplaceTempView(name)
+    accepted.createOrReplaceTempView(ACCEPTED_VIEW)
+    return accepted.sparkSession.sql(sql)
+
+
+def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFrame:
     """An output's query over the accepted rows (a stream, or a batch of them)."""
     q = output.query
+    event_time_column = plan.event_time_column
+    if isinstance(q, SqlQuery):
+        joins = plan.ingestion.joins if plan.ingestion else []
+        return sql_frame(df, q.sql, {j.name: ingest.reference_frame(df.sparkSession, j) for j in joins})
     if isinstance(q, Passthrough):
+        assert output.columns is not None
         return df.select(*output.columns)
     assert isinstance(q, Aggregation)
     keys = [F.col(k) for k in q.group_by]
@@ -178,7 +196,7 @@ def _output_query(spark: SparkSession, plan: StreamPlan, output: OutputPlan, tri
         source = ingest.read_source(spark, plan.source)
     else:
         source = accepted_stream(spark, plan.ingestion)
-    frame = output_frame(source, output, plan.event_time_column)
+    frame = output_frame(source, plan, output)
     sink = output.sink
     if sink.kind == "parquet":  # one file per partition value per micro-batch
         frame = frame.repartition(*sink.partition_by) if sink.partition_by else frame.coalesce(1)

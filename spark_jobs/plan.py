@@ -38,6 +38,7 @@ from spark_jobs.spec import (
     ParquetSink,
     Passthrough,
     RateSource,
+    SqlQuery,
     StreamSpec,
     TableSink,
     Trigger,
@@ -127,11 +128,11 @@ class SinkPlan:
 class OutputPlan:
     name: str
     query_name: str
-    query: Passthrough | Aggregation
+    query: Passthrough | Aggregation | SqlQuery
     mode: str
     trigger: Trigger
     checkpoint: str | None  # None for the served output: it has no query of its own
-    columns: list[str]  # the result's columns, in order
+    columns: list[str] | None  # the result's columns, in order (None for SQL: Spark's analysis knows them)
     key: list[str]  # the result's key (window bounds and groups, a table's key, the dedup key)
     sink: SinkPlan
     reads_source: bool  # a continuous output reads the source itself (no table between the stages)

@@ -288,6 +288,27 @@ class Aggregation(Strict):
     aggregates: list[Aggregate] = Field(min_length=1)
 
 
+class SqlQuery(Strict):
+    """Any query Structured Streaming can run incrementally, in Spark SQL, over the stream's
+    accepted rows (view ``accepted``, watermarked on the event time) and its reference data
+    (one view per ``enrich`` entry, by its name). Its result columns are Spark's: they are
+    known from Spark's analysis (``spark_jobs.check``), not from the spec alone."""
+
+    type: Literal["sql"]
+    sql: str
+
+    @field_validator("sql")
+    @classmethod
+    def _sql(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the query is empty")
+        return v
+
+
+#: The view a SQL output reads the stream's accepted rows from.
+ACCEPTED_VIEW = "accepted"
+
+
 class ParquetSink(Strict):
     type: Literal["parquet"]
     path: str
@@ -325,7 +346,7 @@ class MemorySink(Strict):
 
 
 Sink = Annotated[ParquetSink | TableSink | ConsoleSink | MemorySink, Field(discriminator="type")]
-Query = Annotated[Passthrough | Aggregation, Field(discriminator="type")]
+Query = Annotated[Passthrough | Aggregation | SqlQuery, Field(discriminator="type")]
 
 
 class Trigger(Strict):
@@ -437,8 +458,12 @@ class StreamSpec(Strict):
             cols[EVENT_DATE_COLUMN] = "date"
         return cols
 
-    def result_columns(self, output: Output) -> list[str]:
+    def result_columns(self, output: Output) -> list[str] | None:
+        """An output's result columns, in order; None for a SQL query, whose columns only
+        Spark's analysis knows (``spark_jobs.check``)."""
         q = output.query
+        if isinstance(q, SqlQuery):
+            return None
         if isinstance(q, Passthrough):
             return list(q.columns or self.enriched_columns())
         cols = [WINDOW_START, WINDOW_END] if q.window else []
@@ -451,6 +476,8 @@ class StreamSpec(Strict):
             return list(output.sink.key)
         if isinstance(q, Aggregation):
             return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
+        if isinstance(q, SqlQuery):
+            return []
         return list(self.deduplicate.key) if self.deduplicate else []
 
     def trigger_for(self, output: Output) -> Trigger:
@@ -517,6 +544,9 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
         add(("quarantine", "the rate source produces no malformed records; remove quarantine"))
 
     for i, e in enumerate(spec.enrich):
+        if e.name.lower() == ACCEPTED_VIEW:
+            add((f"enrich[{i}].name", f"{e.name!r} is the view of the stream's accepted rows in SQL queries; "
+                                      "choose another name"))
         ref_cols = {c.name for c in e.columns}
         for j, key in enumerate(e.key):
             if key not in inputs:
@@ -556,6 +586,10 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
                     add((f"{where}.query.columns[{j}]", f"unknown column {c!r}; available: {sorted(enriched)}"))
             if out.mode != "append":
                 add((f"{where}.mode", f"a pass-through query supports only append mode, not {out.mode}"))
+        elif isinstance(q, SqlQuery):
+            if not spec.has_ingestion:
+                add((f"{where}.query", "a SQL query reads the accepted rows, which a stream whose outputs all "
+                                       "run continuously does not keep"))
         else:
             for j, key in enumerate(q.group_by):
                 if key not in enriched:
@@ -581,15 +615,17 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             if out.mode != "append":
                 add((f"{where}.sink", f"the file sink supports only append mode, not {out.mode}; use a table sink"))
             result = spec.result_columns(out)
-            for j, c in enumerate(sink.partition_by):
+            for j, c in enumerate(sink.partition_by if result is not None else []):
                 if c not in result:
                     add((f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {result}"))
         if isinstance(sink, TableSink):
             key = spec.result_key(out)
             result = spec.result_columns(out)
             if not key:
-                add((f"{where}.sink.key", "a table sink needs a key (the result has no window or group keys)"))
-            for j, c in enumerate(sink.key or []):
+                add((f"{where}.sink.key", "a table sink of a SQL query needs a key: the result columns that identify "
+                                          "a row" if isinstance(q, SqlQuery) else
+                     "a table sink needs a key (the result has no window or group keys)"))
+            for j, c in enumerate(sink.key or [] if result is not None else []):
                 if c not in result:
                     add((f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {result}"))
 
@@ -684,13 +720,16 @@ def _shared_path_problems(specs: dict[str, StreamSpec]) -> dict[str, list[tuple[
 
 def _loc(loc: Iterable[Any]) -> str:
     out = ""
+    previous = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate"):
-            continue  # discriminator tags pydantic adds to the location
+        elif previous in ("source", "query", "sink") and part in (
+                "files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql"):
+            pass  # the discriminator tag pydantic adds to the location of a typed field
         else:
             out += f".{part}" if out else str(part)
+        previous = part
     return out
 
 

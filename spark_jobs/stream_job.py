@@ -1,6 +1,7 @@
 """The streaming job: ``spark-submit spark_jobs/stream_job.py --spec include/streams/<name>.yaml``.
 
-It validates the spec, takes the single-driver lease on the checkpoint, starts the
+It validates the spec, takes the single-driver lease on the checkpoint, checks what only
+Spark can tell (its SQL queries, ``spark_jobs.check``), starts the
 stream's ingestion and its output queries in one SparkSession (see spark_jobs.pipeline), writes progress events beside the checkpoint,
 and runs until:
 
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # noqa: ANN001
     from spark_jobs import pipeline
+    from spark_jobs.check import check_spec
     from spark_jobs.progress import make_listener
     from spark_jobs.session import build_session
 
@@ -126,6 +128,13 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
         phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
     code, cause = EXIT_OK, ""
     try:
+        try:
+            check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
+        except SpecError as exc:
+            log.error("%s", exc)
+            events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+            code = EXIT_BAD_SPEC
+            return code
         try:
             plan = pipeline.compile_for_start(spec, layout)
         except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero

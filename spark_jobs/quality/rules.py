@@ -40,6 +40,7 @@ from spark_jobs.spec import (
     ParquetSink,
     Passthrough,
     SpecError,
+    SqlQuery,
     StreamSpec,
     Strict,
     TableSink,
@@ -130,12 +131,14 @@ def parse_rules(data: Any, spec: StreamSpec, source: str | os.PathLike[str] = "<
             problems.append((where, f"stream {spec.name!r} has no output {name!r}; it has {sorted(outputs)}"))
             continue
         output = outputs[name]
-        columns = spec.result_columns(output)
+        columns = spec.result_columns(output)  # None for SQL: checked against Spark's schema (spark_jobs.check)
         if out_rules.unit and not isinstance(output.query, Passthrough):
             problems.append((f"{where}.unit", "only a pass-through output has a unit; a windowed output is "
                                               "validated window by window, a table as a whole"))
         for i, entry in enumerate(out_rules.expectations):
             (exp, kwargs), = entry.items()
+            if columns is None:
+                continue
             for arg in COLUMN_ARGS:
                 if arg in kwargs and kwargs[arg] not in columns:
                     problems.append((f"{where}.expectations[{i}].{exp}.{arg}",
@@ -184,6 +187,9 @@ def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[s
             found.append(Target(output, "snapshot", None, None, None, *checks))
         elif not isinstance(output.sink, ParquetSink):
             skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
+        elif isinstance(q, SqlQuery):
+            skipped.append(f"{output.name}: a SQL query's Parquet sink has no closed units the platform knows; "
+                           "not validated (a table sink is)")
         elif isinstance(q, Aggregation) and q.window is not None:
             found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
         elif isinstance(q, Passthrough) and spec.event_time and spec.event_time.column in spec.result_columns(output):
@@ -200,12 +206,16 @@ def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, di
     Column types are added by the validation job from the query's real Spark schema.
     """
     columns = spec.result_columns(output)
+    q = output.query
+    if columns is None:  # a SQL query: its columns (set and types) come from Spark's schema of it
+        key = spec.result_key(output)
+        return [("expect_compound_columns_to_be_unique", {"column_list": key})] if len(key) > 1 else (
+            [("expect_column_values_to_be_unique", {"column": key[0]})] if key else [])
     checks: list[tuple[str, dict[str, Any]]] = [
         ("expect_table_columns_to_match_set", {"column_set": columns, "exact_match": True}),
     ]
     required = {c.name for c in spec.source.columns if c.required}
     not_null = [c for c in columns if c in required]
-    q = output.query
     if isinstance(q, Aggregation) and q.window is not None:
         not_null = [WINDOW_START, WINDOW_END] + not_null
     if spec.event_time is not None and spec.event_time.column in columns and spec.event_time.column not in not_null:

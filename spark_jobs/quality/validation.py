@@ -46,6 +46,7 @@ from spark_jobs.spec import (
     Output,
     ParquetSink,
     SpecError,
+    SqlQuery,
     StreamSpec,
 )
 
@@ -90,7 +91,7 @@ def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, outpu
 
     plan = compile_plan(spec, layout)
     empty = spark.createDataFrame([], ddl(spec.enriched_columns()))
-    frame = pipeline.output_frame(empty, plan.output(output.name), plan.event_time_column)
+    frame = pipeline.output_frame(empty, plan, plan.output(output.name))
     return T.StructType(frame.schema.fields)
 
 
@@ -121,6 +122,9 @@ class Validator:
         made = []
         platform = {"source": "platform (from the stream spec)"}
         checks = [(n, kw, platform, None) for n, kw in target.derived]
+        if isinstance(target.output.query, SqlQuery):  # its columns are those of Spark's schema of the query
+            checks.append(("expect_table_columns_to_match_set",
+                           {"column_set": [f.name for f in schema.fields], "exact_match": True}, platform, None))
         checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},
                     platform, None) for f in schema.fields]
         checks += [(n, kw, {"source": self.rules_file}, f"outputs.{name}.expectations[{i}].{n}")

@@ -154,6 +154,31 @@ def test_sliding_windows_assign_each_row_to_every_window_containing_it(spark, tm
     assert result.total("_ingest", "dropped_by_watermark") == 1
 
 
+def sql_output(name: str, sql: str, mode: str = "append") -> dict:
+    return {"name": name, "mode": mode, "sink": {"type": "memory"}, "query": {"type": "sql", "sql": sql}}
+
+
+def test_a_sql_window_query_gives_what_the_aggregate_shorthand_gives(spark, tmp_path: Path) -> None:
+    sql = ("SELECT window.start AS window_start, window.end AS window_end, device_id, count(*) AS n, "
+           "max(event_id) AS ids FROM accepted GROUP BY window(ts, '10 minutes'), device_id")
+    result = run(spark, tmp_path, make_spec([window_output("w", "10 minutes"), sql_output("s", sql)]), LATE_FILES)
+    assert windows(result.rows("s")) == {("00:00", "00:10"): 1, ("00:10", "00:20"): 1, ("00:30", "00:40"): 2}
+    assert sorted(map(str, result.rows("s"))) == sorted(map(str, result.rows("w")))
+
+
+def test_sql_queries_explode_rows_and_join_reference_data_by_name(spark, tmp_path: Path) -> None:
+    words = ("SELECT part, count(*) AS n FROM accepted LATERAL VIEW explode(split(device_id, '-')) t AS part "
+             "GROUP BY part")
+    joined = ("SELECT a.event_id, upper(d.site) AS site FROM accepted a JOIN devices d USING (device_id) "
+              "WHERE a.temperature > 20")
+    files = [[reading("a1", 1), reading("a2", 2, temperature=25.5)], [reading("b1", 3, "dev-002", 30.0)]]
+    result = run(spark, tmp_path, make_spec([sql_output("words", words, "complete"), sql_output("hot", joined)]),
+                 files)
+    assert sorted((r["part"], r["n"]) for r in result.rows("words")) == [("001", 2), ("002", 1), ("dev", 3)]
+    assert sorted(r["event_id"] for r in result.rows("hot")) == ["a2", "b1"]
+    assert {r["event_id"]: r["site"] for r in result.rows("hot")}["a2"] == "SOUTH"  # dev-001 is in the south
+
+
 def test_output_modes_emit_what_the_model_says(spark, tmp_path: Path) -> None:
     per_device = {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}
     files = [

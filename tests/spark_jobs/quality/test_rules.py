@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from spark_jobs.quality.rules import derived_expectations, load_rules, parse_rules, rules_path, targets
-from spark_jobs.spec import SpecError, default_spec_dir, load_spec
+from spark_jobs.spec import SpecError, default_spec_dir, load_spec, parse_spec
 
 SENSORS = load_spec(default_spec_dir() / "sensors.yaml")
 CLICKS = load_spec(default_spec_dir() / "clicks.yaml")
@@ -117,3 +117,23 @@ def test_rules_files_are_plain_yaml_people_can_review() -> None:
     data = yaml.safe_load(rules_path(default_spec_dir(), "sensors").read_text())
     assert data["outputs"]["readings"]["expectations"][0] == {
         "expect_column_values_to_be_between": {"column": "temperature", "min_value": -40, "max_value": 60}}
+
+
+def test_a_sql_output_is_validated_as_a_table_and_its_columns_come_from_spark() -> None:
+    data = SENSORS.model_dump(exclude_none=True)
+    per_site = {"type": "sql", "sql": "SELECT site, max(temperature) AS hottest FROM accepted GROUP BY site"}
+    recent = {"type": "sql", "sql": "SELECT device_id, ts FROM accepted WHERE temperature > 30"}
+    data["outputs"] = [
+        {"name": "hottest", "query": per_site, "mode": "complete", "sink": {"type": "table", "table": "hottest",
+                                                                            "key": ["site"]}},
+        {"name": "hot", "query": recent, "mode": "append", "sink": {"type": "parquet", "path": "sinks/hot"}},
+    ]
+    spec = parse_spec(data)
+    rules = parse_rules({"outputs": {"hottest": {"expectations": [
+        {"expect_column_values_to_not_be_null": {"column": "a_column_only_spark_knows"}}]}}}, spec, "rules.yaml")
+    found, skipped = targets(spec, rules)
+    assert [(t.output.name, t.kind) for t in found] == [("hottest", "snapshot")]
+    assert skipped == ["hot: a SQL query's Parquet sink has no closed units the platform knows; not validated "
+                       "(a table sink is)"]
+    # the column set and types come from Spark's schema of the query (the validation job adds them)
+    assert found[0].derived == [("expect_column_values_to_be_unique", {"column": "site"})]

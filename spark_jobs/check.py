@@ -1,0 +1,189 @@
+"""The checks of a stream spec that need Spark, run before anything starts.
+
+``spark_jobs.spec`` checks what a spec says on its own, without pyspark (Airflow reads
+specs while it parses DAG files). What only Spark can tell is checked here, on a
+SparkSession, over no rows: each SQL query (``query: {type: sql, sql: ...}``) must parse,
+name only known columns, views and functions, read the stream's accepted rows, and run
+incrementally in its output mode (Spark's own check of a streaming query, e.g. an
+aggregation in append mode needs a watermark); its result must hold the sink's partition
+and key columns, in types the sink can store, and the columns the stream's quality rules
+name. Each problem names the spec file, the field (``outputs[2].query.sql``) and Spark's
+own message.
+
+    python -m spark_jobs.check include/streams/*.yaml
+
+exits 0 when every spec passes, 2 otherwise. The streaming job runs the same check
+before it takes anything over (its exit code 2, invalid spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_jobs.plan import ddl
+from spark_jobs.quality.rules import COLUMN_ARGS, COLUMN_LIST_ARGS, load_rules
+from spark_jobs.spec import ParquetSink, SpecError, SqlQuery, StreamSpec, TableSink, load_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def spark_message(exc: BaseException) -> str:
+    """Spark's message without the plan it appends (after ``;``) or a stack trace."""
+    text = str(exc).split(";\n", 1)[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextmanager
+def _quiet_sql_errors() -> Iterator[None]:
+    """PySpark logs every failed SQL statement with its stack trace; a check reports it."""
+    from pyspark.logger import PySparkLogger
+
+    logger = PySparkLogger.getLogger("SQLQueryContextLogger")
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
+
+
+def _check_output_mode(frame: DataFrame, mode: str) -> None:
+    """Spark's check of a streaming query in an output mode, as ``writeStream.start`` makes it."""
+    jvm = frame.sparkSession._jvm
+    output_mode = getattr(jvm.org.apache.spark.sql.streaming.OutputMode, mode.capitalize())()
+    jvm.org.apache.spark.sql.catalyst.analysis.UnsupportedOperationChecker.checkForStreaming(
+        frame._jdf.queryExecution().analyzed(), output_mode)
+
+
+def result_columns(spark: SparkSession, spec: StreamSpec) -> tuple[dict[str, list[tuple[str, str]]], list[tuple[str, str]]]:
+    """Each SQL output's result columns (name, Spark type) as Spark analyzes its query over
+    the accepted rows, and the problems found; an output with a problem has no entry."""
+    from spark_jobs import pipeline
+
+    sql_outputs = [(i, o) for i, o in enumerate(spec.outputs) if isinstance(o.query, SqlQuery)]
+    columns: dict[str, list[tuple[str, str]]] = {}
+    problems: list[tuple[str, str]] = []
+    if not sql_outputs:
+        return columns, problems
+    with tempfile.TemporaryDirectory(prefix="spec-check-") as empty, _quiet_sql_errors():
+        accepted = spark.readStream.schema(ddl(spec.enriched_columns())).format("parquet").load(empty)
+        if spec.event_time is not None:
+            accepted = accepted.withWatermark(spec.event_time.column, spec.event_time.watermark)
+        references = {e.name: spark.createDataFrame([], ddl({c.name: c.type for c in e.columns})) for e in spec.enrich}
+        for i, out in sql_outputs:
+            where = f"outputs[{i}]"
+            assert isinstance(out.query, SqlQuery)
+            try:
+                frame = pipeline.sql_frame(accepted, out.query.sql, references)
+            except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, reported
+                problems.append((f"{where}.query.sql", spark_message(exc)))
+                continue
+            if not frame.isStreaming:
+                problems.append((f"{where}.query.sql", "the query does not read the stream's accepted rows "
+                                                       "(FROM accepted); it would never change"))
+                continue
+            try:
+                _check_output_mode(frame, out.mode)
+            except Exception as exc:  # noqa: BLE001 - Spark's check, reported
+                problems.append((f"{where}.mode", f"Spark cannot run the query in {out.mode} mode: "
+                                                  f"{spark_message(exc)}"))
+                continue
+            columns[out.name] = [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+            problems += _sink_problems(where, out, frame)
+    return columns, problems
+
+
+def _sink_problems(where: str, out, frame: DataFrame) -> list[tuple[str, str]]:  # noqa: ANN001 - an Output
+    from spark_jobs.pipeline import spec_type
+
+    names = list(frame.columns)
+    problems = []
+    sink = out.sink
+    if isinstance(sink, ParquetSink):
+        problems += [(f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {names}")
+                     for j, c in enumerate(sink.partition_by) if c not in names]
+    if isinstance(sink, TableSink):
+        problems += [(f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {names}")
+                     for j, c in enumerate(sink.key or []) if c not in names]
+        for f in frame.schema.fields:
+            try:
+                spec_type(f.dataType)
+            except ValueError as exc:
+                problems.append((f"{where}.query.sql", f"result column {f.name!r}: {exc}; a table sink stores "
+                                                       "string, integer, long, double, boolean, timestamp and date"))
+    return problems
+
+
+def _rules_problems(spec: StreamSpec, spec_dir: Path, columns: dict[str, list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The quality rules of SQL outputs name columns of their results (``spark_jobs.quality.rules``
+    checks the other outputs' without Spark)."""
+    rules = load_rules(spec, spec_dir)
+    problems = []
+    for name, out_rules in rules.outputs.items():
+        if name not in columns:
+            continue
+        names = [c for c, _ in columns[name]]
+        for i, entry in enumerate(out_rules.expectations):
+            (exp, kwargs), = entry.items()
+            named = [kwargs[a] for a in COLUMN_ARGS if a in kwargs]
+            named += [c for a in COLUMN_LIST_ARGS for c in kwargs.get(a) or []]
+            problems += [(f"outputs.{name}.expectations[{i}].{exp}", f"unknown column {c!r}; the output has {names}")
+                         for c in named if c not in names]
+    return problems
+
+
+def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLike[str]) -> None:
+    """Raise :class:`SpecError` (naming the spec file, or the rules file) for what Spark rejects."""
+    columns, problems = result_columns(spark, spec)
+    if problems:
+        raise SpecError(spec_path, problems)
+    spec_dir = Path(spec_path).resolve().parent
+    rules = _rules_problems(spec, spec_dir, columns)
+    if rules:
+        from spark_jobs.quality.rules import rules_path
+
+        raise SpecError(rules_path(spec_dir, spec.name), rules)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("specs", nargs="+", help="spec files (YAML)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from pyspark.sql import SparkSession
+
+    from spark_jobs.session import build_session
+
+    failed = 0
+    spark = None
+    borrowed = SparkSession.getActiveSession() is not None  # a caller's session is the caller's to stop
+    try:
+        for path in args.specs:
+            try:
+                spec = load_spec(path)
+                if spark is None:
+                    spark = build_session("spec-check", master="local[1]", extra={"spark.ui.enabled": "false"})
+                check_spec(spark, spec, path)
+            except SpecError as exc:
+                failed += 1
+                print(exc, file=sys.stderr)
+                continue
+            print(f"{path}: ok")
+    finally:
+        if spark is not None and not borrowed:
+            spark.stop()
+    return 2 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""What only Spark can tell about a spec: its SQL queries (spark_jobs.check).
+
+tests/spark_jobs/bad_sql/ holds one realistic mistake per file, each starting with
+``# expect: <field>: <message>``: the field and the beginning of Spark's message (or the
+platform's). Every example spec passes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spark_jobs import check
+from spark_jobs.spec import SpecError, load_spec
+
+CORPUS = Path(__file__).resolve().parent / "bad_sql"
+FILES = sorted(CORPUS.glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "include" / "streams").glob("*.yaml"))
+HEADER = re.compile(r"^# expect: (?P<field>[^:]+): (?P<message>.+)\n")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_spec_passes(spark, path: Path) -> None:  # noqa: ANN001
+    check.check_spec(spark, load_spec(path), path)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_a_bad_sql_query_is_refused_naming_the_file_the_field_and_sparks_message(spark, path: Path) -> None:  # noqa: ANN001
+    expect = HEADER.match(path.read_text(encoding="utf-8"))
+    assert expect, f"{path.name} must start with '# expect: <field>: <message>'"
+    spec = load_spec(path)  # valid as far as the spec alone can tell
+    with pytest.raises(SpecError) as err:
+        check.check_spec(spark, spec, path)
+    assert err.value.source == str(path)
+    assert len(err.value.problems) == 1, err.value.problems
+    (field, message), = err.value.problems
+    assert field == expect["field"]
+    assert message.startswith(expect["message"]), message
+    assert "\n" not in message and " at org.apache" not in message  # Spark's message, not its stack or plan
+
+
+def sql_spec(tmp_path: Path, outputs: list[dict], rules: dict | None = None) -> Path:
+    """A copy of sensors.yaml with these outputs, in an include/ folder of its own."""
+    include = tmp_path / "include"
+    (include / "streams").mkdir(parents=True)
+    example = yaml.safe_load((EXAMPLES[0].parent / "sensors.yaml").read_text(encoding="utf-8"))
+    example["outputs"] = outputs
+    path = include / "streams" / "sensors.yaml"
+    path.write_text(yaml.safe_dump(example), encoding="utf-8")
+    if rules is not None:
+        (include / "expectations").mkdir()
+        (include / "expectations" / "sensors.yaml").write_text(yaml.safe_dump(rules), encoding="utf-8")
+    return path
+
+
+HOURLY = {"name": "hourly", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/hourly"},
+          "query": {"type": "sql", "sql": (
+              "SELECT window.start AS window_start, window.end AS window_end, site, avg(temperature) AS avg_temp "
+              "FROM accepted GROUP BY window(ts, '1 hour'), site")}}
+
+
+def test_a_windowed_sql_query_in_append_mode_and_its_result_columns(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    path = sql_spec(tmp_path, [HOURLY])
+    columns, problems = check.result_columns(spark, load_spec(path))
+    assert problems == []
+    assert columns == {"hourly": [("window_start", "timestamp"), ("window_end", "timestamp"), ("site", "string"),
+                                  ("avg_temp", "double")]}
+
+
+def test_quality_rules_of_a_sql_output_name_columns_of_its_result(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    rules = {"outputs": {"hourly": {"expectations": [
+        {"expect_column_values_to_not_be_null": {"column": "site"}},
+        {"expect_column_values_to_be_between": {"column": "avg_temperature", "min_value": -50, "max_value": 60}},
+    ]}}}
+    path = sql_spec(tmp_path, [HOURLY], rules)
+    with pytest.raises(SpecError) as err:
+        check.check_spec(spark, load_spec(path), path)
+    assert err.value.source.endswith("include/expectations/sensors.yaml")
+    assert err.value.problems == [("outputs.hourly.expectations[1].expect_column_values_to_be_between",
+                                   "unknown column 'avg_temperature'; the output has "
+                                   "['window_start', 'window_end', 'site', 'avg_temp']")]
+
+
+def test_the_command_checks_every_file_and_exits_2_if_one_fails(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    good = sql_spec(tmp_path, [HOURLY])
+    bad = tmp_path / "unknown_view.yaml"
+    shutil.copy(CORPUS / "unknown_view.yaml", bad)
+    assert check.main([str(good)]) == 0
+    assert check.main([str(good), str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert f"{good}: ok" in out
+    assert f"{bad}: outputs[0].query.sql: [TABLE_OR_VIEW_NOT_FOUND]" in err
+
+
+def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, tmp_path: Path, monkeypatch,  # noqa: ANN001
+                                                                          caplog) -> None:  # noqa: ANN001
+    from spark_jobs import stream_job
+    from spark_jobs.spec import Layout
+
+    path = CORPUS / "append_aggregation_without_window.yaml"
+    monkeypatch.setattr("spark_jobs.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    with caplog.at_level("ERROR", logger="stream_job"):
+        code = stream_job.main(["--spec", str(path), "--data-root", str(tmp_path), "--trigger", "available-now"])
+    assert code == stream_job.EXIT_BAD_SPEC
+    assert f"{path}: outputs[0].mode: Spark cannot run the query in append mode" in caplog.text
+    layout = Layout(load_spec(path), tmp_path, CORPUS)
+    assert not layout.plan_file.exists() and not Path(layout.checkpoint_root, "_ingest").exists()
+    assert spark.streams.active == []
