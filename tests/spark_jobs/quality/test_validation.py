@@ -212,3 +212,44 @@ def test_bad_arguments_name_the_rules_file_and_field(spark, include, data_root) 
                                         r"invalid arguments"):
         validator(spark, include, data_root).run()
 
+
+
+def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(spark, include: Path,  # noqa: ANN001
+                                                                                 tmp_path: Path) -> None:
+    import yaml
+
+    from spark_jobs import pipeline
+    from spark_jobs.testdata import generate
+
+    spec_path = include / "streams" / "sensors.yaml"
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    data["outputs"] = [{"name": "hottest", "mode": "complete", "query": {"type": "sql", "sql": (
+        "SELECT coalesce(site, 'unknown') AS site, max(temperature) AS hottest, count(*) AS readings "
+        "FROM accepted GROUP BY coalesce(site, 'unknown')")},
+        "sink": {"type": "table", "table": "sensors_hottest", "key": ["site"]}}]
+    spec_path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    (include / "expectations" / "sensors.yaml").write_text(yaml.safe_dump({"outputs": {"hottest": {"expectations": [
+        {"expect_column_values_to_be_between": {"column": "hottest", "min_value": -100, "max_value": 0}}]}}}))
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "2",
+                          "--events-per-file", "20", "--seed", "3"]) == 0
+    v = validator(spark, include, root)
+    pipeline.run_available_now(spark, v.spec, v.layout)
+
+    result = v.run()
+    report = next(o for o in result["outputs"] if o["output"] == "hottest")
+    assert report["kind"] == "snapshot"
+    (unit,) = report["units"]
+    assert unit["unit"].startswith("batch ") and unit["rows"] >= 1
+    # only the declared range fails: the column set and types from Spark's schema of the query
+    # and the unique key pass, so they were checked against the real table
+    assert unit["status"] == "failed"
+    assert [m.split(":")[0] for m in unit["failed"]] == ["expect_column_values_to_be_between(hottest)"]
+    checked = {}
+    for path in (v.dir / "gx").rglob("*.json"):
+        for e in json.loads(path.read_text()).get("expectations", []):
+            checked.setdefault(e["type"], []).append(e["kwargs"])
+    assert [kw["column_set"] for kw in checked["expect_table_columns_to_match_set"]] == [["site", "hottest", "readings"]]
+    assert sorted((kw["column"], kw["type_"]) for kw in checked["expect_column_values_to_be_of_type"]) == [
+        ("hottest", "DoubleType"), ("readings", "LongType"), ("site", "StringType")]
+    assert [kw["column"] for kw in checked["expect_column_values_to_be_unique"]] == ["site"]
