@@ -3,7 +3,9 @@
 ``spark_jobs.spec`` checks what a spec says on its own, without pyspark (Airflow reads
 specs while it parses DAG files). What only Spark can tell is checked here, on a
 SparkSession, over no rows: each SQL query (``query: {type: sql, sql: ...}``) must parse,
-name only known columns, views and functions, read the stream's accepted rows, and run
+name only known columns, views and functions, each Python query (``query: {type: python,
+python: package.module:function}``) must import from ``include/transforms/`` and return a
+DataFrame; both must read the stream's accepted rows, and run
 incrementally in its output mode (Spark's own check of a streaming query, e.g. an
 aggregation in append mode needs a watermark); its result must hold the sink's partition
 and key columns, in types the sink can store, and the columns the stream's quality rules
@@ -29,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from spark_jobs.plan import ddl
 from spark_jobs.quality.rules import COLUMN_ARGS, COLUMN_LIST_ARGS, load_rules
-from spark_jobs.spec import ParquetSink, SpecError, SqlQuery, StreamSpec, TableSink, load_spec
+from spark_jobs.spec import CODE_QUERIES, TRANSFORMS_DIR, ParquetSink, SpecError, StreamSpec, TableSink, load_spec
+from spark_jobs.user_code import UserCodeError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -65,32 +68,39 @@ def _check_output_mode(frame: DataFrame, mode: str) -> None:
         frame._jdf.queryExecution().analyzed(), output_mode)
 
 
-def result_columns(spark: SparkSession, spec: StreamSpec) -> tuple[dict[str, list[tuple[str, str]]], list[tuple[str, str]]]:
-    """Each SQL output's result columns (name, Spark type) as Spark analyzes its query over
-    the accepted rows, and the problems found; an output with a problem has no entry."""
+def result_columns(spark: SparkSession, spec: StreamSpec, transforms_dir: str | os.PathLike[str] | None = None,
+                   ) -> tuple[dict[str, list[tuple[str, str]]], list[tuple[str, str]]]:
+    """Each SQL or Python output's result columns (name, Spark type) as Spark analyzes its
+    query over the accepted rows, and the problems found; an output with a problem has no
+    entry. ``transforms_dir``: the Python queries' modules (``include/transforms/``)."""
     from spark_jobs import pipeline
 
-    sql_outputs = [(i, o) for i, o in enumerate(spec.outputs) if isinstance(o.query, SqlQuery)]
+    code_outputs = [(i, o) for i, o in enumerate(spec.outputs) if isinstance(o.query, CODE_QUERIES)]
     columns: dict[str, list[tuple[str, str]]] = {}
     problems: list[tuple[str, str]] = []
-    if not sql_outputs:
+    if not code_outputs:
         return columns, problems
     with tempfile.TemporaryDirectory(prefix="spec-check-") as empty, _quiet_sql_errors():
         accepted = spark.readStream.schema(ddl(spec.enriched_columns())).format("parquet").load(empty)
         if spec.event_time is not None:
             accepted = accepted.withWatermark(spec.event_time.column, spec.event_time.watermark)
         references = {e.name: spark.createDataFrame([], ddl({c.name: c.type for c in e.columns})) for e in spec.enrich}
-        for i, out in sql_outputs:
+        for i, out in code_outputs:
             where = f"outputs[{i}]"
-            assert isinstance(out.query, SqlQuery)
+            field = f"{where}.query.{out.query.type}"  # .sql or .python
             try:
-                frame = pipeline.sql_frame(accepted, out.query.sql, references)
-            except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, reported
-                problems.append((f"{where}.query.sql", spark_message(exc)))
+                frame = pipeline.code_frame(accepted, out.query, references,
+                                            str(transforms_dir) if transforms_dir is not None else None)
+            except UserCodeError as exc:
+                problems.append((field, str(exc)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, the function's own
+                problems.append((field, spark_message(exc)))
                 continue
             if not frame.isStreaming:
-                problems.append((f"{where}.query.sql", "the query does not read the stream's accepted rows "
-                                                       "(FROM accepted); it would never change"))
+                problems.append((field, "the query does not read the stream's accepted rows "
+                                        f"({'FROM accepted' if out.query.type == 'sql' else 'its argument'}); "
+                                        "it would never change"))
                 continue
             try:
                 _check_output_mode(frame, out.mode)
@@ -119,7 +129,7 @@ def _sink_problems(where: str, out, frame: DataFrame) -> list[tuple[str, str]]: 
             try:
                 spec_type(f.dataType)
             except ValueError as exc:
-                problems.append((f"{where}.query.sql", f"result column {f.name!r}: {exc}; a table sink stores "
+                problems.append((f"{where}.query.{out.query.type}", f"result column {f.name!r}: {exc}; a table sink stores "
                                                        "string, integer, long, double, boolean, timestamp and date"))
     return problems
 
@@ -144,10 +154,10 @@ def _rules_problems(spec: StreamSpec, spec_dir: Path, columns: dict[str, list[tu
 
 def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLike[str]) -> None:
     """Raise :class:`SpecError` (naming the spec file, or the rules file) for what Spark rejects."""
-    columns, problems = result_columns(spark, spec)
+    spec_dir = Path(spec_path).resolve().parent
+    columns, problems = result_columns(spark, spec, spec_dir.parent / TRANSFORMS_DIR)
     if problems:
         raise SpecError(spec_path, problems)
-    spec_dir = Path(spec_path).resolve().parent
     rules = _rules_problems(spec, spec_dir, columns)
     if rules:
         from spark_jobs.quality.rules import rules_path

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_jobs import ingest
+from spark_jobs import ingest, user_code
 from spark_jobs.checkpoint import last_batch, query_id, sink_last_batch
 from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
 from spark_jobs.spec import (
@@ -43,6 +43,7 @@ from spark_jobs.spec import (
     Aggregation,
     Layout,
     Passthrough,
+    PythonQuery,
     SqlQuery,
     StreamSpec,
     Trigger,
@@ -70,24 +71,34 @@ def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 -
     return col.alias(agg.name)
 
 
-def sql_frame(accepted: DataFrame, sql: str, references: Mapping[str, DataFrame]) -> DataFrame:
-    """A SQL query over the views ``accepted`` and the reference data by name.
+def code_frame(accepted: DataFrame, query: SqlQuery | PythonQuery, references: Mapping[str, DataFrame],
+               transforms_dir: str | None) -> DataFrame:
+    """A query written as code over the accepted rows: SQL over the views ``accepted`` and
+    the reference data by name, or a Python function of the accepted rows (the views
+    registered as well).
 
-    Spark resolves the views when the query is analyzed, which ``spark.sql`` does at
-    once: views of the same names made later (another output's) do not change it."""
+    Spark resolves the views when the query is analyzed, which ``spark.sql`` and the
+    DataFrame API do at once: views of the same names made later (another output's) do
+    not change it."""
     for name, frame in references.items():
         frame.createOrReplaceTempView(name)
     accepted.createOrReplaceTempView(ACCEPTED_VIEW)
-    return accepted.sparkSession.sql(sql)
+    spark = accepted.sparkSession
+    if isinstance(query, SqlQuery):
+        return spark.sql(query.sql)
+    if transforms_dir is None:
+        raise user_code.UserCodeError(f"{query.python}: no folder of Python queries is known")
+    return user_code.apply(spark, transforms_dir, query.python, accepted)
 
 
 def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFrame:
     """An output's query over the accepted rows (a stream, or a batch of them)."""
     q = output.query
     event_time_column = plan.event_time_column
-    if isinstance(q, SqlQuery):
+    if isinstance(q, SqlQuery | PythonQuery):
         joins = plan.ingestion.joins if plan.ingestion else []
-        return sql_frame(df, q.sql, {j.name: ingest.reference_frame(df.sparkSession, j) for j in joins})
+        references = {j.name: ingest.reference_frame(df.sparkSession, j) for j in joins}
+        return code_frame(df, q, references, plan.transforms_dir)
     if isinstance(q, Passthrough):
         assert output.columns is not None
         return df.select(*output.columns)

@@ -37,6 +37,7 @@ from spark_jobs.spec import (
     MemorySink,
     ParquetSink,
     Passthrough,
+    PythonQuery,
     RateSource,
     SqlQuery,
     StreamSpec,
@@ -128,7 +129,7 @@ class SinkPlan:
 class OutputPlan:
     name: str
     query_name: str
-    query: Passthrough | Aggregation | SqlQuery
+    query: Passthrough | Aggregation | SqlQuery | PythonQuery
     mode: str
     trigger: Trigger
     checkpoint: str | None  # None for the served output: it has no query of its own
@@ -147,6 +148,8 @@ class StreamPlan:
     source: SourcePlan
     ingestion: IngestionPlan | None
     outputs: list[OutputPlan]
+    #: the folder of the Python queries' modules (``include/transforms/``), if the stream has one
+    transforms_dir: str | None = None
 
     def output(self, name: str) -> OutputPlan:
         for o in self.outputs:
@@ -229,4 +232,6 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
         columns=spec.result_columns(o), key=spec.result_key(o), sink=_sink(layout, o.sink),
         reads_source=spec.trigger_for(o).kind == "continuous", served_by_ingestion=o.name == served)
         for o in spec.outputs]
-    return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs)
+    python = any(isinstance(o.query, PythonQuery) for o in spec.outputs)
+    return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
+                      transforms_dir=str(layout.transforms_dir) if python else None)

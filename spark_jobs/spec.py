@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -296,6 +296,7 @@ class SqlQuery(Strict):
 
     type: Literal["sql"]
     sql: str
+    label: ClassVar[str] = "SQL"
 
     @field_validator("sql")
     @classmethod
@@ -305,8 +306,31 @@ class SqlQuery(Strict):
         return v
 
 
+class PythonQuery(Strict):
+    """A function from the stream's accepted rows (a streaming DataFrame) to the output's
+    rows, ``package.module:function``, in a module under ``include/transforms/`` (shipped
+    with the job to Spark). The reference data are views by their ``enrich`` names
+    (``accepted.sparkSession.table("devices")``). Like SQL, its result is Spark's to know."""
+
+    type: Literal["python"]
+    python: str
+    label: ClassVar[str] = "Python"
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        if not FUNCTION_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a function reference like 'package.module:function'")
+        return v
+
+
+FUNCTION_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+#: Queries the user writes as code: their result columns are known from Spark's analysis only.
+CODE_QUERIES = (SqlQuery, PythonQuery)
 #: The view a SQL output reads the stream's accepted rows from.
 ACCEPTED_VIEW = "accepted"
+#: Where a Python query's modules live, beside the specs' folder (``include/transforms/``).
+TRANSFORMS_DIR = "transforms"
 
 
 class ParquetSink(Strict):
@@ -346,7 +370,7 @@ class MemorySink(Strict):
 
 
 Sink = Annotated[ParquetSink | TableSink | ConsoleSink | MemorySink, Field(discriminator="type")]
-Query = Annotated[Passthrough | Aggregation | SqlQuery, Field(discriminator="type")]
+Query = Annotated[Passthrough | Aggregation | SqlQuery | PythonQuery, Field(discriminator="type")]
 
 
 class Trigger(Strict):
@@ -459,10 +483,10 @@ class StreamSpec(Strict):
         return cols
 
     def result_columns(self, output: Output) -> list[str] | None:
-        """An output's result columns, in order; None for a SQL query, whose columns only
-        Spark's analysis knows (``spark_jobs.check``)."""
+        """An output's result columns, in order; None for a SQL or Python query, whose
+        columns only Spark's analysis knows (``spark_jobs.check``)."""
         q = output.query
-        if isinstance(q, SqlQuery):
+        if isinstance(q, CODE_QUERIES):
             return None
         if isinstance(q, Passthrough):
             return list(q.columns or self.enriched_columns())
@@ -476,7 +500,7 @@ class StreamSpec(Strict):
             return list(output.sink.key)
         if isinstance(q, Aggregation):
             return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
-        if isinstance(q, SqlQuery):
+        if isinstance(q, CODE_QUERIES):
             return []
         return list(self.deduplicate.key) if self.deduplicate else []
 
@@ -586,10 +610,10 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
                     add((f"{where}.query.columns[{j}]", f"unknown column {c!r}; available: {sorted(enriched)}"))
             if out.mode != "append":
                 add((f"{where}.mode", f"a pass-through query supports only append mode, not {out.mode}"))
-        elif isinstance(q, SqlQuery):
+        elif isinstance(q, CODE_QUERIES):
             if not spec.has_ingestion:
-                add((f"{where}.query", "a SQL query reads the accepted rows, which a stream whose outputs all "
-                                       "run continuously does not keep"))
+                add((f"{where}.query", f"a {q.label} query reads the accepted rows, which a stream whose outputs "
+                                       "all run continuously does not keep"))
         else:
             for j, key in enumerate(q.group_by):
                 if key not in enriched:
@@ -622,8 +646,8 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             key = spec.result_key(out)
             result = spec.result_columns(out)
             if not key:
-                add((f"{where}.sink.key", "a table sink of a SQL query needs a key: the result columns that identify "
-                                          "a row" if isinstance(q, SqlQuery) else
+                add((f"{where}.sink.key", f"a table sink of a {q.label} query needs a key: the result columns that "
+                                          "identify a row" if isinstance(q, CODE_QUERIES) else
                      "a table sink needs a key (the result has no window or group keys)"))
             for j, c in enumerate(sink.key or [] if result is not None else []):
                 if c not in result:
@@ -725,7 +749,7 @@ def _loc(loc: Iterable[Any]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif previous in ("source", "query", "sink") and part in (
-                "files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql"):
+                "files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
             pass  # the discriminator tag pydantic adds to the location of a typed field
         else:
             out += f".{part}" if out else str(part)
@@ -863,6 +887,11 @@ class Layout:
         if "://" in path or os.path.isabs(path):
             return path
         return str((self.data_root / path).resolve())
+
+    @property
+    def transforms_dir(self) -> Path:
+        """The Python queries' modules: ``include/transforms/`` beside ``include/streams/``."""
+        return (self.spec_dir.parent / TRANSFORMS_DIR).resolve()
 
     def reference(self, path: str) -> str:
         """Reference data paths are relative to the folder holding the specs' folder."""

@@ -33,6 +33,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from spark_jobs.spec import (
+    CODE_QUERIES,
     WINDOW_END,
     WINDOW_START,
     Aggregation,
@@ -40,7 +41,6 @@ from spark_jobs.spec import (
     ParquetSink,
     Passthrough,
     SpecError,
-    SqlQuery,
     StreamSpec,
     Strict,
     TableSink,
@@ -187,8 +187,8 @@ def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[s
             found.append(Target(output, "snapshot", None, None, None, *checks))
         elif not isinstance(output.sink, ParquetSink):
             skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
-        elif isinstance(q, SqlQuery):
-            skipped.append(f"{output.name}: a SQL query's Parquet sink has no closed units the platform knows; "
+        elif isinstance(q, CODE_QUERIES):
+            skipped.append(f"{output.name}: a {q.label} query's Parquet sink has no closed units the platform knows; "
                            "not validated (a table sink is)")
         elif isinstance(q, Aggregation) and q.window is not None:
             found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))

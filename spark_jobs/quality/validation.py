@@ -41,12 +41,12 @@ from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.spec import (
+    CODE_QUERIES,
     INGEST_QUERY,
     Layout,
     Output,
     ParquetSink,
     SpecError,
-    SqlQuery,
     StreamSpec,
 )
 
@@ -122,7 +122,7 @@ class Validator:
         made = []
         platform = {"source": "platform (from the stream spec)"}
         checks = [(n, kw, platform, None) for n, kw in target.derived]
-        if isinstance(target.output.query, SqlQuery):  # its columns are those of Spark's schema of the query
+        if isinstance(target.output.query, CODE_QUERIES):  # its columns are those of Spark's schema of the query
             checks.append(("expect_table_columns_to_match_set",
                            {"column_set": [f.name for f in schema.fields], "exact_match": True}, platform, None))
         checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},

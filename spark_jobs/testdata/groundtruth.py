@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.spec import (
+    CODE_QUERIES,
     EVENT_DATE_COLUMN,
     WINDOW_END,
     WINDOW_START,
@@ -68,7 +69,6 @@ from spark_jobs.spec import (
     Layout,
     Output,
     Passthrough,
-    SqlQuery,
     StreamSpec,
     Window,
     duration_seconds,
@@ -407,9 +407,9 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         counts["accepted"] += 1
         accepted.extend((file_no, r, bounds, rec.get("kind") == LATE_EDGE) for r in rows)
 
-    # a SQL query's result is Spark's to compute; the ground truth models the spec's own query types
+    # a SQL or Python query's result is Spark's to compute; the ground truth models the spec's own query types
     outputs = {o.name: _output(spec, o, accepted, types, event_col, final_watermark) for o in spec.outputs
-               if not isinstance(o.query, SqlQuery)}
+               if not isinstance(o.query, CODE_QUERIES)}
     return {
         "stream": spec.name,
         "files": files if files is not None else max((r.get("file", 0) for r in records), default=0),

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from spark_jobs.spec import Layout, Output, ParquetSink, SqlQuery, StreamSpec, TableSink
+from spark_jobs.spec import CODE_QUERIES, Layout, Output, ParquetSink, StreamSpec, TableSink
 from spark_jobs.testdata import groundtruth as gt
 
 if TYPE_CHECKING:
@@ -443,8 +443,8 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
     accepted = ingest.accepted_batch(spark, plan.ingestion)
     reports = []
     for output in spec.outputs:
-        if not isinstance(output.sink, ParquetSink | TableSink) or isinstance(output.query, SqlQuery):
-            continue  # a SQL query's closed results cannot be told from its open ones here
+        if not isinstance(output.sink, ParquetSink | TableSink) or isinstance(output.query, CODE_QUERIES):
+            continue  # a SQL or Python query's closed results cannot be told from its open ones here
         frame = pipeline.output_frame(accepted, plan, plan.output(output.name))
         q = output.query
         approximate = []

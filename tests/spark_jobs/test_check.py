@@ -111,3 +111,42 @@ def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, 
     layout = Layout(load_spec(path), tmp_path, CORPUS)
     assert not layout.plan_file.exists() and not Path(layout.checkpoint_root, "_ingest").exists()
     assert spark.streams.active == []
+
+
+def python_output(tmp_path: Path, code: str, ref: str) -> tuple[Path, str]:
+    """A spec with one Python output whose module (a package of its own) holds ``code``."""
+    package = f"queries_{tmp_path.name.replace('-', '_')}"
+    path = sql_spec(tmp_path, [{"name": "py", "mode": "append", "sink": {"type": "parquet", "path": "sinks/py"},
+                                "query": {"type": "python", "python": f"{package}.{ref}"}}])
+    folder = tmp_path / "include" / "transforms" / package
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("")
+    (folder / "mod.py").write_text(code)
+    return path, package
+
+
+@pytest.mark.parametrize(("code", "ref", "message"), [
+    ("def f(accepted):\n    return accepted.select('device_id', 'temperature')\n", "mod:f", None),
+    ("", "nothere:f", "{package}.nothere:f: no module '{package}.nothere' in {folder}"),
+    ("def g(accepted):\n    return accepted\n", "mod:f", "{package}.mod:f: module {package}.mod (in {folder}) "
+                                                           "has no function 'f'"),
+    ("import not_installed_anywhere\n", "mod:f", "{package}.mod:f: importing {package}.mod failed: "
+                                                 "ModuleNotFoundError: No module named 'not_installed_anywhere'"),
+    ("def f(accepted):\n    return accepted.count\n", "mod:f", "{package}.mod:f returned method, not a DataFrame"),
+    ("def f(accepted):\n    return accepted.select('site_name')\n", "mod:f",
+     "[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `site_name`"),
+    ("def f(accepted):\n    return accepted.sparkSession.table('devices')\n", "mod:f",
+     "the query does not read the stream's accepted rows (its argument); it would never change"),
+], ids=["ok", "no_module", "no_function", "import_fails", "not_a_dataframe", "unknown_column", "not_streaming"])
+def test_a_python_query_is_checked_like_sql(spark, tmp_path: Path, code: str, ref: str, message: str | None) -> None:  # noqa: ANN001
+    path, package = python_output(tmp_path, code, ref)
+    spec = load_spec(path)
+    if message is None:
+        check.check_spec(spark, spec, path)
+        return
+    with pytest.raises(SpecError) as err:
+        check.check_spec(spark, spec, path)
+    (field, text), = err.value.problems
+    assert field == "outputs[0].query.python"
+    folder = (tmp_path / "include" / "transforms").resolve()
+    assert text.startswith(message.format(package=package, folder=folder)), text

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
+import textwrap
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -87,12 +89,12 @@ def land(landing: Path, fmt: str, lines: list[str | bytes]) -> None:
 
 
 def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]],  # noqa: ANN001
-        rounds: bool = False) -> Run:
+        rounds: bool = False, spec_dir: Path | None = None) -> Run:
     """Land the files and process them (available-now); with ``rounds``, the outputs run
     all along and the ingestion takes one file at a time, so an output batch holds one
-    file's accepted rows."""
+    file's accepted rows. ``spec_dir``: where the spec would live (default include/streams)."""
     spec = parse_spec(spec_data)
-    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    layout = Layout(spec, tmp_path / "data", spec_dir or default_spec_dir())
     landing = Path(layout.landing)
     landing.mkdir(parents=True)
     if not rounds:
@@ -177,6 +179,33 @@ def test_sql_queries_explode_rows_and_join_reference_data_by_name(spark, tmp_pat
     assert sorted((r["part"], r["n"]) for r in result.rows("words")) == [("001", 2), ("002", 1), ("dev", 3)]
     assert sorted(r["event_id"] for r in result.rows("hot")) == ["a2", "b1"]
     assert {r["event_id"]: r["site"] for r in result.rows("hot")}["a2"] == "SOUTH"  # dev-001 is in the south
+
+
+def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_views(spark, tmp_path: Path) -> None:
+    include = tmp_path / "include"
+    shutil.copytree(default_spec_dir().parent / "reference", include / "reference")
+    package = include / "transforms" / f"labels_{tmp_path.name.replace('-', '_')}"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    # a Python UDF runs in Spark's Python workers
+    (package / "hot.py").write_text(textwrap.dedent("""
+        from pyspark.sql import functions as F
+
+        @F.udf("string")
+        def label(temperature):
+            return "hot" if temperature is not None and temperature > 25 else "ok"
+
+        def labelled(accepted):
+            devices = accepted.sparkSession.table("devices")
+            return accepted.join(devices.withColumnRenamed("site", "device_site"), "device_id").select(
+                "event_id", "device_site", label("temperature").alias("label"))
+        """))
+    query = {"type": "python", "python": f"{package.name}.hot:labelled"}
+    spec = make_spec([{"name": "labels", "mode": "append", "sink": {"type": "memory"}, "query": query}])
+    files = [[reading("a1", 1), reading("a2", 2, temperature=25.5)], [reading("b1", 3, "dev-002", 30.0)]]
+    result = run(spark, tmp_path, spec, files, spec_dir=include / "streams")
+    assert sorted((r["event_id"], r["device_site"], r["label"]) for r in result.rows("labels")) == [
+        ("a1", "south", "ok"), ("a2", "south", "hot"), ("b1", "east", "hot")]
 
 
 def test_output_modes_emit_what_the_model_says(spark, tmp_path: Path) -> None:
