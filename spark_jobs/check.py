@@ -2,7 +2,8 @@
 
 ``spark_jobs.spec`` checks what a spec says on its own, without pyspark (Airflow reads
 specs while it parses DAG files). What only Spark can tell is checked here, on a
-SparkSession, over no rows: each SQL query (``query: {type: sql, sql: ...}``) must parse,
+SparkSession, over no rows: a Spark source (``source: {type: spark}``) must load and give
+its declared columns; each SQL query (``query: {type: sql, sql: ...}``) must parse,
 name only known columns, views and functions, each Python query (``query: {type: python,
 python: package.module:function}``) must import from ``include/transforms/`` and return a
 DataFrame; both must read the stream's accepted rows, and run
@@ -29,9 +30,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.plan import ddl
+from spark_jobs.plan import compile_plan, ddl
 from spark_jobs.quality.rules import COLUMN_ARGS, COLUMN_LIST_ARGS, load_rules
-from spark_jobs.spec import CODE_QUERIES, TRANSFORMS_DIR, ParquetSink, SpecError, StreamSpec, TableSink, load_spec
+from spark_jobs.spec import (
+    CODE_QUERIES,
+    SPARK_TYPES,
+    TRANSFORMS_DIR,
+    Layout,
+    ParquetSink,
+    SparkSource,
+    SpecError,
+    StreamSpec,
+    TableSink,
+    load_spec,
+)
 from spark_jobs.user_code import UserCodeError
 
 if TYPE_CHECKING:
@@ -42,7 +54,8 @@ if TYPE_CHECKING:
 
 def spark_message(exc: BaseException) -> str:
     """Spark's message without the plan it appends (after ``;``) or a stack trace."""
-    text = str(exc).split(";\n", 1)[0]
+    java = getattr(exc, "java_exception", None)  # an error py4j did not convert: the JVM's message
+    text = (java.getMessage() if java is not None else str(exc)).split(";\n", 1)[0]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 
@@ -113,6 +126,36 @@ def result_columns(spark: SparkSession, spec: StreamSpec, transforms_dir: str | 
     return columns, problems
 
 
+def source_problems(spark: SparkSession, spec: StreamSpec, spec_dir: Path) -> list[tuple[str, str]]:
+    """A Spark source (``source: {type: spark}``) must load and give every declared column
+    in a type that casts to the declared one."""
+    if not isinstance(spec.source, SparkSource):
+        return []
+    source = compile_plan(spec, Layout(spec, spec_dir=spec_dir)).source
+    reader = spark.readStream.format(source.format).options(**source.reader_options)
+    try:
+        if source.reader_schema:
+            reader = reader.schema(source.reader_schema)
+        with _quiet_sql_errors():
+            given = reader.load(source.landing) if source.landing else reader.load()
+    except Exception as exc:  # noqa: BLE001 - the reader's own error, reported
+        return [("source", f"Spark cannot read the {source.format} source: {spark_message(exc)}")]
+    types = {f.name: f.dataType for f in given.schema.fields}
+    problems = []
+    for i, c in enumerate(spec.source.columns):
+        if c.name not in types:
+            problems.append((f"source.columns[{i}].name", f"the {source.format} source gives no column {c.name!r}; "
+                                                          f"it has {list(types)}"))
+            continue
+        try:
+            with _quiet_sql_errors():
+                given.select(given[c.name].cast(SPARK_TYPES[c.type])).schema  # noqa: B018 - analysis only
+        except Exception as exc:  # noqa: BLE001 - Spark's analysis error, reported
+            problems.append((f"source.columns[{i}].type", f"{c.name} is {types[c.name].simpleString()} in the source, "
+                                                          f"which does not cast to {c.type}: {spark_message(exc)}"))
+    return problems
+
+
 def _sink_problems(where: str, out, frame: DataFrame) -> list[tuple[str, str]]:  # noqa: ANN001 - an Output
     from spark_jobs.pipeline import spec_type
 
@@ -155,6 +198,9 @@ def _rules_problems(spec: StreamSpec, spec_dir: Path, columns: dict[str, list[tu
 def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLike[str]) -> None:
     """Raise :class:`SpecError` (naming the spec file, or the rules file) for what Spark rejects."""
     spec_dir = Path(spec_path).resolve().parent
+    problems = source_problems(spark, spec, spec_dir)
+    if problems:
+        raise SpecError(spec_path, problems)
     columns, problems = result_columns(spark, spec, spec_dir.parent / TRANSFORMS_DIR)
     if problems:
         raise SpecError(spec_path, problems)

@@ -70,7 +70,15 @@ ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unm
 
 def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True) -> DataFrame:
     """The parsed source, with ``_corrupt_record`` and ``_source_file`` for file sources;
-    the same reader (format, schema, options) in a stream and in a batch."""
+    the same reader (format, schema, options) in a stream and in a batch. Any other Spark
+    source gives its declared columns, picked by name and cast to their types."""
+    if source.kind == "spark":
+        reader = (spark.readStream if streaming else spark.read).format(source.format)
+        reader = reader.options(**source.reader_options)
+        if source.reader_schema:
+            reader = reader.schema(source.reader_schema)
+        df = reader.load(source.landing) if source.landing else reader.load()
+        return df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in source.columns])
     if not source.is_files:
         if not streaming:
             raise ValueError("the rate source cannot be read in batch")
@@ -155,6 +163,9 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
 def rejection_reason(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
     """Why a parsed row goes to the quarantine, or null for a valid row."""
     source = plan.source
+    if source.kind == "spark":  # no parser of the platform's: a required value absent (or not cast)
+        missing = _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull())
+        return F.when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
     if not source.is_files:
         return F.lit(None).cast("string")
     fmt = source.format

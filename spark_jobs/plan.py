@@ -39,6 +39,7 @@ from spark_jobs.spec import (
     Passthrough,
     PythonQuery,
     RateSource,
+    SparkSource,
     SqlQuery,
     StreamSpec,
     TableSink,
@@ -59,13 +60,19 @@ def query_name(stream: str, query: str) -> str:
 
 @dataclass(frozen=True)
 class SourcePlan:
-    kind: str  # "files" or "rate"
+    kind: str  # "files", "rate" or "spark" (any spark.readStream format)
     columns: list[Column] = field(default_factory=list)
     format: str = "rate"
     options: dict[str, Any] = field(default_factory=dict)
-    landing: str | None = None
+    landing: str | None = None  # files: the landing directory; spark: the path it loads, if any
     max_files_per_trigger: int | None = None
     rows_per_second: int | None = None
+    reader_schema: str | None = None  # spark: the schema handed to the reader, if the spec gives one
+
+    @property
+    def reader_options(self) -> dict[str, str]:
+        """The options as Spark's readers take them (``true``, not ``True``)."""
+        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.options.items()}
 
     @property
     def is_files(self) -> bool:
@@ -209,6 +216,9 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
     if isinstance(src, FileSource):
         source = SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
                             landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
+    elif isinstance(src, SparkSource):
+        source = SourcePlan("spark", columns=list(src.columns), format=src.format, options=dict(src.options),
+                            landing=layout.data(src.path) if src.path else None, reader_schema=src.reader_schema)
     else:
         assert isinstance(src, RateSource)
         source = SourcePlan("rate", columns=list(src.columns), rows_per_second=src.rows_per_second)

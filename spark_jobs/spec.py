@@ -194,6 +194,32 @@ class RateSource(Strict):
         return [Column(name="timestamp", type="timestamp"), Column(name="value", type="long")]
 
 
+class SparkSource(Strict):
+    """Any source ``spark.readStream`` knows (socket, Kafka with its connector, a table's
+    files, ...): ``format`` and ``options`` passed through, ``path`` (resolved like every
+    data path) for formats that read one, ``schema`` (a DDL string) for formats that take
+    a schema. ``columns`` are the columns the stream keeps, picked by name from what the
+    source gives and cast to their types; a row missing a ``required`` one (or whose value
+    does not cast) goes to the quarantine. Whether the source gives them is checked with
+    Spark (``spark_jobs.check``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["spark"]
+    format: str
+    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    path: str | None = None
+    reader_schema: str | None = Field(default=None, alias="schema")
+    columns: list[Column] = Field(min_length=1)
+    check_path = field_validator("path")(_optional(_check_relative_or_uri))
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_.-]*$", v):
+            raise ValueError(f"{v!r} is not a Spark data source name like 'socket' or 'kafka'")
+        return v
+
+
 class Quarantine(Strict):
     """Where malformed records go: raw text, reason, source file, time quarantined."""
 
@@ -448,7 +474,7 @@ class StreamSpec(Strict):
     name: str
     description: str = ""
     owner: str = "data-platform"
-    source: FileSource | RateSource = Field(discriminator="type")
+    source: FileSource | RateSource | SparkSource = Field(discriminator="type")
     quarantine: Quarantine | None = None
     enrich: list[Enrichment] = Field(default_factory=list)
     event_time: EventTime | None = None
@@ -564,6 +590,8 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
 
     if isinstance(spec.source, FileSource) and spec.quarantine is None:
         add(("quarantine", "a file source needs a quarantine path for malformed records"))
+    if isinstance(spec.source, SparkSource) and spec.quarantine is None and any(c.required for c in spec.source.columns):
+        add(("quarantine", "a row missing a required column goes to the quarantine: add quarantine.path"))
     if isinstance(spec.source, RateSource) and spec.quarantine is not None:
         add(("quarantine", "the rate source produces no malformed records; remove quarantine"))
 
@@ -584,7 +612,8 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             add(("event_time.column", f"unknown column {col!r}; the source has {sorted(inputs)}"))
         elif inputs[col] != "timestamp":
             add(("event_time.column", f"{col!r} is {inputs[col]}, an event-time column must be a timestamp"))
-        elif isinstance(spec.source, FileSource) and not any(c.name == col and c.required for c in spec.source.columns):
+        elif isinstance(spec.source, FileSource | SparkSource) and not any(
+                c.name == col and c.required for c in spec.source.columns):
             add(("event_time.column", f"{col!r} must be declared required: true in source.columns; a row without "
                  "event time would bypass the watermark and never close a window"))
 
@@ -749,7 +778,7 @@ def _loc(loc: Iterable[Any]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif previous in ("source", "query", "sink") and part in (
-                "files", "rate", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
+                "files", "rate", "spark", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
             pass  # the discriminator tag pydantic adds to the location of a typed field
         else:
             out += f".{part}" if out else str(part)

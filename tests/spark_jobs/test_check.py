@@ -150,3 +150,30 @@ def test_a_python_query_is_checked_like_sql(spark, tmp_path: Path, code: str, re
     assert field == "outputs[0].query.python"
     folder = (tmp_path / "include" / "transforms").resolve()
     assert text.startswith(message.format(package=package, folder=folder)), text
+
+
+@pytest.mark.parametrize(("source", "field", "message"), [
+    ({"format": "socket", "options": {"host": "127.0.0.1", "port": 9}, "columns": [{"name": "line", "type": "string"}]},
+     "source.columns[0].name", "the socket source gives no column 'line'; it has ['value']"),
+    ({"format": "rate", "columns": [{"name": "timestamp", "type": "boolean"}]},
+     "source.columns[0].type", "timestamp is timestamp in the source, which does not cast to boolean"),
+    ({"format": "no_such_format", "columns": [{"name": "value", "type": "string"}]},
+     "source", "Spark cannot read the no_such_format source: [DATA_SOURCE_NOT_FOUND]"),
+    ({"format": "rate", "options": {"rowsPerSecond": 5}, "columns": [{"name": "value", "type": "long"}]}, None, None),
+], ids=["unknown_column", "no_cast", "unknown_format", "ok"])
+def test_a_spark_source_must_give_its_declared_columns(spark, tmp_path: Path, source: dict, field: str | None,  # noqa: ANN001
+                                                      message: str | None) -> None:
+    path = tmp_path / "stream.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "stream", "checkpoint": "checkpoints/stream", "source": {"type": "spark", **source},
+        "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append", "sink": {"type": "memory"}}],
+    }), encoding="utf-8")
+    spec = load_spec(path)
+    if field is None:
+        check.check_spec(spark, spec, path)
+        return
+    with pytest.raises(SpecError) as err:
+        check.check_spec(spark, spec, path)
+    (got_field, text), = err.value.problems
+    assert got_field == field
+    assert text.startswith(message), text

@@ -12,7 +12,10 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import textwrap
+import threading
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -206,6 +209,45 @@ def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_vi
     result = run(spark, tmp_path, spec, files, spec_dir=include / "streams")
     assert sorted((r["event_id"], r["device_site"], r["label"]) for r in result.rows("labels")) == [
         ("a1", "south", "ok"), ("a2", "south", "hot"), ("b1", "east", "hot")]
+
+
+def test_the_structured_streaming_guides_word_count_over_a_local_socket(spark, tmp_path: Path) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"apache spark\nspark streaming\n")
+            done.wait(120)  # the socket source reads while the connection is open
+
+    threading.Thread(target=serve, daemon=True).start()
+    spec = parse_spec({
+        "name": f"t{next(_names)}", "checkpoint": "checkpoints", "quarantine": {"path": "quarantine"},
+        "source": {"type": "spark", "format": "socket", "options": {"host": "127.0.0.1",
+                                                                     "port": server.getsockname()[1]},
+                   "columns": [{"name": "value", "type": "string", "required": True}]},
+        "outputs": [sql_output("counts", "SELECT word, count(*) AS n FROM accepted "
+                                         "LATERAL VIEW explode(split(value, ' ')) t AS word GROUP BY word", "complete")],
+    })
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    queries = pipeline.start(spark, spec, layout, Trigger(processing_time="200 milliseconds"))
+    expected = [("apache", 1), ("spark", 2), ("streaming", 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            for q in queries.values():
+                assert q.exception() is None, q.exception()
+            rows = sorted((r["word"], r["n"]) for r in spark.table(query_name(spec.name, "counts")).collect())
+            if rows == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert rows == expected
+    finally:
+        for q in queries.values():
+            q.stop()
+        done.set()
+        server.close()
 
 
 def test_output_modes_emit_what_the_model_says(spark, tmp_path: Path) -> None:
