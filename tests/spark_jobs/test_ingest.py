@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from spark_jobs import pipeline
 from spark_jobs.checkpoint import sink_files, sink_last_batch
 from spark_jobs.ingest import accepted_batch
 from spark_jobs.plan import compile_plan
-from spark_jobs.spec import Layout, default_spec_dir, parse_spec
+from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
 from spark_jobs.testdata import verify
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
@@ -217,3 +220,50 @@ def test_a_checkpoint_from_before_the_output_was_served_is_refused(spark, tmp_pa
     old.mkdir()  # an empty folder holds nothing to mix with
     pipeline.run_available_now(spark, spec, layout)
     assert [r["event_id"] for r in spark.read.parquet(layout.accepted).collect()] == ["a"]
+
+
+def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_processing(spark, tmp_path: Path) -> None:
+    """The served output is one stage (the ingestion writes it), an output with a query of its
+    own two (it waits for its trigger after the ingestion's); either way a landed file's rows
+    are in the sink within two triggers plus the time its batches took."""
+    columns = {"type": "passthrough", "columns": ["event_id", "device_id", "ts"]}
+    copy = {"name": "copy", "mode": "append", "query": columns, "sink": {"type": "parquet", "path": "sinks/copy"}}
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [])
+    sinks = {"_ingest": layout.accepted, "copy": layout.data("sinks/copy")}
+    landing = Path(layout.landing)
+    trigger_s = 1.0
+    queries = pipeline.start(spark, spec, layout, Trigger(processing_time="1 second"))
+
+    def committed_rows(path: str) -> int:  # read through the sink's commit log
+        return 0 if sink_last_batch(path) is None else spark.read.parquet(path).count()
+
+    def wait_for(rows: int, since: float) -> dict[str, float]:
+        arrived: dict[str, float] = {}
+        while len(arrived) < len(sinks):
+            for name, path in sinks.items():
+                if name not in arrived and committed_rows(path) == rows:
+                    arrived[name] = time.time() - since
+            for q in queries.values():
+                assert q.exception() is None, q.exception()
+            assert time.time() - since < 120, f"rows did not arrive: {arrived}"
+            time.sleep(0.05)
+        return arrived
+
+    try:
+        land(landing, "json", [reading("a", 1)])  # every query has run once: start-up is not latency
+        wait_for(1, time.time())
+        landed = time.time()
+        land(landing, "json", [reading("b", 2)])
+        arrived = wait_for(2, landed)
+
+        def processing(name: str) -> float:  # seconds of the batches that ran since the file landed
+            return sum(p["durationMs"]["triggerExecution"] / 1000 for p in (json.loads(x.json) for x in
+                       queries[name].recentProgress)
+                       if datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() >= landed - trigger_s)
+    finally:
+        for q in queries.values():
+            q.stop()
+    slack = 1.0  # reading the sinks to see the rows
+    assert arrived["_ingest"] <= 2 * trigger_s + processing("_ingest") + slack, (arrived, processing("_ingest"))
+    assert arrived["copy"] <= 2 * trigger_s + processing("_ingest") + processing("copy") + slack, (
+        arrived, processing("_ingest"), processing("copy"))
