@@ -132,7 +132,8 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
             check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
         except SpecError as exc:
             log.error("%s", exc)
-            events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+            # a restart would fail alike: the supervisor stops on this event instead
+            events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:4000], "invalid_spec": True})
             code = EXIT_BAD_SPEC
             return code
         try:

@@ -180,6 +180,12 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             # the stop DAG ended it: an immediate stop kills the driver, which then exits non-zero
             # without having failed; recorded as requested, so it spends none of the restart budget
             requested = _hold_marker(hook).exists()
+            invalid = None if requested or code in (0, None) else _invalid_spec(hook, budget)
+            if invalid:
+                budget.record_end(time.time(), code, "invalid spec", forced=forced, requested=False)
+                raise AirflowFailException(
+                    f"stream {self.stream}: its driver found the spec invalid and started nothing; a restart would "
+                    f"fail alike, so the stream stays stopped. Fix the spec, then trigger this DAG again.\n{invalid}")
             if requested and (code != 0 or forced):
                 reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped on request)"
             budget.record_end(time.time(), code, reason, forced=forced, requested=requested)
@@ -295,6 +301,22 @@ def _last_failure(hook: StreamHook, budget: RestartBudget) -> str:
     said = (error.splitlines()[0] if error else last.reason)[:1000]
     code = "" if last.exit_code is None else f" with exit code {last.exit_code}"
     return f"The last run ended{code}: {said.rstrip('.')}. " if said else ""
+
+
+def _invalid_spec(hook: StreamHook, budget: RestartBudget) -> str | None:
+    """The problems the last run's driver found in the spec (what only Spark can tell, such as
+    a SQL query that does not parse), or None if it did not end on an invalid spec."""
+    from spark_jobs.progress import read_events
+
+    last = budget.last_run()
+    if last is None:
+        return None
+    found = None
+    for event in read_events(hook.layout.events_file):
+        if (event.get("event") == "driver_failed" and event.get("invalid_spec")
+                and float(event.get("logged_at") or 0) >= last.started_at):
+            found = str(event.get("error") or "").strip()
+    return found
 
 
 def _corrupt_message(problems: list[str], hook: StreamHook) -> str:

@@ -323,3 +323,24 @@ def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_superv
     monkeypatch.setattr(WatchedSubprocess, "kill", lambda self, signal_to_send=None: None)  # no such delay any more
     monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", "60")
     assert killed_task_cleanup_seconds() == 60.0
+
+
+def test_a_spec_only_spark_finds_invalid_fails_the_supervisor_at_once_instead_of_restarting(
+        data_root: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
+    specs = stalling_specs(tmp_path)
+    text = (specs / "sensors.yaml").read_text()
+    bad = ("  - name: hot\n    query: {type: sql, sql: 'SELECT device_id, tempreature FROM accepted'}\n"
+           "    mode: append\n    sink: {type: parquet, path: sinks/sensors/hot}\n")
+    (specs / "sensors.yaml").write_text(text.replace("outputs:\n", "outputs:\n" + bad, 1))
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
+                                  grace_seconds=5)
+    with pytest.raises(AirflowFailException) as err:
+        op.execute({})
+    message = str(err.value)
+    assert "found the spec invalid and started nothing" in message
+    assert f"{specs / 'sensors.yaml'}: outputs[0].query.sql: [UNRESOLVED_COLUMN.WITH_SUGGESTION]" in message
+    runs = json.loads((hook(data_root).layout.lease_dir / "runs.json").read_text())
+    assert [(r["exit_code"], r["reason"]) for r in runs] == [(1, "invalid spec")]  # one run, no restart
