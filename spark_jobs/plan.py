@@ -140,7 +140,7 @@ class OutputPlan:
     mode: str
     trigger: Trigger
     checkpoint: str | None  # None for the served output: it has no query of its own
-    columns: list[str] | None  # the result's columns, in order (None for SQL: Spark's analysis knows them)
+    columns: list[str] | None  # the result's columns, in order (None for SQL or Python: Spark's analysis knows them)
     key: list[str]  # the result's key (window bounds and groups, a table's key, the dedup key)
     sink: SinkPlan
     reads_source: bool  # a continuous output reads the source itself (no table between the stages)

@@ -329,8 +329,10 @@ def test_a_spec_only_spark_finds_invalid_fails_the_supervisor_at_once_instead_of
         data_root: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
-    specs = stalling_specs(tmp_path)
-    text = (specs / "sensors.yaml").read_text()
+    specs = tmp_path / "include" / "streams"  # the example, with its stall window of minutes
+    specs.mkdir(parents=True)
+    shutil.copytree(default_spec_dir().parent / "reference", tmp_path / "include" / "reference")
+    text = (default_spec_dir() / "sensors.yaml").read_text()
     bad = ("  - name: hot\n    query: {type: sql, sql: 'SELECT device_id, tempreature FROM accepted'}\n"
            "    mode: append\n    sink: {type: parquet, path: sinks/sensors/hot}\n")
     (specs / "sensors.yaml").write_text(text.replace("outputs:\n", "outputs:\n" + bad, 1))
