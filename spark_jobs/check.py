@@ -16,7 +16,8 @@ own message.
     python -m spark_jobs.check include/streams/*.yaml
 
 exits 0 when every spec passes, 2 otherwise. The streaming job runs the same check
-before it takes anything over (its exit code 2, invalid spec).
+before it writes its plan or starts a query (its exit code 2, invalid spec), and the
+supervisor then fails at once instead of restarting it.
 """
 
 from __future__ import annotations
