@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.plan import compile_plan, ddl
-from spark_jobs.quality.rules import COLUMN_ARGS, COLUMN_LIST_ARGS, load_rules
+from spark_jobs.quality.rules import load_rules, unknown_columns
 from spark_jobs.spec import (
     CODE_QUERIES,
     SPARK_TYPES,
@@ -184,15 +184,8 @@ def _rules_problems(spec: StreamSpec, spec_dir: Path, columns: dict[str, list[tu
     rules = load_rules(spec, spec_dir)
     problems = []
     for name, out_rules in rules.outputs.items():
-        if name not in columns:
-            continue
-        names = [c for c, _ in columns[name]]
-        for i, entry in enumerate(out_rules.expectations):
-            (exp, kwargs), = entry.items()
-            named = [kwargs[a] for a in COLUMN_ARGS if a in kwargs]
-            named += [c for a in COLUMN_LIST_ARGS for c in kwargs.get(a) or []]
-            problems += [(f"outputs.{name}.expectations[{i}].{exp}", f"unknown column {c!r}; the output has {names}")
-                         for c in named if c not in names]
+        if name in columns:
+            problems += unknown_columns(f"outputs.{name}", out_rules, [c for c, _ in columns[name]])
     return problems
 
 

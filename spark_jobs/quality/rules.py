@@ -135,22 +135,23 @@ def parse_rules(data: Any, spec: StreamSpec, source: str | os.PathLike[str] = "<
         if out_rules.unit and not isinstance(output.query, Passthrough):
             problems.append((f"{where}.unit", "only a pass-through output has a unit; a windowed output is "
                                               "validated window by window, a table as a whole"))
-        for i, entry in enumerate(out_rules.expectations):
-            (exp, kwargs), = entry.items()
-            if columns is None:
-                continue
-            for arg in COLUMN_ARGS:
-                if arg in kwargs and kwargs[arg] not in columns:
-                    problems.append((f"{where}.expectations[{i}].{exp}.{arg}",
-                                     f"unknown column {kwargs[arg]!r}; the output has {columns}"))
-            for arg in COLUMN_LIST_ARGS:
-                for c in kwargs.get(arg) or []:
-                    if c not in columns:
-                        problems.append((f"{where}.expectations[{i}].{exp}.{arg}",
-                                         f"unknown column {c!r}; the output has {columns}"))
+        if columns is not None:
+            problems += unknown_columns(where, out_rules, columns)
     if problems:
         raise SpecError(source, problems)
     return rules
+
+
+def unknown_columns(where: str, out_rules: OutputRules, columns: list[str]) -> list[tuple[str, str]]:
+    """The columns an output's expectations name that its result does not have."""
+    problems = []
+    for i, entry in enumerate(out_rules.expectations):
+        (exp, kwargs), = entry.items()
+        named = [(arg, kwargs[arg]) for arg in COLUMN_ARGS if arg in kwargs]
+        named += [(arg, c) for arg in COLUMN_LIST_ARGS for c in kwargs.get(arg) or []]
+        problems += [(f"{where}.expectations[{i}].{exp}.{arg}", f"unknown column {c!r}; the output has {columns}")
+                     for arg, c in named if c not in columns]
+    return problems
 
 
 # ---- what is validated, and how it is cut into units ------------------------------------------
@@ -207,21 +208,18 @@ def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, di
     """
     columns = spec.result_columns(output)
     q = output.query
-    if columns is None:  # a SQL query: its columns (set and types) come from Spark's schema of it
-        key = spec.result_key(output)
-        return [("expect_compound_columns_to_be_unique", {"column_list": key})] if len(key) > 1 else (
-            [("expect_column_values_to_be_unique", {"column": key[0]})] if key else [])
-    checks: list[tuple[str, dict[str, Any]]] = [
-        ("expect_table_columns_to_match_set", {"column_set": columns, "exact_match": True}),
-    ]
-    required = {c.name for c in spec.source.columns if c.required}
-    not_null = [c for c in columns if c in required]
-    if isinstance(q, Aggregation) and q.window is not None:
-        not_null = [WINDOW_START, WINDOW_END] + not_null
-    if spec.event_time is not None and spec.event_time.column in columns and spec.event_time.column not in not_null:
-        not_null.append(spec.event_time.column)
-    checks += [("expect_column_values_to_not_be_null", {"column": c}) for c in not_null]
-    if isinstance(q, Aggregation):
+    checks: list[tuple[str, dict[str, Any]]] = []
+    if columns is not None:  # a SQL or Python query's column set and types come from Spark's schema of it
+        checks.append(("expect_table_columns_to_match_set", {"column_set": columns, "exact_match": True}))
+        required = {c.name for c in spec.source.columns if c.required}
+        not_null = [c for c in columns if c in required]
+        if isinstance(q, Aggregation) and q.window is not None:
+            not_null = [WINDOW_START, WINDOW_END] + not_null
+        et = spec.event_time
+        if et is not None and et.column in columns and et.column not in not_null:
+            not_null.append(et.column)
+        checks += [("expect_column_values_to_not_be_null", {"column": c}) for c in not_null]
+    if isinstance(q, Aggregation) or columns is None:
         key = spec.result_key(output)
     else:
         key = [k for k in (spec.deduplicate.key if spec.deduplicate else []) if k in columns]
