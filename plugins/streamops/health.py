@@ -70,6 +70,8 @@ class Snapshot:
     lag_window_seconds: float = 60.0
     #: per query: backlog in files one lag window ago (None: unknown) and now
     backlog_trend: dict[str, tuple[int | None, int]] = field(default_factory=dict)
+    #: per query: when it last started (its ``started`` event), by any driver
+    query_started_at: dict[str, float] = field(default_factory=dict)
 
     @property
     def last_commit_time(self) -> float | None:
@@ -126,10 +128,13 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
     holder = read_holder(layout.lease_dir)
     alive = holder_alive(layout.lease_dir)
     last_progress: dict[str, dict[str, Any]] = {}
+    query_started: dict[str, float] = {}
     driver_started = None
     for event in read_events(layout.events_file):
         if event.get("event") == "progress":
             last_progress[event.get("query")] = event
+        elif event.get("event") == "started" and isinstance(event.get("logged_at"), int | float):
+            query_started[event.get("query")] = float(event["logged_at"])
         elif event.get("event") == "driver_started":
             driver_started = event.get("logged_at")
     return Snapshot(
@@ -139,6 +144,7 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
         backlog_files=backlog[0], backlog_bytes=backlog[1],
         max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
+        query_started_at=query_started,
     )
 
 
@@ -162,9 +168,16 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     waiting = _waiting(snap)
     if waiting:
         # every query with input waiting must keep committing: the one quiet for longest decides
-        # (a query that has taken all its input commits nothing, and that is not a stall)
-        name, q = min(waiting.items(), key=lambda item: item[1].last_commit_time or 0.0)
-        quiet = snap.taken_at - max(q.last_commit_time or 0.0, started)
+        # (a query that has taken all its input commits nothing, and that is not a stall). Its
+        # clock starts at its last commit, or when this driver started it: a driver spends its
+        # first seconds starting Spark and checking the spec, and a restarted query its first
+        # batch replaying, none of which is a stall
+        def quiet_for(item: tuple[str, QueryCheckpoint]) -> float:
+            name, q = item
+            return snap.taken_at - max(q.last_commit_time or 0.0, started, snap.query_started_at.get(name, 0.0))
+
+        name, q = max(waiting.items(), key=quiet_for)
+        quiet = quiet_for((name, q))
         if quiet > stall_window_seconds:
             return Status.STALLED, (f"input is waiting ({snap.backlog_files} file(s)) and query {name} has "
                                     f"committed nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")

@@ -125,6 +125,20 @@ def supervise_log(airflow: Airflow) -> str:
                      sorted((airflow.home / "logs").glob("dag_id=stream_sensors/run_id=*/task_id=supervise/attempt=*.log")))
 
 
+def supervisor_said(airflow: Airflow, last: int = 40) -> str:
+    """The supervisor's own last lines (not the driver's output it relays): why a fault's
+    recovery went another way than the test expects."""
+    lines = []
+    for line in supervise_log(airflow).splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if str(entry.get("logger", "")).endswith("StreamSupervisorOperator"):
+            lines.append(f"{entry.get('timestamp', '')} {entry.get('level', '')} {str(entry.get('event'))[:300]}")
+    return "the supervisor said, last:\n" + "\n".join(lines[-last:])
+
+
 def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp_path: Path, spark) -> None:
     rng = random.Random(SEED)
     spec_dir = fault_specs(tmp_path / "include")
@@ -164,8 +178,11 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
             os.kill(pid, signal.SIGSTOP)
         frozen_at = time.time()
         stream.feed(4)
-        wait_for(lambda: assess(stream.spec, stream.layout).status == Status.STALLED, "the stall to be seen",
-                 timeout=STALL_WINDOW_SECONDS + 60, every=1)
+        try:
+            wait_for(lambda: assess(stream.spec, stream.layout).status == Status.STALLED, "the stall to be seen",
+                     timeout=STALL_WINDOW_SECONDS + 60, every=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} (pids {frozen} frozen)\n{supervisor_said(airflow)}") from None
         timings["freeze (stall window 30s)"] = stream.recovered(frozen_at, holder.pid, "SIGSTOP")
         assert "is stalled" in supervise_log(airflow)
 
@@ -180,7 +197,7 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         fed_at = time.time()
         stream.feed(4)
         wait_for(lambda: stream.committed_after(fed_at), "the adopted driver to take new input", timeout=120, every=0.5)
-        assert stream.driver().pid == holder.pid
+        assert stream.driver().pid == holder.pid, supervisor_said(airflow)
         timings["task process killed (driver adopted)"] = time.time() - killed_at
 
         # 4. a crash between batches, then the newest commit file is lost (as by `rm`, its checksum

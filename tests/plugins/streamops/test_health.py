@@ -148,6 +148,22 @@ def test_a_query_that_has_taken_all_its_input_is_not_stalled() -> None:
     assert status == Status.STALLED and "query readings has committed nothing for 100s" in reason
 
 
+def test_a_query_this_driver_started_late_gets_its_own_stall_window() -> None:
+    # a driver started 40 s ago and spent 25 s starting Spark and checking the spec; its output
+    # query started 15 s ago and is still in its first batch (replaying after a crash)
+    totals = QueryCheckpoint("q", exists=True, last_planned=4, last_committed=3, last_commit_time=900.0)
+    snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
+                    driver_started_at=960.0, queries={"totals": totals}, backlog_files=0, backlog_bytes=0,
+                    max_files_per_trigger=2, backlog_trend={"totals": (None, 3)},
+                    query_started_at={"totals": 985.0})
+    assert classify(snap, stall_window_seconds=30)[0] == Status.STARTING
+    snap.query_started_at = {"totals": 950.0}  # a start by the driver before: the driver's own start counts
+    status, reason = classify(snap, stall_window_seconds=30)
+    assert status == Status.STALLED and "query totals has committed nothing for 40s" in reason
+    snap.query_started_at = {}  # never started by this driver: its clock runs from the driver's start
+    assert classify(snap, stall_window_seconds=30)[0] == Status.STALLED
+
+
 def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:
     spec, layout = stream
     for q in spec.query_names():
