@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.checkpoint import sink_last_batch
-from spark_jobs.plan import compile_plan
 from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     if sink_last_batch(layout.accepted) is None:
         raise BackfillError(f"stream {spec.name} has no accepted rows yet ({layout.accepted} holds no committed batch)")
     ts = F.col(spec.event_time.column)
-    plan = compile_plan(spec, layout)
+    plan = pipeline.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
     accepted = ingest.accepted_batch(spark, plan.ingestion)
     in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()

@@ -10,8 +10,11 @@ DataFrame; both must read the stream's accepted rows, and run
 incrementally in its output mode (Spark's own check of a streaming query, e.g. an
 aggregation in append mode needs a watermark); its result must hold the sink's partition
 and key columns, in types the sink can store, and the columns the stream's quality rules
-name. Each problem names the spec file, the field (``outputs[2].query.sql``) and Spark's
-own message.
+name. A stream's transform (``transform: {sql: ...}`` or ``{python: ...}``) must do the
+same over the rows it reads (view ``input``), row by row (no aggregation, sort or limit:
+it runs on each micro-batch), and keep the event-time column; every output then reads
+its result, so each output's query is analyzed over it. Each problem names the spec
+file, the field (``outputs[2].query.sql``, ``transform.sql``) and Spark's own message.
 
     python -m spark_jobs.check include/streams/*.yaml
 
@@ -31,10 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.plan import compile_plan, ddl
+from spark_jobs.plan import Transformed, compile_plan, ddl
 from spark_jobs.quality.rules import load_rules, unknown_columns
 from spark_jobs.spec import (
     CODE_QUERIES,
+    EVENT_DATE_COLUMN,
+    INPUT_VIEW,
     SPARK_TYPES,
     TRANSFORMS_DIR,
     Layout,
@@ -82,36 +87,124 @@ def _check_output_mode(frame: DataFrame, mode: str) -> None:
         frame._jdf.queryExecution().analyzed(), output_mode)
 
 
+#: Logical plan nodes a transform must not hold: it runs on each micro-batch, so these
+#: would see one batch's rows, not the stream's
+_NOT_PER_ROW = {
+    "Aggregate": "an aggregation", "Window": "a window function", "Deduplicate": "a deduplication",
+    "DeduplicateWithinWatermark": "a deduplication", "Distinct": "DISTINCT", "Sort": "ORDER BY",
+    "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "OFFSET", "Tail": "a tail", "Expand": "grouping sets",
+    "Intersect": "INTERSECT", "Except": "EXCEPT", "Sample": "TABLESAMPLE",
+}
+#: Nodes that can give more rows than they read
+_MULTIPLYING = {"Generate", "Join", "Union"}
+
+
+def _plan_nodes(plan) -> Iterator:  # noqa: ANN001 - a JVM LogicalPlan
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        yield node
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+
+
+def _empty_stream(spark: SparkSession, schema: str, folder: str) -> DataFrame:
+    """A stream of no rows with ``schema``: what Spark analyzes a streaming query over."""
+    return spark.readStream.schema(schema).format("parquet").load(folder)
+
+
+def _references(spark: SparkSession, spec: StreamSpec) -> dict[str, DataFrame]:
+    return {e.name: spark.createDataFrame([], ddl({c.name: c.type for c in e.columns})) for e in spec.enrich}
+
+
+def transform_result(spark: SparkSession, spec: StreamSpec, transforms_dir: str | os.PathLike[str] | None = None,
+                     ) -> tuple[Transformed | None, list[tuple[str, str]]]:
+    """The stream's transform as Spark analyzes it over the rows it reads (view ``input``):
+    its result's columns and whether it can multiply rows, or the problems found. None
+    and no problems for a stream without a transform."""
+    from spark_jobs import user_code
+
+    transform = spec.transform
+    if transform is None:
+        return None, []
+    field = f"transform.{transform.type}"
+    with tempfile.TemporaryDirectory(prefix="spec-check-") as empty, _quiet_sql_errors():
+        rows = _empty_stream(spark, ddl(spec.joined_columns()), empty)
+        try:
+            frame = user_code.run(rows, INPUT_VIEW, transform.sql, transform.python, _references(spark, spec),
+                                  str(transforms_dir) if transforms_dir is not None else None)
+            nodes = [(n.nodeName(), n) for n in _plan_nodes(frame._jdf.queryExecution().analyzed())]
+        except UserCodeError as exc:
+            return None, [(field, str(exc))]
+        except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, the function's own
+            return None, [(field, spark_message(exc))]
+    if not frame.isStreaming:
+        return None, [(field, f"the transform does not read the stream's rows ({'FROM input' if transform.sql else 'its argument'})")]
+    problems = [(field, f"the transform runs on each micro-batch, so it cannot hold {_NOT_PER_ROW[name]} (it would "
+                        "see one batch's rows, not the stream's); aggregate in an output's query instead")
+                for name in dict.fromkeys(name for name, _ in nodes) if name in _NOT_PER_ROW]
+    if any(name == "Join" and node.left().isStreaming() and node.right().isStreaming() for name, node in nodes):
+        problems.append((field, "the transform joins the stream's rows with themselves, which on each micro-batch "
+                                "would pair only rows of the same batch; join reference data instead"))
+    types = {f.name: f.dataType for f in frame.schema.fields}
+    et = spec.event_time
+    if et is not None:
+        if et.column not in types:
+            problems.append((field, f"the result has no column {et.column!r}: keep the event-time column "
+                                    f"(event_time.column); the result has {list(types)}"))
+        elif types[et.column].simpleString() != "timestamp":
+            problems.append((field, f"the event-time column {et.column!r} is {types[et.column].simpleString()} in the "
+                                    "result, not a timestamp"))
+        if EVENT_DATE_COLUMN in types:
+            problems.append((field, f"{EVENT_DATE_COLUMN!r} is the accepted rows' own partition column; "
+                                    "name the result's column otherwise"))
+    problems += [(field, f"result column {name!r} has no type (a bare NULL); cast it, e.g. CAST(NULL AS string)")
+                 for name, t in types.items() if t.simpleString() == "void"]
+    if problems:
+        return None, problems
+    columns = [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+    return Transformed(columns, any(name in _MULTIPLYING for name, _ in nodes)), []
+
+
 def result_columns(spark: SparkSession, spec: StreamSpec, transforms_dir: str | os.PathLike[str] | None = None,
+                   transformed: Transformed | None = None,
                    ) -> tuple[dict[str, list[tuple[str, str]]], list[tuple[str, str]]]:
-    """Each SQL or Python output's result columns (name, Spark type) as Spark analyzes its
-    query over the accepted rows, and the problems found; an output with a problem has no
-    entry. ``transforms_dir``: the Python queries' modules (``include/transforms/``)."""
+    """The result columns (name, Spark type) of each output whose columns only Spark knows
+    (SQL and Python queries; every output over a transform's result, ``transformed``) as
+    Spark analyzes its query over the accepted rows, and the problems found; an output
+    with a problem has no entry. ``transforms_dir``: the Python code's modules
+    (``include/transforms/``)."""
     from spark_jobs import pipeline
 
-    code_outputs = [(i, o) for i, o in enumerate(spec.outputs) if isinstance(o.query, CODE_QUERIES)]
+    plan = compile_plan(spec, Layout(spec), transformed)
+    analyzed = [(i, o) for i, o in enumerate(spec.outputs)
+                if (spec.transform is not None or spec.result_columns(o) is None)
+                and not plan.output(o.name).reads_source]
     columns: dict[str, list[tuple[str, str]]] = {}
     problems: list[tuple[str, str]] = []
-    if not code_outputs:
+    if not analyzed or plan.ingestion is None:
         return columns, problems
     with tempfile.TemporaryDirectory(prefix="spec-check-") as empty, _quiet_sql_errors():
-        accepted = spark.readStream.schema(ddl(spec.enriched_columns())).format("parquet").load(empty)
+        accepted = _empty_stream(spark, plan.ingestion.accepted_ddl, empty)
         if spec.event_time is not None:
             accepted = accepted.withWatermark(spec.event_time.column, spec.event_time.watermark)
-        references = {e.name: spark.createDataFrame([], ddl({c.name: c.type for c in e.columns})) for e in spec.enrich}
-        for i, out in code_outputs:
+        references = _references(spark, spec)
+        for i, out in analyzed:
             where = f"outputs[{i}]"
-            field = f"{where}.query.{out.query.type}"  # .sql or .python
+            field = f"{where}.query.{out.query.type}" if isinstance(out.query, CODE_QUERIES) else f"{where}.query"
             try:
-                frame = pipeline.code_frame(accepted, out.query, references,
-                                            str(transforms_dir) if transforms_dir is not None else None)
+                if isinstance(out.query, CODE_QUERIES):
+                    frame = pipeline.code_frame(accepted, out.query, references,
+                                                str(transforms_dir) if transforms_dir is not None else None)
+                else:
+                    frame = pipeline.output_frame(accepted, plan, plan.output(out.name))
             except UserCodeError as exc:
                 problems.append((field, str(exc)))
                 continue
             except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, the function's own
                 problems.append((field, spark_message(exc)))
                 continue
-            if not frame.isStreaming:
+            if isinstance(out.query, CODE_QUERIES) and not frame.isStreaming:
                 problems.append((field, "the query does not read the stream's accepted rows "
                                         f"({'FROM accepted' if out.query.type == 'sql' else 'its argument'}); "
                                         "it would never change"))
@@ -173,8 +266,9 @@ def _sink_problems(where: str, out, frame: DataFrame) -> list[tuple[str, str]]: 
             try:
                 spec_type(f.dataType)
             except ValueError as exc:
-                problems.append((f"{where}.query.{out.query.type}", f"result column {f.name!r}: {exc}; a table sink stores "
-                                                       "string, integer, long, double, boolean, timestamp and date"))
+                field = f"{where}.query.{out.query.type}" if isinstance(out.query, CODE_QUERIES) else f"{where}.query"
+                problems.append((field, f"result column {f.name!r}: {exc}; a table sink stores "
+                                        "string, integer, long, double, boolean, timestamp and date"))
     return problems
 
 
@@ -189,13 +283,19 @@ def _rules_problems(spec: StreamSpec, spec_dir: Path, columns: dict[str, list[tu
     return problems
 
 
-def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLike[str]) -> None:
-    """Raise :class:`SpecError` (naming the spec file, or the rules file) for what Spark rejects."""
+def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLike[str]) -> Transformed | None:
+    """Raise :class:`SpecError` (naming the spec file, or the rules file) for what Spark
+    rejects; the stream's transform as Spark analyzed it, if it has one."""
+    if spec.application is not None:  # the application's code is its own: nothing of the platform's to check
+        return None
     spec_dir = Path(spec_path).resolve().parent
     problems = source_problems(spark, spec, spec_dir)
     if problems:
         raise SpecError(spec_path, problems)
-    columns, problems = result_columns(spark, spec, spec_dir.parent / TRANSFORMS_DIR)
+    transformed, problems = transform_result(spark, spec, spec_dir.parent / TRANSFORMS_DIR)
+    if problems:
+        raise SpecError(spec_path, problems)
+    columns, problems = result_columns(spark, spec, spec_dir.parent / TRANSFORMS_DIR, transformed)
     if problems:
         raise SpecError(spec_path, problems)
     rules = _rules_problems(spec, spec_dir, columns)
@@ -203,6 +303,7 @@ def check_spec(spark: SparkSession, spec: StreamSpec, spec_path: str | os.PathLi
         from spark_jobs.quality.rules import rules_path
 
         raise SpecError(rules_path(spec_dir, spec.name), rules)
+    return transformed
 
 
 def main(argv: list[str] | None = None) -> int:

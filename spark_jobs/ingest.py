@@ -12,7 +12,10 @@ decides to two tables, both written through Spark's own file sink (data files pl
            rejected rows                              -> quarantine table
            valid rows at or behind the batch watermark -> counted as dropped late
            valid rows without a match in an inner join -> counted as unmatched
-           the rest, enriched by the static joins      -> accepted-rows table
+           the rest, enriched by the static joins
+             -> the stream's transform, if any (SQL over the view ``input``, or a
+                Python function; rows it gives nothing for are counted as filtered)
+                                                       -> accepted-rows table
                                                           (partitioned by event_date)
 
 Every output of the stream reads the accepted-rows table as its streaming source, so all
@@ -42,12 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
+from spark_jobs import user_code
 from spark_jobs.checkpoint import batch_watermark_ms, query_id
 from spark_jobs.plan import IngestionPlan, JoinPlan, SourcePlan, StreamPlan
 from spark_jobs.spec import (
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
     INGEST_QUERY,
+    INPUT_VIEW,
     SOURCE_FILE_COLUMN,
     SPARK_TYPES,
     Column,
@@ -63,6 +68,9 @@ QUARANTINE_SCHEMA = "raw string, reason string, source_file string, quarantined_
 #: Working columns of the ingestion; never written to the accepted rows.
 REASON, EVENT_TIME, ROW_KEY, KIND = "_reason", "_event_time", "_row_key", "_kind"
 ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unmatched"
+#: With a transform: the rows kept that went into it, and those it gave nothing back for
+#: (when it gives at most one row per row; one that can multiply rows is accounted as in and out)
+TRANSFORM_IN, FILTERED = "transform_in", "filtered"
 
 
 # ---- reading the source -----------------------------------------------------------------
@@ -256,9 +264,11 @@ def classify(ingestion: IngestionPlan, rows: DataFrame, references: list[DataFra
     return df.withColumn(KIND, kind)
 
 
-def accepted_rows(ingestion: IngestionPlan, classified: DataFrame) -> DataFrame:
-    """The accepted rows in the accepted table's columns, one partition per event date."""
-    df = classified.where(F.col(KIND) == ACCEPTED)
+def accepted_rows(ingestion: IngestionPlan, kept: DataFrame) -> DataFrame:
+    """The accepted rows (the rows kept, or the transform's result of them) in the
+    accepted table's columns, one partition per event date."""
+    assert ingestion.accepted_columns is not None
+    df = kept
     if ingestion.event_time is not None:
         df = df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(ingestion.event_time.column)))
     df = df.select(*[F.col(name) for name in ingestion.accepted_columns])
@@ -308,6 +318,8 @@ class IngestBatch:
         self.spark, self.plan, self.ingestion, self.on_batch = spark, plan, plan.ingestion, on_batch
         self.checkpoint = plan.ingestion.checkpoint
         self.references = [reference_frame(spark, j) for j in plan.ingestion.joins]
+        #: the reference data as views of the micro-batches' session, for the transform
+        self._views: tuple[Any, dict[str, DataFrame]] | None = None
         self.accepted = FileSinkWriter(spark, plan.ingestion.accepted, plan.ingestion.partition_by)
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
@@ -318,9 +330,18 @@ class IngestBatch:
         # "watermark for late events"; the batch's own one only evicts state), so do the same
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
         rows = classify(self.ingestion, batch, self.references, watermark).persist()
+        transformed = None
         try:
-            self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, rows))
+            kept = rows.where(F.col(KIND) == ACCEPTED)
+            if self.ingestion.transform is not None:
+                transformed = self.transform(kept).persist()
+                self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, transformed))
+            else:
+                self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, kept))
             counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
+            total = sum(counts.values())
+            if transformed is not None:  # the rows kept went into the transform; what came out is accepted
+                counts[TRANSFORM_IN], counts[ACCEPTED] = counts.get(ACCEPTED, 0), transformed.count()
             if self.quarantine is not None:
                 rejected = (quarantined_rows(self.plan.source, rows) if counts.get(QUARANTINED)
                             else self.spark.createDataFrame([], QUARANTINE_SCHEMA))
@@ -329,15 +350,34 @@ class IngestBatch:
                 raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         finally:
             rows.unpersist()
+            if transformed is not None:
+                transformed.unpersist()
         if self._query_id is None:
             self._query_id = query_id(self.checkpoint)
+        decided = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
         event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_QUERY,
                  "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
-                 "rows": sum(counts.values()), **{k: counts.get(k, 0) for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)}}
+                 "rows": total, **{k: counts.get(k, 0) for k in decided}}
+        if transformed is not None:
+            event[TRANSFORM_IN] = counts[TRANSFORM_IN]
+            if not self.ingestion.transform_multiplies:  # it gives at most one row per row it reads
+                event[FILTERED] = counts[TRANSFORM_IN] - counts[ACCEPTED]
         log.info("ingested batch %d of %s: %s", batch_id, self.plan.stream,
-                 ", ".join(f"{k} {event[k]}" for k in (ACCEPTED, QUARANTINED, LATE, UNMATCHED)))
+                 ", ".join(f"{k} {event[k]}" for k in (*decided, TRANSFORM_IN, FILTERED) if k in event))
         if self.on_batch is not None:
             self.on_batch(event)
+
+    def transform(self, kept: DataFrame) -> DataFrame:
+        """The stream's transform of the rows kept (the view ``input``: source and join
+        columns). It runs in the micro-batch's session, where the reference data are
+        views by their names (made once: the stream's session outlives its batches)."""
+        session = kept.sparkSession
+        if self._views is None or self._views[0] != session._jsparkSession:
+            self._views = (session._jsparkSession, {j.name: reference_frame(session, j) for j in self.ingestion.joins})
+        transform = self.ingestion.transform
+        assert transform is not None
+        return user_code.run(kept.select(*self.ingestion.input_columns), INPUT_VIEW, transform.sql, transform.python,
+                             self._views[1], self.plan.transforms_dir)
 
 
 def accepted_batch(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:

@@ -33,7 +33,7 @@ from pyspark.sql import types as T
 
 from spark_jobs import ingest, user_code
 from spark_jobs.checkpoint import last_batch, query_id, sink_last_batch
-from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, compile_plan
+from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, Transformed, compile_plan
 from spark_jobs.spec import (
     ACCEPTED_VIEW,
     INGEST_QUERY,
@@ -44,6 +44,7 @@ from spark_jobs.spec import (
     Layout,
     Passthrough,
     PythonQuery,
+    SpecError,
     SqlQuery,
     StreamSpec,
     Trigger,
@@ -80,15 +81,8 @@ def code_frame(accepted: DataFrame, query: SqlQuery | PythonQuery, references: M
     Spark resolves the views when the query is analyzed, which ``spark.sql`` and the
     DataFrame API do at once: views of the same names made later (another output's) do
     not change it."""
-    for name, frame in references.items():
-        frame.createOrReplaceTempView(name)
-    accepted.createOrReplaceTempView(ACCEPTED_VIEW)
-    spark = accepted.sparkSession
-    if isinstance(query, SqlQuery):
-        return spark.sql(query.sql)
-    if transforms_dir is None:
-        raise user_code.UserCodeError(f"{query.python}: no folder of Python queries is known")
-    return user_code.apply(spark, transforms_dir, query.python, accepted)
+    return user_code.run(accepted, ACCEPTED_VIEW, getattr(query, "sql", None), getattr(query, "python", None),
+                         references, transforms_dir)
 
 
 def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFrame:
@@ -99,9 +93,8 @@ def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFra
         joins = plan.ingestion.joins if plan.ingestion else []
         references = {j.name: ingest.reference_frame(df.sparkSession, j) for j in joins}
         return code_frame(df, q, references, plan.transforms_dir)
-    if isinstance(q, Passthrough):
-        assert output.columns is not None
-        return df.select(*output.columns)
+    if isinstance(q, Passthrough):  # without a column list (over a transform's result): every column
+        return df.select(*output.columns) if output.columns is not None else df
     assert isinstance(q, Aggregation)
     keys = [F.col(k) for k in q.group_by]
     if q.window is not None:
@@ -297,11 +290,29 @@ def _refuse_moved_accepted_rows(plan: StreamPlan, layout: Layout) -> None:
             f"(including {before}) and quarantine to reprocess from the input.")
 
 
-def compile_for_start(spec: StreamSpec, layout: Layout) -> StreamPlan:
-    """The stream's plan, once its checkpoint is known to be of this layout."""
+def resolve_plan(spark: SparkSession, spec: StreamSpec, layout: Layout) -> StreamPlan:
+    """The stream's plan with everything known, also the columns of its transform's result
+    (Spark's analysis; a transform Spark rejects raises :class:`SpecError`)."""
+    return compile_plan(spec, layout, _transformed(spark, spec, layout))
+
+
+def _transformed(spark: SparkSession, spec: StreamSpec, layout: Layout) -> Transformed | None:
+    if spec.transform is None:
+        return None
+    from spark_jobs.check import transform_result
+
+    transformed, problems = transform_result(spark, spec, layout.transforms_dir)
+    if problems:
+        raise SpecError(layout.spec_dir / f"{spec.name}.yaml", problems)
+    return transformed
+
+
+def compile_for_start(spec: StreamSpec, layout: Layout, transformed: Transformed | None = None) -> StreamPlan:
+    """The stream's plan, once its checkpoint is known to be of this layout (``transformed``:
+    the stream's transform as Spark analyzed it)."""
     _refuse_old_layout(spec, layout)
     _refuse_unserved_layout(spec, layout)
-    plan = compile_plan(spec, layout)
+    plan = compile_plan(spec, layout, transformed)
     _refuse_moved_accepted_rows(plan, layout)
     return plan
 
@@ -311,7 +322,7 @@ def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigge
           only: Callable[[str], bool] | None = None, plan: StreamPlan | None = None) -> dict[str, StreamingQuery]:
     """Start the queries (``only``: those whose name it accepts); if one cannot start, stop
     the ones already started. ``plan``: the spec's plan, if already compiled."""
-    plan = plan or compile_for_start(spec, layout)
+    plan = plan or compile_for_start(spec, layout, _transformed(spark, spec, layout))
     queries: dict[str, StreamingQuery] = {}
     try:
         for p in plan_queries(spark, plan, trigger, on_batch):
@@ -342,7 +353,7 @@ def run_available_now(spark: SparkSession, spec: StreamSpec, layout: Layout, tim
     """Process what is waiting (available-now trigger): the ingestion first, then every
     output over what it committed. Returns the finished queries; a failure is raised."""
     once = Trigger(available_now=True)
-    plan = compile_for_start(spec, layout)
+    plan = compile_for_start(spec, layout, _transformed(spark, spec, layout))
     finished = start(spark, spec, layout, once, on_batch, only=lambda name: name == INGEST_QUERY, plan=plan)
     _await_all(finished, timeout_seconds)
     outputs = start(spark, spec, layout, once, on_batch, only=lambda name: name != INGEST_QUERY, plan=plan)

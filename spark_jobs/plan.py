@@ -4,7 +4,8 @@
       -> StreamPlan
            source     what to read and how (format, schema, options, landing path)
            ingestion  the rules of the one parse (required columns, event time,
-                      deduplication, joins) and where its two tables and checkpoint are
+                      deduplication, joins, the stream's transform) and where its two
+                      tables and checkpoint are
            outputs    per output: its query, result columns and key, mode, trigger,
                       checkpoint and sink, every path and URL resolved; the output the
                       ingestion serves (``served_by_ingestion``: its sink is the
@@ -43,6 +44,7 @@ from spark_jobs.spec import (
     SqlQuery,
     StreamSpec,
     TableSink,
+    Transform,
     Trigger,
     duration_seconds,
 )
@@ -111,16 +113,26 @@ class IngestionPlan:
     checkpoint: str
     trigger: Trigger
     accepted: str  # the accepted-rows table (Parquet, through its _spark_metadata log)
-    accepted_columns: dict[str, str]  # source columns, join columns, event_date
+    #: name -> Spark type: the source's and join columns (or the transform's result), then
+    #: event_date; None for a transform not analyzed yet (``pipeline.resolve_plan``)
+    accepted_columns: dict[str, str] | None
     partition_by: list[str]
     quarantine: str | None
     joins: list[JoinPlan]
     event_time: EventTimePlan | None
     deduplicate: list[str] | None
+    transform: Transform | None = None
+    #: the columns of the rows the transform reads (view ``input``): source and join columns
+    input_columns: list[str] = field(default_factory=list)
+    #: whether the transform can give more rows than it reads (explode, a join): then its
+    #: rows are accounted as in and out, else what it does not give back as filtered
+    transform_multiplies: bool = False
 
     @property
     def accepted_ddl(self) -> str:
-        return ddl(self.accepted_columns)
+        if self.accepted_columns is None:
+            raise ValueError("the accepted rows' columns are known once Spark has analyzed the stream's transform")
+        return ", ".join(f"`{name}` {t}" for name, t in self.accepted_columns.items())
 
 
 @dataclass(frozen=True)
@@ -210,8 +222,19 @@ def _sink(layout: Layout, sink: Any) -> SinkPlan:
     return SinkPlan("memory")
 
 
-def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
-    """The spec's plan: every path, schema, key and name the job needs, resolved once."""
+@dataclass(frozen=True)
+class Transformed:
+    """What Spark's analysis tells of a stream's transform (``spark_jobs.check``)."""
+
+    columns: list[tuple[str, str]]  # its result's (name, Spark type)
+    multiplies: bool  # it can give more rows than it reads
+
+
+def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | None = None) -> StreamPlan:
+    """The spec's plan: every path, schema, key and name the job needs, resolved once.
+    ``transformed``: the stream's transform as Spark analyzed it; without it, the plan of
+    a stream with a transform does not know the accepted rows' columns
+    (``pipeline.resolve_plan`` gives it)."""
     src = spec.source
     if isinstance(src, FileSource):
         source = SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
@@ -227,9 +250,17 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
         et.column, et.watermark, et.max_future, round(duration_seconds(et.max_future) * 1_000_000))
     ingestion = None
     if spec.has_ingestion:
+        if spec.transform is None:
+            accepted: dict[str, str] | None = {name: SPARK_TYPES[t] for name, t in spec.enriched_columns().items()}
+        elif transformed is not None:
+            accepted = dict(transformed.columns) | ({EVENT_DATE_COLUMN: "date"} if et is not None else {})
+        else:
+            accepted = None
         ingestion = IngestionPlan(
             query_name=query_name(spec.name, INGEST_QUERY), checkpoint=layout.checkpoint(INGEST_QUERY),
-            trigger=spec.trigger, accepted=layout.accepted, accepted_columns=spec.enriched_columns(),
+            trigger=spec.trigger, accepted=layout.accepted, accepted_columns=accepted,
+            transform=spec.transform, input_columns=list(spec.joined_columns()),
+            transform_multiplies=transformed is not None and transformed.multiplies,
             partition_by=[EVENT_DATE_COLUMN] if et is not None else [],
             quarantine=layout.data(spec.quarantine.path) if spec.quarantine else None,
             joins=[JoinPlan(e.name, layout.reference(e.path), e.format, list(e.columns), list(e.key), e.how)
@@ -242,6 +273,7 @@ def compile_plan(spec: StreamSpec, layout: Layout) -> StreamPlan:
         columns=spec.result_columns(o), key=spec.result_key(o), sink=_sink(layout, o.sink),
         reads_source=spec.trigger_for(o).kind == "continuous", served_by_ingestion=o.name == served)
         for o in spec.outputs]
-    python = any(isinstance(o.query, PythonQuery) for o in spec.outputs)
+    python = (any(isinstance(o.query, PythonQuery) for o in spec.outputs)
+              or (spec.transform is not None and spec.transform.python is not None))
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
                       transforms_dir=str(layout.transforms_dir) if python else None)

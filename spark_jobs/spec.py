@@ -350,11 +350,45 @@ class PythonQuery(Strict):
         return v
 
 
+class Transform(Strict):
+    """The stream's own computation, between its parse and its accepted rows: one Spark SQL
+    query over the view ``input`` (the rows the ingestion keeps: valid, on time, not
+    duplicates, enriched by the joins; the reference data are views by their ``enrich``
+    names), or a Python function of them (``package.module:function`` under
+    ``include/transforms/``). Its result, row by row, is what the stream accepts: it may
+    filter, derive columns, explode, join reference data; it keeps the event-time column.
+    It runs on each micro-batch, so it must be per-row: no aggregation, deduplication,
+    sort or limit (``spark_jobs.check`` says so before anything starts)."""
+
+    sql: str | None = None
+    python: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Transform:
+        if (self.sql is None) == (self.python is None):
+            raise ValueError("set exactly one of sql, python")
+        if self.sql is not None and not self.sql.strip():
+            raise ValueError("the query is empty")
+        if self.python is not None and not FUNCTION_PATTERN.match(self.python):
+            raise ValueError(f"{self.python!r} is not a function reference like 'package.module:function'")
+        return self
+
+    @property
+    def type(self) -> str:
+        return "sql" if self.sql is not None else "python"
+
+    @property
+    def label(self) -> str:
+        return "SQL" if self.sql is not None else "Python"
+
+
 FUNCTION_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 #: Queries the user writes as code: their result columns are known from Spark's analysis only.
 CODE_QUERIES = (SqlQuery, PythonQuery)
 #: The view a SQL output reads the stream's accepted rows from.
 ACCEPTED_VIEW = "accepted"
+#: The view a stream's SQL transform reads the rows it decides from.
+INPUT_VIEW = "input"
 #: Where a Python query's modules live, beside the specs' folder (``include/transforms/``).
 TRANSFORMS_DIR = "transforms"
 
@@ -440,6 +474,37 @@ class Output(Strict):
         return v
 
 
+class Application(Strict):
+    """An existing Structured Streaming application, deployed and supervised as it is:
+    ``spark-submit <path> <args>``, restarted, stopped and watched through its queries'
+    checkpoints like the platform's own streams. It takes part through
+    ``spark_jobs.supervised`` (the lease, progress events, the stop marker), and names
+    each query it starts as declared in ``queries``, checkpointed under the spec's
+    ``checkpoint`` root (``app.checkpoint(name)`` gives the location)."""
+
+    path: str  # the application's main file, relative to include/ (or absolute)
+    args: list[str] = Field(default_factory=list)
+    queries: list[str] = Field(min_length=1)
+    check_path = field_validator("path")(_optional(_check_relative_or_uri))
+
+    @field_validator("path")
+    @classmethod
+    def _python_file(cls, v: str) -> str:
+        if not v.endswith(".py"):
+            raise ValueError(f"{v!r} is not a Python file (.py)")
+        return v
+
+    @field_validator("queries")
+    @classmethod
+    def _queries(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not NAME_PATTERN.match(name):
+                raise ValueError(f"{name!r} is not a safe query name (lower case letters, digits, '_')")
+        if len(set(v)) != len(v):
+            raise ValueError("a query is named twice")
+        return v
+
+
 class Restart(Strict):
     max_attempts: int = Field(default=5, ge=0)
     backoff_initial_seconds: float = Field(default=10, gt=0)
@@ -474,12 +539,15 @@ class StreamSpec(Strict):
     name: str
     description: str = ""
     owner: str = "data-platform"
-    source: FileSource | RateSource | SparkSource = Field(discriminator="type")
+    #: what the platform runs: a source and outputs, or an application of the user's own
+    source: Annotated[FileSource | RateSource | SparkSource, Field(discriminator="type")] | None = None
     quarantine: Quarantine | None = None
     enrich: list[Enrichment] = Field(default_factory=list)
     event_time: EventTime | None = None
     deduplicate: Deduplicate | None = None
-    outputs: list[Output] = Field(min_length=1)
+    transform: Transform | None = None
+    outputs: list[Output] = Field(default_factory=list)
+    application: Application | None = None
     trigger: Trigger = Field(default_factory=lambda: Trigger(processing_time="10 seconds"))
     checkpoint: str
     supervision: Supervision = Field(default_factory=Supervision)
@@ -494,27 +562,52 @@ class StreamSpec(Strict):
             raise ValueError(f"{v!r} is not a safe stream name (lower case letters, digits, '_'; no path separators)")
         return v
 
+    @model_validator(mode="after")
+    def _source_and_outputs_or_an_application(self) -> StreamSpec:
+        if self.application is None:
+            missing = [f for f, v in (("source", self.source), ("outputs", self.outputs)) if not v]
+            if missing:
+                raise ValueError(f"a stream declares a source and outputs, or an application; {' and '.join(missing)} "
+                                 "missing")
+            return self
+        given = [f for f in ("source", "quarantine", "enrich", "event_time", "deduplicate", "transform", "outputs")
+                 if getattr(self, f)]
+        if given:
+            raise ValueError(f"an application stream runs the application's own queries: remove {', '.join(given)}")
+        return self
+
     # ---- derived facts -------------------------------------------------------------
 
     def input_columns(self) -> dict[str, str]:
         return {c.name: c.type for c in self.source.columns}
 
-    def enriched_columns(self) -> dict[str, str]:
+    def joined_columns(self) -> dict[str, str]:
+        """The source's columns, then the reference data's: the rows the ingestion keeps
+        (what a transform reads as ``input``)."""
         cols = self.input_columns()
         for e in self.enrich:
             for c in e.columns:
                 cols.setdefault(c.name, c.type)
+        return cols
+
+    def enriched_columns(self) -> dict[str, str]:
+        """The accepted rows' columns, known from the spec alone when the stream has no
+        transform (whose result only Spark's analysis knows)."""
+        cols = self.joined_columns()
         if self.event_time is not None:
             cols[EVENT_DATE_COLUMN] = "date"
         return cols
 
     def result_columns(self, output: Output) -> list[str] | None:
-        """An output's result columns, in order; None for a SQL or Python query, whose
-        columns only Spark's analysis knows (``spark_jobs.check``)."""
+        """An output's result columns, in order; None for a SQL or Python query, or any
+        query over a transform's result, whose columns only Spark's analysis knows
+        (``spark_jobs.check``)."""
         q = output.query
         if isinstance(q, CODE_QUERIES):
             return None
         if isinstance(q, Passthrough):
+            if self.transform is not None and q.columns is None:
+                return None
             return list(q.columns or self.enriched_columns())
         cols = [WINDOW_START, WINDOW_END] if q.window else []
         return cols + list(q.group_by) + [a.name for a in q.aggregates]
@@ -528,7 +621,8 @@ class StreamSpec(Strict):
             return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
         if isinstance(q, CODE_QUERIES):
             return []
-        return list(self.deduplicate.key) if self.deduplicate else []
+        # a pass-through's rows are unique by the deduplication key, unless a transform made them
+        return list(self.deduplicate.key) if self.deduplicate and self.transform is None else []
 
     def trigger_for(self, output: Output) -> Trigger:
         return output.trigger or self.trigger
@@ -561,7 +655,7 @@ class StreamSpec(Strict):
         """
         if not self.has_ingestion:
             return None
-        accepted = list(self.enriched_columns())
+        accepted = None if self.transform is not None else list(self.enriched_columns())
         partitioning = [EVENT_DATE_COLUMN] if self.event_time is not None else []
         for o in self.outputs:
             q, sink = o.query, o.sink
@@ -573,7 +667,9 @@ class StreamSpec(Strict):
 
     def query_names(self) -> list[str]:
         """The stream's Spark queries: the ingestion, then one per output (except the
-        output the ingestion serves, see :attr:`served_output`)."""
+        output the ingestion serves, see :attr:`served_output`); an application's own."""
+        if self.application is not None:
+            return list(self.application.queries)
         served = self.served_output
         return ([INGEST_QUERY] if self.has_ingestion else []) + [
             o.name for o in self.outputs if served is None or o.name != served.name]
@@ -585,6 +681,8 @@ class StreamSpec(Strict):
 def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     add = problems.append
+    if spec.application is not None:  # the application's own code decides the rest
+        return problems
     inputs = spec.input_columns()
     enriched = spec.enriched_columns()
 
@@ -598,6 +696,9 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     for i, e in enumerate(spec.enrich):
         if e.name.lower() == ACCEPTED_VIEW:
             add((f"enrich[{i}].name", f"{e.name!r} is the view of the stream's accepted rows in SQL queries; "
+                                      "choose another name"))
+        if e.name.lower() == INPUT_VIEW:
+            add((f"enrich[{i}].name", f"{e.name!r} is the view of the rows a stream's SQL transform reads; "
                                       "choose another name"))
         ref_cols = {c.name for c in e.columns}
         for j, key in enumerate(e.key):
@@ -624,6 +725,13 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             if key not in inputs:
                 add((f"deduplicate.key[{j}]", f"unknown column {key!r}; the source has {sorted(inputs)}"))
 
+    if spec.transform is not None and not spec.has_ingestion:
+        add(("transform", f"a {spec.transform.label} transform runs in the ingestion, which a stream whose outputs "
+                          "all run continuously does not have"))
+    # the columns of the accepted rows, if the spec alone says them (a transform's only Spark knows:
+    # spark_jobs.check then checks the outputs' columns)
+    known = spec.transform is None
+
     seen_names: set[str] = set()
     for i, out in enumerate(spec.outputs):
         where = f"outputs[{i}]"
@@ -634,7 +742,7 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
         trigger = spec.trigger_for(out)
 
         if isinstance(q, Passthrough):
-            for j, c in enumerate(q.columns or []):
+            for j, c in enumerate(q.columns or [] if known else []):
                 if c not in enriched:
                     add((f"{where}.query.columns[{j}]", f"unknown column {c!r}; available: {sorted(enriched)}"))
             if out.mode != "append":
@@ -645,11 +753,13 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
                                        "all run continuously does not keep"))
         else:
             for j, key in enumerate(q.group_by):
-                if key not in enriched:
+                if known and key not in enriched:
                     add((f"{where}.query.group_by[{j}]", f"unknown column {key!r}; available: {sorted(enriched)}"))
             agg_names: set[str] = set()
             for j, agg in enumerate(q.aggregates):
-                if agg.column is not None and agg.column not in enriched:
+                if not known:
+                    pass
+                elif agg.column is not None and agg.column not in enriched:
                     add((f"{where}.query.aggregates[{j}].column", f"unknown column {agg.column!r}; available: {sorted(enriched)}"))
                 elif agg.fn in ("sum", "avg") and agg.column is not None and enriched[agg.column] not in NUMERIC_TYPES:
                     add((f"{where}.query.aggregates[{j}].fn", f"{agg.fn} needs a numeric column, {agg.column!r} is {enriched[agg.column]}"))
@@ -709,6 +819,8 @@ def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
     is written there, and a stream whose checkpoint still holds it does not start
     (``spark_jobs.pipeline``)."""
     paths = {o.name: o.checkpoint or f"{spec.checkpoint.rstrip('/')}/{o.name}" for o in spec.outputs}
+    if spec.application is not None:
+        paths |= {q: f"{spec.checkpoint.rstrip('/')}/{q}" for q in spec.application.queries}
     if spec.has_ingestion:
         paths[INGEST_QUERY] = f"{spec.checkpoint.rstrip('/')}/{INGEST_QUERY}"
     return paths
@@ -934,6 +1046,12 @@ class Layout:
 
     def checkpoint(self, query: str) -> str:
         return self.data(checkpoint_paths(self.spec)[query])
+
+    @property
+    def application_file(self) -> str:
+        """An application stream's main file, resolved against ``include/``."""
+        assert self.spec.application is not None
+        return str((self.spec_dir.parent / self.spec.application.path).resolve())
 
     @property
     def accepted(self) -> str:

@@ -19,22 +19,26 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
-from spark_jobs.checkpoint import last_batch
+from spark_jobs.driver import (
+    EXIT_BAD_SPEC,
+    EXIT_FAILED,
+    EXIT_LEASE_HELD,
+    EXIT_OK,
+    GRACE_SECONDS,
+    first_line,
+    prepare_to_stop,
+    supervise_queries,
+)
 from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger, load_spec
 
 log = logging.getLogger("stream_job")
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_LEASE_HELD = 0, 1, 2, 3
-POLL_SECONDS = 0.5
-GRACE_SECONDS = 120.0
+__all__ = ["EXIT_BAD_SPEC", "EXIT_FAILED", "EXIT_LEASE_HELD", "EXIT_OK", "main", "run"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,30 +52,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
                    help="how long a graceful stop waits for a running batch to finish")
     return p.parse_args(argv)
-
-
-def _stop_between_batches(queries: dict, layout: Layout, grace_seconds: float) -> None:
-    """Stop each query while no micro-batch is running; after the grace period, stop anyway.
-
-    Spark has no graceful stop of its own: ``query.stop()`` interrupts a running batch.
-    So each query is stopped in a moment between two triggers. A batch that must be
-    interrupted (the grace period ran out) is not lost: its offsets are logged and it is
-    replayed from the checkpoint on restart, with the same exactly-once result.
-    """
-    started = time.monotonic()
-    deadline = started + grace_seconds
-    for name, q in queries.items():
-        while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        interrupted = q.isActive and q.status.get("isTriggerActive")
-        q.stop()
-        checkpoint = layout.checkpoint(name)
-        planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
-        if not interrupted:
-            log.info("query %s stopped between batches (last committed batch %s)", name, committed)
-        else:
-            log.warning("query %s stopped during batch %s after %.0fs of waiting; the batch will be replayed "
-                        "on restart", name, planned, time.monotonic() - started)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,19 +79,11 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     from spark_jobs.progress import make_listener
     from spark_jobs.session import build_session
 
-    marker = layout.stop_marker
-    if marker.exists():
-        log.warning("removing a stop marker left from an earlier run: %s", marker)
-        marker.unlink(missing_ok=True)
-    stop_requested = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s: stopping gracefully", signal.Signals(signum).name)
-        stop_requested.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
+    if spec.application is not None:
+        log.error("%s: stream %s is an application; the supervisor runs %s itself", args.spec, spec.name,
+                  layout.application_file)
+        return EXIT_BAD_SPEC
+    stop_requested = prepare_to_stop(layout)
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file)
     trigger = None
@@ -129,7 +101,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
     code, cause = EXIT_OK, ""
     try:
         try:
-            check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
+            transformed = check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
         except SpecError as exc:
             log.error("%s", exc)
             # a restart would fail alike: the supervisor stops on this event instead
@@ -137,7 +109,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
             code = EXIT_BAD_SPEC
             return code
         try:
-            plan = pipeline.compile_for_start(spec, layout)
+            plan = pipeline.compile_for_start(spec, layout, transformed)
         except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
             code = _start_failed(spec, layout, events, exc)
             return code
@@ -149,7 +121,8 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
-            code, cause, stopped = _supervise(spec, layout, args, queries, marker, stop_requested, events)
+            code, cause, stopped = supervise_queries(spec, layout, queries, stop_requested, events,
+                                                     args.grace_seconds)
             if code != EXIT_OK or stopped:
                 break
     finally:
@@ -161,48 +134,13 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
 
 
 def _start_failed(spec, layout: Layout, events: EventLog, exc: Exception) -> int:  # noqa: ANN001
-    log.error("stream %s could not start: %s", spec.name, _first_line(exc))
+    log.error("stream %s could not start: %s", spec.name, first_line(exc))
     if layout.checkpoint_root in str(exc):
         log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "
                   "move it aside together with the stream's file sinks to reprocess from scratch.",
                   layout.checkpoint_root)
     events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
     return EXIT_FAILED
-
-
-def _supervise(spec, layout: Layout, args: argparse.Namespace, queries: dict, marker: Path,  # noqa: ANN001
-               stop_requested: threading.Event, events: EventLog) -> tuple[int, str, bool]:
-    """Wait until the queries finish, one fails, or a stop is asked for: (exit code, cause, stopped)."""
-    code, cause, stopped = EXIT_OK, "", False
-    try:
-        while True:
-            failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
-            if failed:
-                for name, exc in failed:
-                    log.error("query %s failed: %s", name, _first_line(exc))
-                    events.write({"event": "driver_failed", "stream": spec.name, "query": name, "error": str(exc)[:2000]})
-                code, cause = EXIT_FAILED, "; ".join(f"query {n}: {_first_line(e)}" for n, e in failed)
-                break
-            if all(not q.isActive for q in queries.values()):
-                log.info("queries %s of %s finished", sorted(queries), spec.name)
-                break
-            if stop_requested.is_set() or marker.exists():
-                log.info("stop requested for %s: stopping queries between batches", spec.name)
-                _stop_between_batches(queries, layout, args.grace_seconds)
-                marker.unlink(missing_ok=True)
-                stopped = True
-                break
-            stop_requested.wait(POLL_SECONDS)
-    finally:
-        for q in queries.values():
-            if q.isActive:
-                q.stop()
-    return code, cause, stopped
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "desc", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Python queries: a function ``package.module:function`` from ``include/transforms/``.
+"""Code the user writes: a SQL query over a view, or a Python function
+``package.module:function`` from ``include/transforms/`` (:func:`run`).
 
 The folder is zipped and handed to ``SparkContext.addPyFile``, Spark's way of shipping
 Python code with a job: the driver imports the module from the zip, and Spark's Python
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from pyspark.sql import DataFrame, SparkSession
 
@@ -72,3 +73,25 @@ def apply(spark: SparkSession, folder: str, ref: str, accepted: DataFrame) -> Da
     if not isinstance(result, DataFrame):
         raise UserCodeError(f"{ref} returned {type(result).__name__}, not a DataFrame")
     return result
+
+
+def run(frame: DataFrame, view: str, sql: str | None, python: str | None, references: Mapping[str, DataFrame],
+        transforms_dir: str | None) -> DataFrame:
+    """``sql`` over the view ``view`` (``frame``) and the reference data by name, or the
+    function ``python`` of ``frame`` (the views registered as well).
+
+    A view lives in the session of the DataFrame it names, and the query runs in
+    ``frame``'s: the references must be of that session too (a micro-batch has a session
+    of its stream's own). Spark resolves the views when the query is analyzed, which
+    ``spark.sql`` and the DataFrame API do at once: views of the same names made later
+    (another output's, the next batch's) do not change it."""
+    spark = frame.sparkSession
+    for name, reference in references.items():
+        reference.createOrReplaceTempView(name)
+    frame.createOrReplaceTempView(view)
+    if sql is not None:
+        return spark.sql(sql)
+    assert python is not None
+    if transforms_dir is None:
+        raise UserCodeError(f"{python}: no folder of Python code is known")
+    return apply(spark, transforms_dir, python, frame)

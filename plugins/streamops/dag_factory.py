@@ -13,6 +13,9 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 * ``stream_<name>_quality``: validate every unit of the sinks closed since the last run with
   Great Expectations, and the accounting of every input row; on the rules' ``schedule``.
 
+A stream that is an application of the user's own (``application:`` in its spec) gets the
+first three: it is deployed, supervised, stopped and restarted like the others.
+
 An invalid spec (or quality rules file) raises :class:`~spark_jobs.spec.SpecError` here, so the DAG file shows an
 import error naming the spec file and field, and nothing is deployed from it.
 """
@@ -48,8 +51,10 @@ def _doc(spec: StreamSpec, what: str) -> str:
     outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.type}"
                         f"{' (the accepted rows, written by the ingestion)' if o.name == served else ''} |"
                         for o in spec.outputs)
-    return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n"
-            f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}\n\n"
+    app = spec.application
+    table = (f"Application `{app.path}` {' '.join(app.args)}, queries {', '.join(f'`{q}`' for q in app.queries)}"
+             if app is not None else f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}")
+    return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n{table}\n\n"
             f"Owner: {spec.owner}. Stall window: {spec.supervision.stall_window}; restarts: at most "
             f"{spec.supervision.restart.max_attempts} failures within {spec.supervision.restart.period_minutes:g} "
             f"minutes (reset by a stable run), backoff from "
@@ -75,7 +80,7 @@ def _default_args(spec: StreamSpec) -> dict[str, Any]:
 def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | None = None) -> dict[str, DAG]:
     spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
     spec = load_spec(spec_dir / f"{name}.yaml")
-    rules = load_rules(spec, spec_dir)
+    load_rules(spec, spec_dir)  # an invalid rules file is the DAG file's import error too
     paths = {"spec_dir": str(spec_dir), "data_root": data_root}
     tags = ["stream", spec.name]
     dags: dict[str, DAG] = {}
@@ -120,7 +125,15 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         stop >> resume >> start >> running
         downtime(stop.output, running.output)
     dags[restart_dag.dag_id] = restart_dag
+    if spec.application is None:  # an application's own queries: nothing of the platform's to backfill or validate
+        dags |= _data_dags(spec, spec_dir, paths, tags)
+    return dags
 
+
+def _data_dags(spec: StreamSpec, spec_dir: Path, paths: dict[str, Any], tags: list[str]) -> dict[str, DAG]:
+    """The backfill and quality DAGs of a stream the platform runs from a source and outputs."""
+    rules = load_rules(spec, spec_dir)
+    dags: dict[str, DAG] = {}
     range_params = {
         "start": Param(None, type=["null", "string"], format="date-time",
                        description="event-time range start (inclusive); empty: the run's data interval"),

@@ -195,6 +195,12 @@ ACTIONS = {
     "backfill": ("backfill", "recompute an event-time range from the accepted rows, then validate it"),
     "validate": ("quality", "validate the units closed since the last validation"),
 }
+#: The actions of a stream that is an application of the user's own: its DAGs (dag_factory)
+APPLICATION_ACTIONS = ("start", "stop", "restart")
+
+
+def _actions(spec: StreamSpec) -> dict[str, tuple[str, str]]:
+    return {a: v for a, v in ACTIONS.items() if spec.application is None or a in APPLICATION_ACTIONS}
 
 
 @app.get("/{stream}/", response_class=HTMLResponse)
@@ -203,7 +209,7 @@ def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
     s = stream_status(spec)
     note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
     forms = []
-    for action, (role, what) in ACTIONS.items():
+    for action, (role, what) in _actions(spec).items():
         fields = ""
         if action == "stop":
             fields = "<select name='mode'><option>graceful</option><option>immediate</option></select> "
@@ -224,8 +230,8 @@ def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()
         start: Annotated[str | None, Form()] = None, end: Annotated[str | None, Form()] = None) -> RedirectResponse:
     """Trigger the DAG behind an action with its params; bad params get 400 and trigger nothing."""
     spec = _spec(stream, user)
-    if action not in ACTIONS:
-        raise HTTPException(404, f"no action {action!r}; actions: {sorted(ACTIONS)}")
+    if action not in _actions(spec):
+        raise HTTPException(404, f"no action {action!r}; actions: {sorted(_actions(spec))}")
     dag = dag_id(spec.name, ACTIONS[action][0])
     if not _allowed(user, dag, run=True):
         raise HTTPException(403, f"no permission to run {dag}")

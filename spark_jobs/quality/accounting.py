@@ -4,6 +4,16 @@ The stream, from its ingestion (spark_jobs.ingest)::
 
     input = accepted + quarantined + duplicates + dropped late + unmatched
 
+and with a transform (``transform: {sql|python}``), whose result is what the stream
+accepts, per stage::
+
+    input = rows into the transform + quarantined + duplicates + dropped late + unmatched
+    rows into the transform -> accepted rows (its result)
+
+where a transform that gives at most one row per row it reads has its difference counted
+as ``filtered`` (so ``input = accepted + filtered + ...``); one that can multiply rows
+(explode, a join) is accounted by its rows in and out.
+
 ``input``, ``duplicates`` and rows dropped late by the deduplication come from the
 ingestion's progress events (``numInputRows``, the deduplication's dropped rows,
 ``numRowsDroppedByWatermark``); its own ``ingested`` event of the same batch says how
@@ -56,6 +66,8 @@ class Totals:
     accepted: int = 0
     quarantined: int = 0
     unmatched: int = 0
+    transform_in: int | None = None  # with a transform: the rows that went into it
+    filtered: int | None = None  # ...and those it gave nothing back for, if it cannot multiply rows
     missing_batches: list[int] = field(default_factory=list)
     waiting_for: int | None = None  # a committed batch whose progress event is not written yet
 
@@ -110,6 +122,10 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
             out.accepted += int(i.get("accepted") or 0)
             out.quarantined += int(i.get("quarantined") or 0)
             out.unmatched += int(i.get("unmatched") or 0)
+            if "transform_in" in i:
+                out.transform_in = (out.transform_in or 0) + int(i["transform_in"] or 0)
+            if "filtered" in i:
+                out.filtered = (out.filtered or 0) + int(i["filtered"] or 0)
     return out
 
 
@@ -137,19 +153,28 @@ class Balance:
     dropped_late: int = 0
     batches: int = 0
     unmatched: int = 0
+    transform_in: int | None = None  # the stream's: rows into its transform (its result is ``accepted``)
+    filtered: int | None = None  # ...those it gave nothing back for, if it gives at most one row per row
 
     @property
     def difference(self) -> int | None:
         if self.accepted is None:
             return None
-        return self.input - (self.accepted + self.quarantined + self.duplicates + self.dropped_late + self.unmatched)
+        kept = self.accepted if self.transform_in is None else self.transform_in
+        return self.input - (kept + self.quarantined + self.duplicates + self.dropped_late + self.unmatched)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference": self.difference}
 
     def describe(self) -> str:
         accepted = "?" if self.accepted is None else self.accepted
-        return (f"{self.output}: {self.status}: {self.input} in = {accepted} accepted + {self.quarantined} quarantined "
+        if self.transform_in is not None and self.filtered is not None:
+            accepted = f"{accepted} accepted + {self.filtered} filtered by the transform"
+        elif self.transform_in is not None:
+            accepted = f"{self.transform_in} into the transform (which gave {accepted} accepted rows)"
+        else:
+            accepted = f"{accepted} accepted"
+        return (f"{self.output}: {self.status}: {self.input} in = {accepted} + {self.quarantined} quarantined "
                 f"+ {self.duplicates} duplicates + {self.dropped_late} dropped late"
                 + (f" + {self.unmatched} unmatched" if self.unmatched else "")
                 + (f" ({self.message})" if self.message else ""))
@@ -188,7 +213,7 @@ def ingestion_balance(totals: Totals, accepted: int, accepted_batch: int | None,
     """The stream's balance at the ingestion's last committed batch: its input against the
     rows its two tables hold (each read back at ``*_batch``) and the rows it dropped."""
     b = Balance(INGESTION, BALANCED, "", totals.input, accepted, quarantined, totals.duplicates, totals.dropped_late,
-                totals.through_batch + 1, totals.unmatched)
+                totals.through_batch + 1, totals.unmatched, totals.transform_in, totals.filtered)
     b = _pending_or_incomplete(b, totals, {"accepted-rows table": accepted_batch, "quarantine": quarantine_batch})
     if b.status == BALANCED and (accepted, quarantined) != (totals.accepted, totals.quarantined):
         b.status = UNBALANCED

@@ -193,7 +193,8 @@ def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[s
                            "not validated (a table sink is)")
         elif isinstance(q, Aggregation) and q.window is not None:
             found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
-        elif isinstance(q, Passthrough) and spec.event_time and spec.event_time.column in spec.result_columns(output):
+        elif (isinstance(q, Passthrough) and spec.event_time  # every column (None) holds the event time
+              and (q.columns is None or spec.event_time.column in q.columns)):
             unit = duration_seconds(r.unit or "1 hour")
             found.append(Target(output, "period", spec.event_time.column, unit, freshness, *checks))
         else:

@@ -35,13 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch, watermark_seen_by
-from spark_jobs.plan import compile_plan, ddl
+from spark_jobs.plan import compile_plan
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.spec import (
-    CODE_QUERIES,
     INGEST_QUERY,
     Layout,
     Output,
@@ -89,8 +88,9 @@ def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, outpu
     """The schema the output's query produces, from its plan over no rows."""
     from pyspark.sql import types as T
 
-    plan = compile_plan(spec, layout)
-    empty = spark.createDataFrame([], ddl(spec.enriched_columns()))
+    plan = pipeline.resolve_plan(spark, spec, layout)
+    assert plan.ingestion is not None
+    empty = spark.createDataFrame([], plan.ingestion.accepted_ddl)
     frame = pipeline.output_frame(empty, plan, plan.output(output.name))
     return T.StructType(frame.schema.fields)
 
@@ -122,7 +122,7 @@ class Validator:
         made = []
         platform = {"source": "platform (from the stream spec)"}
         checks = [(n, kw, platform, None) for n, kw in target.derived]
-        if isinstance(target.output.query, CODE_QUERIES):  # its columns are those of Spark's schema of the query
+        if self.spec.result_columns(target.output) is None:  # its columns are those of Spark's schema of the query
             checks.append(("expect_table_columns_to_match_set",
                            {"column_set": [f.name for f in schema.fields], "exact_match": True}, platform, None))
         checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},

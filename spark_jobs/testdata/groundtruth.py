@@ -407,9 +407,10 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         counts["accepted"] += 1
         accepted.extend((file_no, r, bounds, rec.get("kind") == LATE_EDGE) for r in rows)
 
-    # a SQL or Python query's result is Spark's to compute; the ground truth models the spec's own query types
+    # a SQL or Python query's result, or a transform's, is Spark's to compute; the ground truth
+    # models the spec's own query types over the accepted rows (verify.agreement checks the rest)
     outputs = {o.name: _output(spec, o, accepted, types, event_col, final_watermark) for o in spec.outputs
-               if not isinstance(o.query, CODE_QUERIES)}
+               if not isinstance(o.query, CODE_QUERIES) and spec.transform is None}
     return {
         "stream": spec.name,
         "files": files if files is not None else max((r.get("file", 0) for r in records), default=0),

@@ -403,8 +403,7 @@ def decide_edges(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest
     left any undecided; else the manifest itself."""
     if not manifest["counts"].get("undecided"):
         return manifest
-    from spark_jobs import ingest
-    from spark_jobs.plan import compile_plan
+    from spark_jobs import ingest, pipeline
 
     assert spec.deduplicate is not None  # the generator makes late_edge records only for such streams
     records = gt.read_ledger(manifest["generator"]["ledger"])
@@ -414,7 +413,7 @@ def decide_edges(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest
         return tuple(gt.convert(normalize(v), types[c]) for c, v in zip(key, values, strict=True))
 
     edges = [internal([r["event"].get(c) for c in key]) for r in records if r.get("kind") == gt.LATE_EDGE]
-    plan = compile_plan(spec, layout)
+    plan = pipeline.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
     accepted = {internal(list(row)) for row in ingest.accepted_batch(spark, plan.ingestion).select(*key).collect()}
     result = gt.expected(spec, records, layout, files=manifest.get("files"), settings=manifest.get("settings"),
@@ -435,10 +434,9 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
     that are not ok say which rows differ."""
     from spark_jobs import ingest, pipeline
     from spark_jobs.checkpoint import batch_watermark_ms, last_batch
-    from spark_jobs.plan import compile_plan
     from spark_jobs.spec import WINDOW_END, Aggregation
 
-    plan = compile_plan(spec, layout)
+    plan = pipeline.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
     accepted = ingest.accepted_batch(spark, plan.ingestion)
     reports = []

@@ -117,6 +117,24 @@ def test_broken_quality_rules_are_an_import_error_naming_the_rules_file(tmp_path
     assert "stream_clicks_quality" in bag.dags
 
 
+def test_an_application_gets_the_dags_that_run_stop_and_restart_it(tmp_path: Path, monkeypatch) -> None:
+    specs, dags = tmp_path / "streams", tmp_path / "dags"
+    specs.mkdir()
+    dags.mkdir()
+    (specs / "rate_counts.yaml").write_text(
+        "name: rate_counts\napplication: {path: applications/rate_counts.py, args: [--output, sinks/r], "
+        "queries: [counts]}\ncheckpoint: checkpoints/rate_counts\nspark: {shuffle_partitions: 2}\n")
+    (dags / "stream_rate_counts.py").write_text((DAGS / "stream_sensors.py").read_text().replace("sensors", "rate_counts"))
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(dags)
+    assert not bag.import_errors
+    assert sorted(bag.dags) == ["stream_rate_counts", "stream_rate_counts_restart", "stream_rate_counts_stop"]
+    supervise = bag.dags["stream_rate_counts"].get_task("supervise")
+    assert supervise.conf["spark.sql.shuffle.partitions"] == "2"
+    assert "Application `applications/rate_counts.py` --output sinks/r, queries `counts`" in bag.dags[
+        "stream_rate_counts"].doc_md
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""

@@ -7,6 +7,7 @@ platform's). Every example spec passes.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -111,6 +112,45 @@ def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, 
     layout = Layout(load_spec(path), tmp_path, CORPUS)
     assert not layout.plan_file.exists() and not Path(layout.checkpoint_root, "_ingest").exists()
     assert spark.streams.active == []
+
+
+def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from spark_jobs import stream_job
+    from spark_jobs.ingest import accepted_batch
+    from spark_jobs.spec import Layout
+
+    readings = {"name": "readings", "mode": "append", "query": {"type": "passthrough"},
+                "sink": {"type": "parquet", "path": "sinks/sensors/readings", "partition_by": ["event_date"]}}
+    hot = {"name": "hot_sites", "mode": "complete", "sink": {"type": "table", "table": "hot_sites"},
+           "query": {"type": "aggregate", "group_by": ["region"], "aggregates": [{"name": "n", "fn": "count"}]}}
+    path = sql_spec(tmp_path, [readings, hot])
+    spec_data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec_data["transform"] = {"sql": "SELECT event_id, ts, upper(site) AS region, temperature FROM input "
+                                     "WHERE temperature > 30"}
+    path.write_text(yaml.safe_dump(spec_data), encoding="utf-8")
+    shutil.copytree(EXAMPLES[0].parent.parent / "reference", tmp_path / "include" / "reference")
+    layout = Layout(load_spec(path), tmp_path / "data", path.parent)
+    Path(layout.landing).mkdir(parents=True)
+    Path(layout.landing, "part-0.json").write_text("".join(
+        f'{{"event_id": "e{i}", "device_id": "dev-00{i % 2}", "ts": "2026-01-01T00:0{i}:00Z", "temperature": {25 + 2 * i}}}\n'
+        for i in range(6)), encoding="utf-8")
+    monkeypatch.setattr("spark_jobs.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    code = stream_job.main(["--spec", str(path), "--data-root", str(tmp_path / "data"), "--trigger", "available-now"])
+    assert code == stream_job.EXIT_OK
+    ingestion = json.loads(layout.plan_file.read_text(encoding="utf-8"))["ingestion"]
+    assert ingestion["accepted_columns"] == {"event_id": "string", "ts": "timestamp", "region": "string",
+                                             "temperature": "double", "event_date": "date"}
+    assert ingestion["transform_multiplies"] is False
+    assert layout.accepted.endswith("sinks/sensors/readings")  # the pass-through is served: every column
+    rows = accepted_batch(spark, _plan_ingestion(spark, path, layout)).collect()
+    assert sorted((r["event_id"], r["region"]) for r in rows) == [("e3", "SOUTH"), ("e4", "NORTH"), ("e5", "SOUTH")]
+
+
+def _plan_ingestion(spark, path: Path, layout):  # noqa: ANN001, ANN202
+    from spark_jobs.pipeline import resolve_plan
+
+    return resolve_plan(spark, load_spec(path), layout).ingestion
 
 
 def only_problem(spark, path: Path) -> tuple[str, str] | None:  # noqa: ANN001

@@ -184,12 +184,19 @@ def test_sql_queries_explode_rows_and_join_reference_data_by_name(spark, tmp_pat
     assert {r["event_id"]: r["site"] for r in result.rows("hot")}["a2"] == "SOUTH"  # dev-001 is in the south
 
 
-def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_views(spark, tmp_path: Path) -> None:
+def include_with_package(tmp_path: Path, prefix: str) -> tuple[Path, Path]:
+    """An include/ folder with the reference data and an empty package of Python code under
+    transforms/, named apart from every other test's (modules are imported once per process)."""
     include = tmp_path / "include"
     shutil.copytree(default_spec_dir().parent / "reference", include / "reference")
-    package = include / "transforms" / f"labels_{tmp_path.name.replace('-', '_')}"
+    package = include / "transforms" / f"{prefix}_{tmp_path.name.replace('-', '_')}"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
+    return include, package
+
+
+def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_views(spark, tmp_path: Path) -> None:
+    include, package = include_with_package(tmp_path, "labels")
     # a Python UDF runs in Spark's Python workers
     (package / "hot.py").write_text(textwrap.dedent("""
         from pyspark.sql import functions as F
@@ -209,6 +216,57 @@ def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_vi
     result = run(spark, tmp_path, spec, files, spec_dir=include / "streams")
     assert sorted((r["event_id"], r["device_site"], r["label"]) for r in result.rows("labels")) == [
         ("a1", "south", "ok"), ("a2", "south", "hot"), ("b1", "east", "hot")]
+
+
+def ingested(spark, tmp_path: Path, spec_data: dict, files: list[list[str]], spec_dir: Path | None = None,  # noqa: ANN001
+             ) -> tuple[Run, list[dict]]:
+    """Process the files (available-now): the run and the ingestion's ``ingested`` events."""
+    spec = parse_spec(spec_data)
+    layout = Layout(spec, tmp_path / "data", spec_dir or default_spec_dir())
+    Path(layout.landing).mkdir(parents=True)
+    for lines in files:
+        land(Path(layout.landing), spec.source.format, lines)
+    events: list[dict] = []
+    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    return Run(spark, spec, {n: q.recentProgress for n, q in queries.items()}), events
+
+
+def test_a_sql_transform_filters_and_derives_what_the_stream_accepts_and_counts_the_rest(spark, tmp_path: Path) -> None:
+    spec = make_spec([
+        {"name": "rows", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}},
+        {"name": "per_site", "mode": "complete", "sink": {"type": "memory"}, "query": {
+            "type": "aggregate", "group_by": ["site"], "aggregates": [{"name": "hottest", "fn": "max", "column": "fahrenheit"}]}},
+    ])
+    spec["transform"] = {"sql": "SELECT event_id, ts, upper(site) AS site, round(temperature * 9 / 5 + 32, 1) AS fahrenheit "
+                                "FROM input WHERE temperature < 30"}
+    files = [[reading("a1", 1), reading("a2", 2, temperature=25.5), reading("a2", 2, temperature=25.5)],
+             [reading("b1", 3, "dev-002", 30.0), '{"broken']]
+    result, events = ingested(spark, tmp_path, spec, files)
+    assert sorted((r["event_id"], r["site"], r["fahrenheit"]) for r in result.rows("rows")) == [
+        ("a1", "SOUTH", 68.0), ("a2", "SOUTH", 77.9)]
+    assert {r["site"]: r["hottest"] for r in result.rows("per_site")} == {"SOUTH": 77.9}
+    # input = accepted + filtered + quarantined + duplicates: 5 = 2 + 1 + 1 + 1
+    totals = {k: sum(e.get(k, 0) for e in events) for k in ("rows", "transform_in", "accepted", "filtered", "quarantined")}
+    assert totals == {"rows": 4, "transform_in": 3, "accepted": 2, "filtered": 1, "quarantined": 1}
+    assert result.total("_ingest", "input_rows") == 5
+
+
+def test_a_python_transform_that_explodes_rows_is_accounted_as_rows_in_and_out(spark, tmp_path: Path) -> None:
+    include, package = include_with_package(tmp_path, "split")
+    (package / "parts.py").write_text(textwrap.dedent("""
+        from pyspark.sql import functions as F
+
+        def device_parts(rows):
+            return rows.select("event_id", "ts", F.explode(F.split("device_id", "-")).alias("part"))
+        """))
+    spec = make_spec([{"name": "parts", "mode": "append", "sink": {"type": "memory"}, "query": {"type": "passthrough"}}])
+    spec["transform"] = {"python": f"{package.name}.parts:device_parts"}
+    result, events = ingested(spark, tmp_path, spec, [[reading("a1", 1), reading("b1", 3, "dev-002")]],
+                              spec_dir=include / "streams")
+    assert sorted((r["event_id"], r["part"]) for r in result.rows("parts")) == [
+        ("a1", "001"), ("a1", "dev"), ("b1", "002"), ("b1", "dev")]
+    assert [(e["transform_in"], e["accepted"]) for e in events if e["rows"]] == [(2, 4)]
+    assert all("filtered" not in e for e in events)  # rows in and out, not a filter
 
 
 def test_the_structured_streaming_guides_word_count_over_a_local_socket(spark, tmp_path: Path) -> None:

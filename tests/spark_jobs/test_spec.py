@@ -277,3 +277,36 @@ def test_layout_resolves_paths(tmp_path: Path, sensors: dict) -> None:
     # readings is served by the ingestion: its sink is the accepted-rows table
     assert layout.accepted == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
     assert layout.table_url(spec.outputs[2].sink).startswith("sqlite:////")
+
+
+def test_a_transform_is_sql_or_python_and_defers_the_outputs_columns_to_spark(sensors: dict) -> None:
+    sensors["transform"] = {"sql": "SELECT *, temperature * 2 AS doubled FROM input"}
+    sensors["outputs"][1]["query"]["aggregates"][0]["column"] = "doubled"  # a column only the transform makes
+    spec = parse_spec(sensors)
+    assert spec.transform.type == "sql" and spec.result_columns(spec.outputs[0]) is None
+    for bad, fragment in [({}, "set exactly one of sql, python"), ({"sql": "x", "python": "a.b:c"}, "exactly one"),
+                          ({"sql": "  "}, "the query is empty"), ({"python": "not a ref"}, "is not a function reference")]:
+        sensors["transform"] = bad
+        assert any(f == "transform" and fragment in m for f, m in problems(sensors)), bad
+    sensors["transform"] = {"sql": "SELECT * FROM input"}
+    sensors["enrich"][0]["name"] = "input"
+    assert_problem(sensors, "enrich[0].name", "is the view of the rows a stream's SQL transform reads")
+
+
+def test_an_application_stream_declares_its_file_and_queries_instead_of_a_source_and_outputs(sensors: dict) -> None:
+    app = {"name": "x", "checkpoint": "checkpoints/x",
+           "application": {"path": "applications/rate_counts.py", "args": ["--output", "sinks/x"], "queries": ["counts"]}}
+    spec = parse_spec(app)
+    assert spec.query_names() == ["counts"] and not spec.has_ingestion and spec.served_output is None
+    assert checkpoint_paths(spec) == {"counts": "checkpoints/x/counts"}
+    assert Layout(spec, "/d", "/i/streams").application_file == "/i/applications/rate_counts.py"
+    mixed = {**app, "source": sensors["source"], "outputs": sensors["outputs"]}
+    assert any("remove source, outputs" in m for _, m in problems(mixed))
+    neither = {"name": "x", "checkpoint": "checkpoints/x"}
+    assert any("a source and outputs, or an application; source and outputs missing" in m for _, m in problems(neither))
+    for bad, fragment in [({"path": "app.jar", "queries": ["q"]}, "is not a Python file"),
+                          ({"path": "../app.py", "queries": ["q"]}, "must not contain '..'"),
+                          ({"path": "app.py", "queries": ["q", "q"]}, "a query is named twice"),
+                          ({"path": "app.py", "queries": []}, "at least 1"),
+                          ({"path": "app.py", "queries": ["Bad-Name"]}, "is not a safe query name")]:
+        assert any(fragment in m for _, m in problems({**app, "application": bad})), bad

@@ -145,6 +145,14 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         budget = RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart)
         _hold_marker(hook).unlink(missing_ok=True)
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        app = hook.spec.application
+        if app is not None:  # the application itself, told where its spec is (spark_jobs.driver)
+            from spark_jobs.driver import APP_SPEC_ENV
+
+            self.application, self.application_args = hook.layout.application_file, list(app.args)
+            self.env_vars[APP_SPEC_ENV] = str(hook.layout.spec_dir / f"{self.stream}.yaml")
+            if self.data_root:
+                self.env_vars["STREAMS_DATA_DIR"] = str(self.data_root)
         runs = 0
         while True:
             health = hook.health()

@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.lease import holder_alive
 from spark_jobs.spec import default_spec_dir
+from streamops.health import Status
 from streamops.hooks.stream import StreamHook
 from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator, killed_task_cleanup_seconds
 
@@ -346,3 +347,57 @@ def test_a_spec_only_spark_finds_invalid_fails_the_supervisor_at_once_instead_of
     assert f"{specs / 'sensors.yaml'}: outputs[0].query.sql: [UNRESOLVED_COLUMN.WITH_SUGGESTION]" in message
     runs = json.loads((hook(data_root).layout.lease_dir / "runs.json").read_text())
     assert [(r["exit_code"], r["reason"]) for r in runs] == [(1, "invalid spec")]  # one run, no restart
+
+
+def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_stopped_between_batches(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
+    specs = tmp_path / "include" / "streams"
+    specs.mkdir(parents=True)
+    shutil.copytree(default_spec_dir().parent / "applications", tmp_path / "include" / "applications")
+    (specs / "rate_counts.yaml").write_text(
+        "name: rate_counts\n"
+        "application:\n  path: applications/rate_counts.py\n"
+        "  args: [--output, sinks/rate_counts, --rows-per-second, '20']\n  queries: [counts]\n"
+        "checkpoint: checkpoints/rate_counts\n"
+        "supervision: {restart: {backoff_initial_seconds: 1, backoff_max_seconds: 2}}\n")
+    data_root = tmp_path / "data"
+    app = StreamHook("rate_counts", str(specs), str(data_root))
+    op = StreamSupervisorOperator(task_id="supervise", stream="rate_counts", spec_dir=str(specs),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
+                                  grace_seconds=30, conf={"spark.sql.shuffle.partitions": "2"})  # as its DAG passes
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(op.execute({})))
+    thread.start()
+    counts = Path(app.layout.checkpoint("counts"))
+
+    def commits() -> int:
+        return len(list((counts / "commits").glob("[0-9]*")))
+
+    def wait(condition, what: str, timeout: float = 180) -> None:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert thread.is_alive() and time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    try:
+        wait(lambda: commits() >= 2 and app.driver_pid() is not None, "the application's query to commit")
+        first = app.driver_pid()
+        assert app.health().status in (Status.HEALTHY, Status.IDLE)
+        os.kill(first, 9)  # a crash: the supervisor starts it again, from its checkpoint
+        before = commits()
+        wait(lambda: app.driver_pid() not in (None, first) and commits() > before, "a restarted application")
+        StopStreamOperator(task_id="stop", stream="rate_counts", spec_dir=str(specs), data_root=str(data_root)).execute({})
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        if thread.is_alive():
+            app.kill_driver()
+            thread.join(60)
+    events = [json.loads(line) for line in app.layout.events_file.read_text().splitlines()]
+    assert any(e["event"] == "progress" and e["query"] == "counts" for e in events)
+    assert [e["exit_code"] for e in events if e["event"] == "driver_stopped"][-1] == 0  # stopped between batches
+    runs = json.loads(app.layout.runs_file.read_text())
+    assert len(runs) == 2 and runs[0]["exit_code"] not in (0, None)  # the crash, then the run stopped on request
+    assert list((data_root / "sinks" / "rate_counts").glob("*.parquet"))

@@ -10,12 +10,38 @@ import pytest
 
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.plan import compile_plan
 from spark_jobs.progress import EventLog, make_listener, read_events
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
 from spark_jobs.testdata import generate
 
 INCLUDE = default_spec_dir().parent
+
+
+def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
+    """Process what waits (available-now), writing progress and ingestion events as the job does."""
+    names = pipeline.resolve_plan(spark, spec, layout).spark_query_names
+    events = EventLog(layout.events_file)
+    listener = make_listener(events, spec.name, names)
+    spark.streams.addListener(listener)
+    try:
+        pipeline.run_available_now(spark, spec, layout, on_batch=events.write)
+
+        def events_written() -> bool:  # the listener bus delivers events asynchronously
+            seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
+            return all((name, last_batch(layout.checkpoint(name), "commits")) in seen for name in spec.query_names())
+
+        deadline = time.monotonic() + 60
+        while not events_written():
+            assert time.monotonic() < deadline, "progress events of the last batches were not written"
+            time.sleep(0.1)
+    finally:
+        spark.streams.removeListener(listener)
+
+
+@pytest.fixture
+def job_run(spark):  # noqa: ANN001, ANN201
+    """:func:`run_as_the_job` with the shared session."""
+    return lambda spec, layout: run_as_the_job(spark, spec, layout)
 
 
 @pytest.fixture(scope="session")
@@ -32,23 +58,7 @@ def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
                           "--events-per-file", "40", "--event-interval-ms", "15000", "--seed", "11"]) == 0
     spec = load_spec(spec_path)
     layout = Layout(spec, root, default_spec_dir())
-    names = compile_plan(spec, layout).spark_query_names
-    events = EventLog(layout.events_file)
-    listener = make_listener(events, spec.name, names)  # as the job does
-    spark.streams.addListener(listener)
-    try:
-        pipeline.run_available_now(spark, spec, layout, on_batch=events.write)
-
-        def events_written() -> bool:  # the listener bus delivers events asynchronously
-            seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
-            return all((name, last_batch(layout.checkpoint(name), "commits")) in seen for name in spec.query_names())
-
-        deadline = time.monotonic() + 60
-        while not events_written():
-            assert time.monotonic() < deadline, "progress events of the last batches were not written"
-            time.sleep(0.1)
-    finally:
-        spark.streams.removeListener(listener)
+    run_as_the_job(spark, spec, layout)
     pristine = root.with_name("pristine")
     shutil.copytree(root, pristine, symlinks=True)
     return root, pristine

@@ -91,6 +91,21 @@ def test_the_stream_balances_input_against_both_tables_duplicates_late_and_unmat
     assert ingestion_balance(counted_wrong, 9, 0, 0, 0).status == UNBALANCED
 
 
+def test_a_transform_is_accounted_as_filtered_rows_or_as_rows_in_and_out() -> None:
+    # 10 in: 1 duplicate, 1 quarantined, 8 into the transform, which kept 6 (2 filtered)
+    filtering = [progress(0, 10, dup=1), {**ingested(0, 6, 1), "transform_in": 8, "filtered": 2}]
+    b = ingestion_balance(fold(Totals(), filtering, "q1", 0, ingestion=True), 6, 0, 1, 0)
+    assert (b.status, b.difference, b.filtered) == (BALANCED, 0, 2)
+    assert "10 in = 6 accepted + 2 filtered by the transform + 1 quarantined" in b.describe()
+    # an explode: 8 rows into the transform gave 20 accepted rows; the table holds the 20
+    exploding = [progress(0, 10, dup=1), {**ingested(0, 20, 1), "transform_in": 8}]
+    b = ingestion_balance(fold(Totals(), exploding, "q1", 0, ingestion=True), 20, 0, 1, 0)
+    assert (b.status, b.difference, b.filtered) == (BALANCED, 0, None)
+    assert "10 in = 8 into the transform (which gave 20 accepted rows) + 1 quarantined" in b.describe()
+    lost = ingestion_balance(fold(Totals(), exploding, "q1", 0, ingestion=True), 19, 0, 1, 0)
+    assert lost.status == UNBALANCED and "the tables hold 19 accepted" in lost.message
+
+
 def test_an_output_balances_the_rows_it_read_against_its_sink_and_its_late_rows() -> None:
     totals = fold(Totals(), [progress(0, 10, late=1), progress(1, 10)], "q1", 1)
     assert output_balance("readings", totals, 19, 1, "rows").status == BALANCED

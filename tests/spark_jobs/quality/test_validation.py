@@ -253,3 +253,33 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
     assert sorted((kw["column"], kw["type_"]) for kw in checked["expect_column_values_to_be_of_type"]) == [
         ("hottest", "DoubleType"), ("readings", "LongType"), ("site", "StringType")]
     assert [kw["column"] for kw in checked["expect_column_values_to_be_unique"]] == ["site"]
+
+
+def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_name_derived_columns(
+        spark, include: Path, tmp_path: Path, job_run) -> None:  # noqa: ANN001
+    import yaml
+
+    from spark_jobs.testdata import generate
+
+    spec_path = include / "streams" / "sensors.yaml"
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    data["transform"] = {"sql": "SELECT event_id, ts, site, round(temperature * 1.8 + 32, 1) AS fahrenheit "
+                                "FROM input WHERE temperature < 25"}
+    data["outputs"] = [o for o in data["outputs"] if o["name"] == "readings"]
+    spec_path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    (include / "expectations" / "sensors.yaml").write_text(yaml.safe_dump({"outputs": {"readings": {
+        "unit": "1 hour", "expectations": [
+            {"expect_column_values_to_be_between": {"column": "fahrenheit", "min_value": -100, "max_value": 77}}]}}}))
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8", "--events-per-file",
+                          "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: an hour closes
+    v = validator(spark, include, root)
+    job_run(v.spec, v.layout)
+
+    result = v.run()
+    (ingestion,) = [b for b in result["accounting"]["balances"] if b["output"] == "ingestion"]
+    assert ingestion["status"] == "balanced" and ingestion["difference"] == 0, ingestion
+    assert ingestion["filtered"] > 0 and ingestion["accepted"] + ingestion["filtered"] == ingestion["transform_in"]
+    report = next(o for o in result["outputs"] if o["output"] == "readings")
+    assert report["kind"] == "period" and report["units"], report
+    assert all(u["status"] == "passed" for u in report["units"]), report["units"]
