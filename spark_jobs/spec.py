@@ -478,11 +478,11 @@ class Application(Strict):
     """An existing Structured Streaming application, deployed and supervised as it is:
     ``spark-submit <path> <args>``, restarted, stopped and watched through its queries'
     checkpoints like the platform's own streams. It takes part through
-    ``spark_jobs.supervised`` (the lease, progress events, the stop marker), and names
+    ``spark_jobs.driver.supervised`` (the lease, progress events, the stop marker), and names
     each query it starts as declared in ``queries``, checkpointed under the spec's
     ``checkpoint`` root (``app.checkpoint(name)`` gives the location)."""
 
-    path: str  # the application's main file, relative to include/ (or absolute)
+    path: str  # the application's main file, relative to include/ (or absolute, or a URI spark-submit reads)
     args: list[str] = Field(default_factory=list)
     queries: list[str] = Field(min_length=1)
     check_path = field_validator("path")(_optional(_check_relative_or_uri))
@@ -757,11 +757,9 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
                     add((f"{where}.query.group_by[{j}]", f"unknown column {key!r}; available: {sorted(enriched)}"))
             agg_names: set[str] = set()
             for j, agg in enumerate(q.aggregates):
-                if not known:
-                    pass
-                elif agg.column is not None and agg.column not in enriched:
+                if known and agg.column is not None and agg.column not in enriched:
                     add((f"{where}.query.aggregates[{j}].column", f"unknown column {agg.column!r}; available: {sorted(enriched)}"))
-                elif agg.fn in ("sum", "avg") and agg.column is not None and enriched[agg.column] not in NUMERIC_TYPES:
+                elif known and agg.fn in ("sum", "avg") and agg.column is not None and enriched[agg.column] not in NUMERIC_TYPES:
                     add((f"{where}.query.aggregates[{j}].fn", f"{agg.fn} needs a numeric column, {agg.column!r} is {enriched[agg.column]}"))
                 if agg.name in agg_names or agg.name in q.group_by or agg.name in (WINDOW_START, WINDOW_END):
                     add((f"{where}.query.aggregates[{j}].name", f"duplicate result column {agg.name!r}"))
@@ -1051,7 +1049,10 @@ class Layout:
     def application_file(self) -> str:
         """An application stream's main file, resolved against ``include/``."""
         assert self.spec.application is not None
-        return str((self.spec_dir.parent / self.spec.application.path).resolve())
+        path = self.spec.application.path
+        if re.match(r"^[a-z][a-z0-9+.-]*://", path):  # spark-submit fetches it
+            return path
+        return str((self.spec_dir.parent / path).resolve())
 
     @property
     def accepted(self) -> str:

@@ -174,8 +174,12 @@ class Target:
     declared: list[tuple[str, dict[str, Any]]]
 
 
-def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[str]]:
-    """The outputs that can be validated, and a note for each that cannot."""
+def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[str]] | None = None,
+            ) -> tuple[list[Target], list[str]]:
+    """The outputs that can be validated, and a note for each that cannot. ``code_columns``:
+    the result columns of SQL and Python outputs to Parquet, as Spark analyzes them: one
+    with ``window_start`` and ``window_end`` is cut into windows, one with the event-time
+    column into periods."""
     from spark_jobs.spec import duration_seconds
 
     found, skipped = [], []
@@ -189,8 +193,16 @@ def targets(spec: StreamSpec, rules: QualityRules) -> tuple[list[Target], list[s
         elif not isinstance(output.sink, ParquetSink):
             skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
         elif isinstance(q, CODE_QUERIES):
-            skipped.append(f"{output.name}: a {q.label} query's Parquet sink has no closed units the platform knows; "
-                           "not validated (a table sink is)")
+            columns = (code_columns or {}).get(output.name, [])
+            if WINDOW_START in columns and WINDOW_END in columns:
+                found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
+            elif spec.event_time and spec.event_time.column in columns:
+                found.append(Target(output, "period", spec.event_time.column, duration_seconds(r.unit or "1 hour"),
+                                    freshness, *checks))
+            else:
+                skipped.append(f"{output.name}: a {q.label} query's result has neither {WINDOW_START} and "
+                               f"{WINDOW_END} nor the event-time column to cut closed units by; not validated "
+                               "(a table sink is, whole)")
         elif isinstance(q, Aggregation) and q.window is not None:
             found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
         elif (isinstance(q, Passthrough) and spec.event_time  # every column (None) holds the event time

@@ -41,7 +41,9 @@ from spark_jobs.quality import accounting as acc
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.spec import (
+    CODE_QUERIES,
     INGEST_QUERY,
+    WINDOW_START,
     Layout,
     Output,
     ParquetSink,
@@ -283,9 +285,7 @@ class Validator:
             return report
 
         col = F.col(target.unit_column)
-        if target.kind == "window":
-            window = output.query.window
-            length = timedelta(seconds=_seconds(window.duration))
+        if target.kind == "window":  # a unit per window: from its window_start (the earliest, if it varies) to its end
             unit_expr = col
             lo, hi = prev_ms, wm_ms
             closed = (col <= F.timestamp_millis(F.lit(hi)))
@@ -295,8 +295,8 @@ class Validator:
             def unit_of(value: Any) -> str | None:
                 return iso(value) if isinstance(value, datetime) else None
 
-            def bounds(value: datetime) -> tuple[datetime, datetime]:
-                return value - length, value
+            def bounds(value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
+                return start or value, value
         else:
             period_ms = int(target.unit_seconds * 1000)
             hi = wm_ms // period_ms * period_ms
@@ -312,18 +312,19 @@ class Validator:
                 ms = int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
                 return iso(from_ms(ms // period_ms * period_ms))
 
-            def bounds(value: datetime) -> tuple[datetime, datetime]:
+            def bounds(value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
                 return value, value + timedelta(milliseconds=period_ms)
 
         batch = frame.where(closed | col.isNull())
-        counts = batch.groupBy(unit_expr.alias("unit")).count().collect()
+        starts = [F.min(WINDOW_START).alias("start")] if target.kind == "window" else []
+        counts = batch.groupBy(unit_expr.alias("unit")).agg(F.count(F.lit(1)).alias("count"), *starts).collect()
         units: dict[str, dict[str, Any]] = {}
         unplaced = 0
         for row in counts:
             if row["unit"] is None:
                 unplaced += row["count"]
                 continue
-            start, end = bounds(row["unit"])
+            start, end = bounds(row["unit"], row["start"] if starts else None)
             key = unit_of(row["unit"])
             units[key] = self._unit_record(key, start, end, row["count"])
         if not units and not unplaced:
@@ -468,11 +469,16 @@ class Validator:
                 break
         return total, (applied[-1] if applied else None)
 
+    def _code_result_columns(self) -> dict[str, list[str]]:
+        """The result columns of the SQL and Python outputs to Parquet (what cuts them into units)."""
+        return {o.name: list(expected_schema(self.spark, self.spec, self.layout, o).names) for o in self.spec.outputs
+                if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink)}
+
     # ---- the whole run ------------------------------------------------------------------------
 
     def run(self, backfill_label: str | None = None) -> dict[str, Any]:
         started = datetime.now(UTC)
-        found, skipped = targets(self.spec, self.rules)
+        found, skipped = targets(self.spec, self.rules, self._code_result_columns())
         outputs = []
         for target in found:
             outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
@@ -500,12 +506,6 @@ class Validator:
 
         write_summary(self.spec, self.ledger, self.dir, docs_index(self.spec, self.layout))
         return result
-
-
-def _seconds(text: str) -> float:
-    from spark_jobs.spec import duration_seconds
-
-    return duration_seconds(text)
 
 
 def _label(name: str, kwargs: dict[str, Any]) -> str:

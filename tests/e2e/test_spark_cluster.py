@@ -1,7 +1,9 @@
 """A stream on a real Spark standalone cluster, deployed through its DAG with only the Airflow
 connection changed; one of the two workers is SIGKILLed mid-run and the stream carries on
 with nothing lost. The master and workers are the installed Spark distribution's own
-classes (``spark-class``), on loopback."""
+classes (``spark-class``), on loopback. One output is a Python query whose module (from
+``include/transforms/``, nowhere on the workers' path) defines a Python UDF: the job ships
+the module with the application, and the executors on the workers run it."""
 
 from __future__ import annotations
 
@@ -32,6 +34,29 @@ from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
 
+
+
+#: The output's module. The UDF's own function travels by value (cloudpickle copies a function
+#: it cannot find by its name, as a decorated one), but what it calls from another module
+#: travels by reference: the executors must import ``cluster_code.rules``, from the shipped zip.
+UDF_MODULE = """
+from pyspark.sql import functions as F
+
+from cluster_code.rules import classify
+
+
+@F.udf("string")
+def label(temperature):
+    return classify(temperature)
+
+
+def labelled(accepted):
+    return accepted.select("event_id", label("temperature").alias("label"))
+"""
+RULES_MODULE = """
+def classify(temperature):
+    return "hot" if temperature is not None and temperature > 25 else "ok"
+"""
 
 
 class SparkCluster:
@@ -97,7 +122,14 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     data_root = tmp_path / "data"
     sensors = example_spec("sensors")
     sensors["source"]["max_files_per_trigger"] = 2  # 15 batches: the lost worker lands mid-way
+    sensors["outputs"].append({"name": "labels", "mode": "append", "sink": {"type": "parquet", "path": "sinks/labels"},
+                               "query": {"type": "python", "python": "cluster_code.labels:labelled"}})
     spec_dir = include_with(tmp_path / "include", sensors)
+    package = tmp_path / "include" / "transforms" / "cluster_code"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "labels.py").write_text(UDF_MODULE)
+    (package / "rules.py").write_text(RULES_MODULE)
     spec = load_spec(spec_dir / "sensors.yaml")
     layout = Layout(spec, data_root, spec_dir)
     readings = layout.checkpoint(INGEST_QUERY)
@@ -144,3 +176,10 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
+    # the UDF ran in the executors on the workers (tasks never run in a client-mode driver), for every accepted row
+    readings = spark.read.parquet(layout.accepted)
+    labels = spark.read.parquet(str(data_root / "sinks" / "labels"))
+    assert labels.count() == readings.count() > 0
+    wrong = labels.join(readings, "event_id").where(
+        "label != CASE WHEN temperature > 25 THEN 'hot' ELSE 'ok' END")
+    assert wrong.count() == 0, wrong.limit(5).collect()

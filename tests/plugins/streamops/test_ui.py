@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -176,3 +177,14 @@ def test_nothing_outside_a_streams_quality_folder_is_served(client) -> None:
     assert client.get("/streams/nope/").status_code == 404
     assert client.get("/streams/clicks/quality/").status_code == 404  # not validated yet
     assert client.get("/streams/dag/some_other_dag").status_code == 404
+
+
+def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
+    from spark_jobs.spec import default_spec_dir, parse_spec
+    from streamops.ui import ACTIONS, _actions
+
+    app = parse_spec({"name": "rate_counts", "checkpoint": "checkpoints/rate_counts",
+                      "application": {"path": "applications/rate_counts.py", "queries": ["counts"]}})
+    assert list(_actions(app)) == ["start", "stop", "restart"]  # no backfill or quality DAG to trigger
+    sensors = parse_spec(yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text()))
+    assert _actions(sensors) == ACTIONS

@@ -119,7 +119,7 @@ def test_rules_files_are_plain_yaml_people_can_review() -> None:
         "expect_column_values_to_be_between": {"column": "temperature", "min_value": -40, "max_value": 60}}
 
 
-def test_a_sql_output_is_validated_as_a_table_and_its_columns_come_from_spark() -> None:
+def test_a_sql_output_is_validated_as_a_table_or_by_the_units_its_columns_from_spark_allow() -> None:
     data = SENSORS.model_dump(exclude_none=True)
     per_site = {"type": "sql", "sql": "SELECT site, max(temperature) AS hottest FROM accepted GROUP BY site"}
     recent = {"type": "sql", "sql": "SELECT device_id, ts FROM accepted WHERE temperature > 30"}
@@ -127,13 +127,22 @@ def test_a_sql_output_is_validated_as_a_table_and_its_columns_come_from_spark() 
         {"name": "hottest", "query": per_site, "mode": "complete", "sink": {"type": "table", "table": "hottest",
                                                                             "key": ["site"]}},
         {"name": "hot", "query": recent, "mode": "append", "sink": {"type": "parquet", "path": "sinks/hot"}},
+        {"name": "windows", "query": {"type": "sql", "sql": "SELECT window.start AS window_start, window.end AS "
+                                                            "window_end, count(*) AS n FROM accepted GROUP BY "
+                                                            "window(ts, '10 minutes')"},
+         "mode": "append", "sink": {"type": "parquet", "path": "sinks/windows"}},
+        {"name": "ids", "query": {"type": "sql", "sql": "SELECT device_id FROM accepted"},
+         "mode": "append", "sink": {"type": "parquet", "path": "sinks/ids"}},
     ]
     spec = parse_spec(data)
     rules = parse_rules({"outputs": {"hottest": {"expectations": [
         {"expect_column_values_to_not_be_null": {"column": "a_column_only_spark_knows"}}]}}}, spec, "rules.yaml")
-    found, skipped = targets(spec, rules)
-    assert [(t.output.name, t.kind) for t in found] == [("hottest", "snapshot")]
-    assert skipped == ["hot: a SQL query's Parquet sink has no closed units the platform knows; not validated "
-                       "(a table sink is)"]
+    # the result columns Spark's analysis gives the validation job
+    columns = {"hot": ["device_id", "ts"], "windows": ["window_start", "window_end", "n"], "ids": ["device_id"]}
+    found, skipped = targets(spec, rules, columns)
+    assert [(t.output.name, t.kind, t.unit_column) for t in found] == [
+        ("hottest", "snapshot", None), ("hot", "period", "ts"), ("windows", "window", "window_end")]
+    assert skipped == ["ids: a SQL query's result has neither window_start and window_end nor the event-time column "
+                       "to cut closed units by; not validated (a table sink is, whole)"]
     # the column set and types come from Spark's schema of the query (the validation job adds them)
     assert found[0].derived == [("expect_column_values_to_be_unique", {"column": "site"})]

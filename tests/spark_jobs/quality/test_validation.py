@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,32 @@ def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_
     report = next(o for o in result["outputs"] if o["output"] == "readings")
     assert report["kind"] == "period" and report["units"], report
     assert all(u["status"] == "passed" for u in report["units"]), report["units"]
+
+
+def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, include: Path, tmp_path: Path,
+                                                                         job_run) -> None:  # noqa: ANN001
+    import yaml
+
+    from spark_jobs.testdata import generate
+
+    spec_path = include / "streams" / "sensors.yaml"
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    data["outputs"] = [{"name": "site_sql", "mode": "append", "sink": {"type": "parquet", "path": "sinks/site_sql"},
+                        "query": {"type": "sql", "sql": (
+                            "SELECT window.start AS window_start, window.end AS window_end, site, "
+                            "avg(temperature) AS avg_temp FROM accepted GROUP BY window(ts, '10 minutes'), site")}}]
+    spec_path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    (include / "expectations" / "sensors.yaml").write_text(yaml.safe_dump({"outputs": {"site_sql": {"expectations": [
+        {"expect_column_values_to_be_between": {"column": "avg_temp", "min_value": -50, "max_value": 60}}]}}}))
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8", "--events-per-file",
+                          "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: windows close
+    v = validator(spark, include, root)
+    job_run(v.spec, v.layout)
+
+    result = v.run()
+    report = next(o for o in result["outputs"] if o["output"] == "site_sql")
+    assert report["kind"] == "window" and len(report["units"]) >= 3, report
+    for unit in report["units"]:
+        start, end = (datetime.fromisoformat(unit[k].replace("Z", "+00:00")) for k in ("start", "end"))
+        assert end - start == timedelta(minutes=10) and unit["status"] == "passed", unit
