@@ -216,9 +216,11 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    listening = False
     try:
         stop_requested = prepare_to_stop(layout)
         spark.streams.addListener(listener)
+        listening = True
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
         app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds)
         try:
@@ -236,7 +238,8 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
                     q.stop()
     finally:
         events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
-        spark.streams.removeListener(listener)
+        if listening:
+            spark.streams.removeListener(listener)
         lease.release()
         for sig, handler in handlers.items():  # the application's own again
             signal.signal(sig, handler)

@@ -78,7 +78,9 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     and its failure callback alerts. A corrupt checkpoint is never touched: the task fails
     with a diagnosis. A driver left running by an earlier try of this task (a killed
     worker) is adopted, never doubled. The task ends successfully when the stream is
-    stopped on purpose.
+    stopped on purpose. A stream that is an application of the user's own (``application:``
+    in its spec) is submitted as that application, with its arguments and the spec's path
+    in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.driver`), and supervised alike.
 
     :param stream: the stream's name. (templated)
     :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
