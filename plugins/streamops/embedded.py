@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
+from spark_jobs.tables import redact
 from streamops import dag_id
 
 BIN = Path(sys.executable).parent
@@ -120,18 +121,25 @@ class AirflowServices:
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         # a session of its own: a Ctrl-C at the terminal is for the platform, not for this command
         result = subprocess.run([str(BIN / "airflow"), *args], env=self.env, capture_output=True, text=True,
-                                start_new_session=True)
+                                start_new_session=True, umask=PRIVATE)
         if check and result.returncode != 0:
             raise RuntimeError(f"airflow {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
         return result
 
     def start(self) -> None:
+        """Start the services. What they write (the metadata database, the generated passwords,
+        the logs, which print those passwords) is for this user alone: the home is 0700 and
+        they run with umask 077, as does what they start (the streams' drivers)."""
         self.home.mkdir(parents=True, exist_ok=True)
+        self.home.chmod(0o700)
+        for written_before in (self.passwords_file, *self.home.glob("*.log"), *self.home.glob("airflow.db*")):
+            if written_before.exists():  # by an earlier run, perhaps with a looser umask
+                written_before.chmod(0o600)
         self.cli("db", "migrate")
         for service in self.SERVICES:
-            log = open(self.home / f"{service[0]}.log", "a")  # noqa: SIM115 - closed with the process
+            log = private_log(self.home / f"{service[0]}.log")
             self.procs.append(subprocess.Popen([str(BIN / "airflow"), *service], env=self.env, stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+                                               stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE))
 
     def stop(self, timeout: float = 30) -> None:
         for p in self.procs:
@@ -165,6 +173,17 @@ class AirflowServices:
 
     def import_errors(self) -> list[dict]:
         return json_lines(self.cli("dags", "list-import-errors", "-o", "json", check=False).stdout)
+
+
+#: the umask of every process the platform starts: what they create is for this user alone
+PRIVATE = 0o077
+
+
+def private_log(path: Path):  # noqa: ANN201 - a file object, closed with the process that writes it
+    """``path`` opened for appending, readable by this user alone (0600, also if it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a")
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -222,8 +241,8 @@ class Platform:
                 [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
                  "--data-root", str(self.data_root), "--rate", str(self.rate),
                  "--events-per-file", str(self.events_per_file)],
-                stdout=open(self.data_root / "logs" / f"generate-{name}.log", "a"),  # noqa: SIM115
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=private_log(self.data_root / "logs" / f"generate-{name}.log"),
+                stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE)
         self.print_where()
 
     def print_where(self) -> None:
@@ -384,7 +403,7 @@ class Platform:
 
 def _where(layout: Layout, output: Any) -> str:
     sink = output.sink
-    return layout.data(sink.path) if hasattr(sink, "path") else f"{sink.table} ({layout.table_url(sink)})"
+    return layout.data(sink.path) if hasattr(sink, "path") else f"{sink.table} ({redact(layout.table_url(sink))})"
 
 
 def describe_summary(summary: dict[str, Any]) -> list[str]:

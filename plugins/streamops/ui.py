@@ -13,13 +13,14 @@ at :data:`streamops.STREAMS_URL` (``/streams``):
   Great Expectations Data Docs;
 * ``/dag/<dag_id>``: the page of the stream a DAG belongs to (the tab on DAG pages).
 
-Airflow does not guard plugin apps, so every route checks the caller itself with
-Airflow's own authentication (the UI's session cookie, or a bearer token): anonymous
-requests get 401; reading needs read access to the stream's DAG (403 otherwise; the list
-of streams shows those the caller may read, and is a 403 if that is none of them), an
-action needs the right to run the DAG it triggers. As on Airflow's own pages, a DAG whose
-bundle belongs to a team (multi-team Airflow) is only for that team's members. Actions are POSTs; the session cookie is SameSite=Lax,
-so another site cannot post them in the user's name.
+Airflow does not guard plugin apps, so every route checks the caller itself
+(``streamops.ui_guard``): anonymous requests get 401; reading needs read access to the
+stream's DAG (403 otherwise; the list of streams shows those the caller may read, and is a
+403 if that is none of them), an action needs the right to run the DAG it triggers. As on
+Airflow's own pages, a DAG whose bundle belongs to a team (multi-team Airflow) is only for
+that team's members. Actions are POSTs that must come from our own page (a CSRF token bound
+to the session, and the server's own Origin). Every response carries a Content-Security-Policy;
+the Data Docs are served sandboxed, without the scripts and styles they would load from CDNs.
 """
 
 from __future__ import annotations
@@ -30,10 +31,20 @@ from html import escape
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
 from streamops import DAG_ROLES, dag_id
+from streamops.ui_guard import (
+    CSRF_FIELD,
+    DOCS_POLICY,
+    HEADERS,
+    PAGE_POLICY,
+    action_caller,
+    csrf_token,
+    current_user,
+    offline_docs,
+)
 
 DAY = 86400.0
 
@@ -46,19 +57,17 @@ td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;font-size:.9rem;
 form{display:inline-block;margin:0 .6rem .6rem 0;padding:.4rem;border:1px solid #ddd}.muted{color:#666}"""
 
 
-async def current_user(request: Request):  # noqa: ANN201 - Airflow's BaseUser
-    """The caller, authenticated by Airflow; 401 (or 403 for a bad token) otherwise."""
-    from airflow.api_fastapi.core_api.security import get_user
-    from fastapi.security import HTTPAuthorizationCredentials
-
-    header = request.headers.get("authorization", "")
-    bearer = None
-    if header.lower().startswith("bearer "):
-        bearer = HTTPAuthorizationCredentials(scheme="Bearer", credentials=header[7:].strip())
-    return await get_user(request, None, bearer)
-
-
 User = Annotated[object, Depends(current_user)]
+Actor = Annotated[object, Depends(action_caller)]
+
+
+@app.middleware("http")
+async def security_headers(request: Request, call_next):  # noqa: ANN001, ANN201 - Starlette's middleware
+    response = await call_next(request)
+    response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+    for name, value in HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
 
 
 def _allowed(user: object, dag: str, run: bool = False) -> bool:
@@ -204,7 +213,7 @@ def _actions(spec: StreamSpec) -> dict[str, tuple[str, str]]:
 
 
 @app.get("/{stream}/", response_class=HTMLResponse)
-def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
+def stream_page(stream: str, request: Request, user: User, triggered: str | None = None) -> str:
     spec = _spec(stream, user)
     s = stream_status(spec)
     note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
@@ -216,6 +225,7 @@ def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
         if action == "backfill":
             fields = ("<input name='start' placeholder='start, e.g. 2026-01-01T00:00:00Z' required> "
                       "<input name='end' placeholder='end (exclusive)' required> ")
+        fields += f"<input type='hidden' name='{CSRF_FIELD}' value='{csrf_token(request)}'>"
         forms.append(f"<form method='post' action='actions/{action}'>{fields}<button type='submit' "
                      f"name='action' value='{action}'>{action}</button> <span class='muted'>{what} "
                      f"(<code>{escape(dag_id(stream, role))}</code>)</span></form>")
@@ -226,7 +236,7 @@ def stream_page(stream: str, user: User, triggered: str | None = None) -> str:
 
 
 @app.post("/{stream}/actions/{action}")
-def act(stream: str, action: str, user: User, mode: Annotated[str | None, Form()] = None,
+def act(stream: str, action: str, user: Actor, mode: Annotated[str | None, Form()] = None,
         start: Annotated[str | None, Form()] = None, end: Annotated[str | None, Form()] = None) -> RedirectResponse:
     """Trigger the DAG behind an action with its params; bad params get 400 and trigger nothing."""
     spec = _spec(stream, user)
@@ -272,7 +282,7 @@ def _unpause(dag: str) -> None:
 
 
 @app.get("/{stream}/quality/{path:path}")
-def quality_file(stream: str, path: str, user: User) -> FileResponse:
+def quality_file(stream: str, path: str, user: User) -> Response:
     spec = _spec(stream, user)
     root = Layout(spec, default_data_root(), default_spec_dir()).quality_dir.resolve()
     target = (root / (path or "index.html")).resolve()
@@ -282,4 +292,10 @@ def quality_file(stream: str, path: str, user: User) -> FileResponse:
         raise HTTPException(404, "not found")
     if not target.is_file():
         raise HTTPException(404, "not validated yet" if not path else "not found")
-    return FileResponse(target)
+    if target.parent == root:  # the summary page and its JSON (spark_jobs.quality.report)
+        return FileResponse(target)
+    # anything deeper is Great Expectations' output (the Data Docs site): sandboxed
+    headers = {"Content-Security-Policy": DOCS_POLICY}
+    if target.suffix.lower() in (".html", ".htm"):
+        return HTMLResponse(offline_docs(target.read_text(encoding="utf-8", errors="replace")), headers=headers)
+    return FileResponse(target, headers=headers)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from spark_jobs.spec import Layout, default_data_root, default_spec_dir, load_specs
+from spark_jobs.tables import redact
 from spark_jobs.testdata import generate
 
 STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {line}")
             for output in spec.outputs:
                 sink = output.sink
-                where = layout.data(sink.path) if hasattr(sink, "path") else f"{layout.table_url(sink)} table {sink.table}"
+                where = layout.data(sink.path) if hasattr(sink, "path") else f"{redact(layout.table_url(sink))} table {sink.table}"
                 print(f"  {output.name} -> {where}")
             print("  data quality (measured):")
             for line in describe(quality[name]):

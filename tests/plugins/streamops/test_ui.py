@@ -3,7 +3,10 @@ behind its login, over a real stream's checkpoint; actions trigger real DAG runs
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -69,6 +72,18 @@ def login(client, role: str | None = "viewer", teams: list[str] | None = None) -
     client.cookies.set("_token", get_auth_manager().generate_jwt(user))
 
 
+def page_token(client) -> str:  # noqa: ANN001
+    """The CSRF token the stream's page puts in its forms, read from the page as a browser would."""
+    match = re.search(r"name='csrf_token' value='([0-9a-f]{64})'", client.get("/streams/sensors/").text)
+    assert match, "the stream's page has no CSRF token in its forms"
+    return match.group(1)
+
+
+def post(client, path: str, data: dict | None = None, **kwargs):  # noqa: ANN001, ANN201
+    """A post from the stream's own page: with the CSRF token its forms carry."""
+    return client.post(path, data={**(data or {}), "csrf_token": page_token(client)}, **kwargs)
+
+
 def test_anonymous_requests_are_refused(client) -> None:
     for path in ("/streams/", "/streams/api/status", "/streams/sensors/", "/streams/sensors/quality/",
                  "/streams/sensors/quality/docs/index.html", "/streams/dag/stream_sensors_quality"):
@@ -91,7 +106,8 @@ def test_a_logged_in_user_without_read_access_gets_403(client) -> None:
         response = client.get(path, follow_redirects=False)
         assert response.status_code == 403, (path, response.status_code, response.text)
         assert "no read access" in response.json()["detail"], path
-    refused = client.post("/streams/sensors/actions/stop", data={"mode": "graceful"})
+    token = hmac.new(client.cookies["_token"].encode(), b"streams-ui-actions", hashlib.sha256).hexdigest()
+    refused = client.post("/streams/sensors/actions/stop", data={"mode": "graceful", "csrf_token": token})
     assert refused.status_code == 403 and refused.json() == {"detail": "no read access to stream_sensors"}
 
 
@@ -129,7 +145,7 @@ def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path)
     for action in ("start", "stop", "restart", "backfill", "validate"):
         assert f"<form method='post' action='actions/{action}'>" in stream
     assert "Data quality of stream sensors" in client.get("/streams/sensors/quality/").text
-    assert client.get("/streams/sensors/quality/docs/index.html").text == "<h1>Data Docs</h1>"
+    assert client.get("/streams/sensors/quality/docs/index.html").text.endswith("<h1>Data Docs</h1>")
     tab = client.get("/streams/dag/stream_sensors_quality", follow_redirects=False)
     assert tab.status_code == 307 and tab.headers["location"] == "../sensors/"
 
@@ -139,10 +155,11 @@ def test_actions_trigger_the_dags_with_their_params(client) -> None:
     from airflow.models.dagrun import DagRun
 
     login(client, role="user")
-    response = client.post("/streams/sensors/actions/stop", data={"mode": "immediate"}, follow_redirects=False)
+    response = post(client, "/streams/sensors/actions/stop", {"mode": "immediate"}, follow_redirects=False)
     assert response.status_code == 303 and "triggered=stream_sensors_stop" in response.headers["location"]
-    response = client.post("/streams/sensors/actions/backfill", follow_redirects=False,
-                           data={"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T06:00:00Z"})
+    response = post(client, "/streams/sensors/actions/backfill", {"start": "2026-01-01T00:00:00Z",
+                                                                  "end": "2026-01-01T06:00:00Z"},
+                    follow_redirects=False)
     assert response.status_code == 303
     runs = {r.dag_id: r.conf for r in DagRun.find(dag_id=["stream_sensors_stop", "stream_sensors_backfill"])}
     assert runs["stream_sensors_stop"] == {"mode": "immediate"}
@@ -155,19 +172,19 @@ def test_bad_action_params_are_refused_and_trigger_nothing(client) -> None:
 
     login(client, role="user")
     before = len(DagRun.find(dag_id="stream_sensors_backfill"))
-    bad_mode = client.post("/streams/sensors/actions/stop", data={"mode": "sometimes"})
+    bad_mode = post(client, "/streams/sensors/actions/stop", {"mode": "sometimes"})
     assert bad_mode.status_code == 400 and "mode must be graceful or immediate" in bad_mode.json()["detail"]
-    backwards = client.post("/streams/sensors/actions/backfill", data={"start": "2026-01-02T00:00:00Z",
-                                                                      "end": "2026-01-01T00:00:00Z"})
+    backwards = post(client, "/streams/sensors/actions/backfill", {"start": "2026-01-02T00:00:00Z",
+                                                                   "end": "2026-01-01T00:00:00Z"})
     assert backwards.status_code == 400 and "must be after start" in backwards.json()["detail"]
-    assert client.post("/streams/sensors/actions/explode").status_code == 404
+    assert post(client, "/streams/sensors/actions/explode").status_code == 404
     assert len(DagRun.find(dag_id="stream_sensors_backfill")) == before
 
 
 def test_a_viewer_may_look_but_not_act(client) -> None:
     login(client, role="viewer")
     assert client.get("/streams/sensors/").status_code == 200
-    refused = client.post("/streams/sensors/actions/restart")
+    refused = post(client, "/streams/sensors/actions/restart")
     assert refused.status_code == 403 and "no permission to run stream_sensors_restart" in refused.json()["detail"]
 
 
@@ -188,3 +205,60 @@ def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
     assert list(_actions(app)) == ["start", "stop", "restart"]  # no backfill or quality DAG to trigger
     sensors = parse_spec(yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text()))
     assert _actions(sensors) == ACTIONS
+
+
+def test_actions_from_another_site_are_refused_and_trigger_nothing(client) -> None:
+    """Cross-site request forgery: the browser sends the session cookie with a form another site
+    posts, so an action needs the token of our own page, and an Origin that is this server's."""
+    from airflow.models.dagrun import DagRun
+
+    login(client, role="user")
+    before = len(DagRun.find(dag_id="stream_sensors_stop"))
+    token = page_token(client)
+    forged = {
+        "cookie alone": ({"mode": "immediate"}, {}),
+        "a wrong token": ({"mode": "immediate", "csrf_token": "0" * 64}, {}),
+        "another site's Origin": ({"mode": "immediate", "csrf_token": token}, {"Origin": "https://evil.example"}),
+        "Origin null": ({"mode": "immediate", "csrf_token": token}, {"Origin": "null"}),
+        "another site's Referer": ({"mode": "immediate", "csrf_token": token},
+                                   {"Referer": "https://evil.example/page"}),
+        "Sec-Fetch-Site cross-site": ({"mode": "immediate", "csrf_token": token}, {"Sec-Fetch-Site": "cross-site"}),
+    }
+    for what, (data, headers) in forged.items():
+        response = client.post("/streams/sensors/actions/stop", data=data, headers=headers, follow_redirects=False)
+        assert response.status_code == 403 and response.json()["detail"].startswith("refused: "), what
+    assert len(DagRun.find(dag_id="stream_sensors_stop")) == before
+    # the same post from our own page goes through; so does the token as a header (a script of ours)
+    own = client.post("/streams/sensors/actions/stop", data={"mode": "graceful", "csrf_token": token},
+                      headers={"Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}, follow_redirects=False)
+    assert own.status_code == 303, own.text
+    header = client.post("/streams/sensors/actions/stop", data={"mode": "graceful"},
+                         headers={"X-CSRF-Token": token}, follow_redirects=False)
+    assert header.status_code == 303, header.text
+    assert len(DagRun.find(dag_id="stream_sensors_stop")) == before + 2
+    # a new session (login) has a new token: the old one is refused
+    login(client, role="op")
+    stale = client.post("/streams/sensors/actions/stop", data={"mode": "graceful", "csrf_token": token})
+    assert stale.status_code == 403
+
+
+def test_pages_say_what_they_may_load_and_the_data_docs_are_sandboxed(client, data_root: Path) -> None:
+    login(client)
+    page = client.get("/streams/sensors/")
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'self'" in policy and "sandbox" not in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    site = data_root / "quality" / "sensors" / "gx" / "site"
+    (site / "index.html").write_text(
+        '<html><head><link href="https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css" '
+        'rel="stylesheet"><script src="https://code.jquery.com/jquery-3.7.1.min.js"></script>'
+        "<script>inline()</script></head><body><table><tr><td>unit 1 passed</td></tr></table></body></html>")
+    for path in ("/streams/sensors/quality/docs/index.html", "/streams/sensors/quality/gx/site/index.html"):
+        docs = client.get(path)
+        assert docs.status_code == 200, path
+        assert docs.headers["content-security-policy"].startswith("sandbox;"), path
+        assert "default-src 'none'" in docs.headers["content-security-policy"]
+        assert "bootstrapcdn" not in docs.text and "code.jquery.com" not in docs.text
+        assert "unit 1 passed" in docs.text and "<style>" in docs.text
+    summary = client.get("/streams/sensors/quality/")  # our own page, not sandboxed
+    assert "sandbox" not in summary.headers["content-security-policy"]
