@@ -320,7 +320,31 @@ def landing_backlog(landing: str | os.PathLike[str] | list[LandedFile], processe
 
     A file is known by its name; that also survives the data folder being moved or
     mounted elsewhere."""
+    waiting = waiting_files(landing, processed, landed_by)
+    return len(waiting), sum(f.size for f in waiting)
+
+
+def waiting_files(landing: str | os.PathLike[str] | list[LandedFile], processed: set[str],
+                  landed_by: float | None = None) -> list[LandedFile]:
+    """The files of :func:`landing_backlog`, oldest first."""
     files = landing if isinstance(landing, list) else landed_files(landing)
     seen = {file_name(p) for p in processed}
     waiting = [f for f in files if f.name not in seen and (landed_by is None or f.mtime <= landed_by)]
-    return len(waiting), sum(f.size for f in waiting)
+    return sorted(waiting, key=lambda f: (f.mtime, f.name))
+
+
+def estimate_rows(landing: str | os.PathLike[str], waiting: list[LandedFile], header: bool,
+                  sample: int = 3) -> int | None:
+    """Rows in the waiting files, estimated: the rows per byte of up to ``sample`` of them (lines,
+    less a header line each) times the bytes of all. None when none of them can be read."""
+    lines = size = 0
+    for f in waiting[:sample]:
+        try:
+            with open(Path(landing) / f.name, "rb") as handle:
+                count = sum(1 for line in handle if line.strip())
+        except OSError:
+            continue
+        lines, size = lines + max(0, count - (1 if header else 0)), size + f.size
+    if not size:
+        return None
+    return round(lines / size * sum(f.size for f in waiting))

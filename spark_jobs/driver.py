@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.checkpoint import last_batch
+from spark_jobs.history import History
 from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
@@ -212,7 +213,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     except LeaseHeld as exc:
         log.error("%s", exc)
         raise SystemExit(EXIT_LEASE_HELD) from None
-    events = EventLog(layout.events_file)
+    events = EventLog(layout.events_file, history=History(layout.history_file))
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

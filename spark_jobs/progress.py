@@ -2,7 +2,9 @@
 
 One JSON object per line in ``<checkpoint root>/_events/progress.jsonl``. The file is
 bounded: past ``max_bytes`` it is rotated to ``progress.jsonl.1`` (one generation kept),
-so a stream that runs for months never fills the disk. Readers read both files.
+so a stream that runs for months never fills the disk. Readers read both files. Every
+event is also folded into the stream's history (:mod:`spark_jobs.history`), which keeps
+its numbers for the charts far longer, downsampled.
 """
 
 from __future__ import annotations
@@ -15,20 +17,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spark_jobs.history import History
+
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 
 
 class EventLog:
     """Append-only JSON-lines file with size-bounded rotation; safe across threads."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
+                 history: History | None = None):
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.history = history
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, event: dict[str, Any]) -> None:
-        line = json.dumps({"logged_at": time.time(), **event}, default=str, separators=(",", ":")) + "\n"
+        event = {"logged_at": time.time(), **event}
+        line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
         with self._lock:
             try:
                 size = self.path.stat().st_size
@@ -39,6 +46,8 @@ class EventLog:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()
+        if self.history is not None:
+            self.history.fold(event)
 
 
 def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -1101,6 +1101,11 @@ class Layout:
     def events_file(self) -> Path:
         return Path(self.checkpoint_root) / "_events" / "progress.jsonl"
 
+    @property
+    def history_file(self) -> Path:
+        """The numbers the stream's charts draw (spark_jobs.history), kept for days at bounded size."""
+        return Path(self.checkpoint_root) / "_events" / "history.sqlite"
+
     def table_url(self, sink: TableSink) -> str:
         url = os.path.expandvars(sink.url) if sink.url else os.environ.get("STREAMS_DB_URL", "")
         if not url:

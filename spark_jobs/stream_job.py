@@ -32,6 +32,7 @@ from spark_jobs.driver import (
     prepare_to_stop,
     supervise_queries,
 )
+from spark_jobs.history import History
 from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger, load_spec
@@ -85,7 +86,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
         return EXIT_BAD_SPEC
     stop_requested = prepare_to_stop(layout)
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
-    events = EventLog(layout.events_file)
+    events = EventLog(layout.events_file, history=History(layout.history_file))
     trigger = None
     if args.trigger == "available-now":
         trigger = Trigger(available_now=True)

@@ -3,12 +3,18 @@
 A FastAPI app that the plugin ``plugins/streams_ui.py`` mounts on Airflow's API server
 at :data:`streamops.STREAMS_URL` (``/streams``):
 
-* ``/``: every stream: its status (the checkpoint sensor's classification), last
-  committed batch and when, rates, backlog, watermark, restarts in the last day, last
-  validation, and the operator's actions;
-* ``/api/status``: the same as JSON;
-* ``/<stream>/``: one stream, with forms that trigger its DAGs with their params
-  (start, stop graceful or immediate, restart, backfill a range, validate);
+* ``/``: every stream: its status (the checkpoint sensor's classification), a trend of
+  its last 15 minutes, last committed batch and when, rates, backlog, watermark, restarts
+  in the last day, last validation;
+* ``/api/status`` and ``/api/trends``: the same as JSON;
+* ``/<stream>/?range=15m|1h|24h``: one stream: its charts over the range (rows per second
+  in and processed, batch duration against the trigger, backlog, event-time lag, state
+  rows, quarantined share; restarts, stops and validations marked), its flow graph
+  (landing directory, ingestion, outputs, sinks, quarantine: rows in and out, status,
+  latest data-quality result), and forms that trigger its DAGs with their params (start,
+  stop graceful or immediate, restart, backfill a range, validate); the charts' and the
+  graph's data at ``/<stream>/api/charts`` and ``/<stream>/api/flow`` (``streamops.views``);
+* ``/static/``: the pages' script and Plotly's, installed with the project;
 * ``/<stream>/quality/``: its data-quality summary, and ``/<stream>/quality/docs/`` its
   Great Expectations Data Docs;
 * ``/dag/<dag_id>``: the page of the stream a DAG belongs to (the tab on DAG pages).
@@ -28,13 +34,14 @@ from __future__ import annotations
 import json
 import time
 from html import escape
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
-from streamops import DAG_ROLES, dag_id
+from streamops import DAG_ROLES, dag_id, views
 from streamops.ui_guard import (
     CSRF_FIELD,
     DOCS_POLICY,
@@ -54,7 +61,8 @@ app = FastAPI(title="Streams", description="Status, actions and data quality of 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;font-size:.9rem;vertical-align:top}
 .healthy,.idle,.passed{color:#126b12}.lagging,.starting{color:#9a6700}.stalled,.dead,.corrupt,.failed{color:#b00020;font-weight:600}
-form{display:inline-block;margin:0 .6rem .6rem 0;padding:.4rem;border:1px solid #ddd}.muted{color:#666}"""
+form{display:inline-block;margin:0 .6rem .6rem 0;padding:.4rem;border:1px solid #ddd}.muted{color:#666}
+#streams-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:.5rem}.trend{width:260px;height:70px}table.nodes{margin-top:.5rem}"""
 
 
 User = Annotated[object, Depends(current_user)]
@@ -138,10 +146,13 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     return status
 
 
-def _page(title: str, body: str, refresh: bool = False) -> str:
+def _page(title: str, body: str, refresh: bool = False, static: str | None = None) -> str:
+    """A page; ``static``: the relative path to ``/static/`` for a page that draws with Plotly."""
     meta = "<meta http-equiv='refresh' content='10'>" if refresh else ""
+    scripts = (f"<script src='{static}static/plotly.min.js'></script><script src='{static}static/streams.js'></script>"
+               if static is not None else "")
     return (f"<!doctype html><html><head><meta charset='utf-8'>{meta}<title>{escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>{body}</body></html>")
+            f"<style>{STYLE}</style>{scripts}</head><body>{body}</body></html>")
 
 
 def _age(seconds: float | None) -> str:
@@ -157,33 +168,96 @@ def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
             f"<a href='{prefix}{name}/quality/'>summary</a> · <a href='{prefix}{name}/quality/docs/index.html'>Data Docs</a>")
 
 
-def _row(s: dict[str, Any], prefix: str) -> str:
+def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | None = None) -> str:
     committed = ", ".join(f"{q}: {'-' if b is None else b}" for q, b in (s.get("last_committed") or {}).items())
     rates = s.get("input_rows_per_second"), s.get("processed_rows_per_second")
     rate_text = " / ".join("-" if r is None else f"{r:.1f}" for r in rates)
     stopped = " (stopped on purpose)" if s.get("stopped_on_purpose") else ""
-    return (f"<tr data-stream='{escape(s['stream'])}'><td><a href='{prefix}{escape(s['stream'])}/'>{escape(s['stream'])}</a></td>"
+    name = escape(s["stream"])
+    refresh = f" data-row-url='{escape(row_url)}'" if row_url else ""
+    trend_cell = f"<td><div class='trend' data-stream='{name}'></div></td>" if trend else ""
+    return (f"<tr data-stream='{name}'{refresh}><td><a href='{prefix}{name}/'>{name}</a></td>"
             f"<td class='status {escape(str(s['status']))}'>{escape(str(s['status']))}{stopped}<br>"
-            f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>"
+            f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>{trend_cell}"
             f"<td>{escape(committed)}<br>{_age(s.get('last_commit_age_seconds'))}</td><td>{rate_text}</td>"
             f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark') or '-'))}</td>"
             f"<td>{s.get('restarts_last_day')}</td><td>{_validation_cell(s['stream'], s.get('validation'), prefix)}</td></tr>")
 
 
-HEAD = ("<tr><th>stream</th><th>status</th><th>last committed batch</th><th>rows/s in / processed</th>"
-        "<th>backlog</th><th>watermark</th><th>restarts (24 h)</th><th>last validation</th></tr>")
+def _head(trend: bool = False) -> str:
+    return ("<tr><th>stream</th><th>status</th>" + ("<th>last 15 min: processed rows/s, files waiting</th>" if trend else "")
+            + "<th>last committed batch</th><th>rows/s in / processed</th><th>backlog</th><th>watermark</th>"
+            "<th>restarts (24 h)</th><th>last validation</th></tr>")
+
+
+HEAD = _head()
 
 
 @app.get("/", response_class=HTMLResponse)
 def index(user: User) -> str:
-    rows = [_row(stream_status(spec), "") for spec in _readable(user)]
-    return _page("Streams", f"<h1>Streams</h1><table>{HEAD}{''.join(rows)}</table>"
-                            "<p class='muted'>Refreshes every 10 s. Open a stream for its actions.</p>", refresh=True)
+    rows = [_row(stream_status(spec), "", trend=True) for spec in _readable(user)]
+    return _page("Streams", f"<h1>Streams</h1><table id='streams-trends' data-url='api/trends'>{_head(trend=True)}"
+                            f"{''.join(rows)}</table>"
+                            "<p class='muted'>Refreshes every 10 s. Open a stream for its charts, flow and actions.</p>",
+                 refresh=True, static="")
 
 
 @app.get("/api/status")
 def status_json(user: User) -> JSONResponse:
     return JSONResponse([stream_status(spec) for spec in _readable(user)])
+
+
+@app.get("/api/trends")
+def trends_json(user: User) -> JSONResponse:
+    return JSONResponse([views.trend(spec, _layout(spec)) for spec in _readable(user)])
+
+
+#: what ``/static/`` serves: the pages' script, and Plotly's from the plotly package
+STATIC = {"streams.js": Path(__file__).parent / "static" / "streams.js"}
+
+
+def _plotly_js() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+@app.get("/static/{name}")
+def static_file(name: str, user: User) -> FileResponse:
+    path = _plotly_js() if name == "plotly.min.js" else STATIC.get(name)
+    if path is None or not path.is_file():
+        raise HTTPException(404, "not found")
+    return FileResponse(path, media_type="text/javascript", headers={"Cache-Control": "private, max-age=3600"})
+
+
+def _layout(spec: StreamSpec) -> Layout:
+    return Layout(spec, default_data_root(), default_spec_dir())
+
+
+def _range(value: str) -> str:
+    try:
+        views.range_seconds(value)
+    except views.RangeError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return value
+
+
+@app.get("/{stream}/api/charts")
+def charts_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:  # noqa: A002
+    spec = _spec(stream, user)
+    return JSONResponse(views.charts(spec, _layout(spec), _range(range)))
+
+
+@app.get("/{stream}/api/flow")
+def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:  # noqa: A002
+    spec = _spec(stream, user)
+    return JSONResponse(views.flow(spec, _layout(spec), stream_status(spec), _range(range)))
+
+
+@app.get("/{stream}/row", response_class=HTMLResponse)
+def stream_row(stream: str, user: User) -> str:
+    """The stream's status row, which its page refreshes."""
+    return _row(stream_status(_spec(stream, user)), "../", row_url="row")
 
 
 @app.get("/dag/{dag}")
@@ -195,6 +269,9 @@ def dag_page(dag: str, user: User) -> RedirectResponse:
             return RedirectResponse(f"../{name}/", status_code=307)
     raise HTTPException(404, f"{dag} is not a stream's DAG")
 
+
+#: the charts of a stream's page, in order (streamops.views.charts)
+CHARTS = ("rates", "durations", "backlog", "lag", "state", "quarantine")
 
 #: action -> (the role of the DAG it triggers, what it does)
 ACTIONS = {
@@ -213,8 +290,10 @@ def _actions(spec: StreamSpec) -> dict[str, tuple[str, str]]:
 
 
 @app.get("/{stream}/", response_class=HTMLResponse)
-def stream_page(stream: str, request: Request, user: User, triggered: str | None = None) -> str:
+def stream_page(stream: str, request: Request, user: User, triggered: str | None = None,
+                range: str = views.DEFAULT_RANGE) -> str:  # noqa: A002
     spec = _spec(stream, user)
+    chosen = _range(range)
     s = stream_status(spec)
     note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
     forms = []
@@ -229,10 +308,16 @@ def stream_page(stream: str, request: Request, user: User, triggered: str | None
         forms.append(f"<form method='post' action='actions/{action}'>{fields}<button type='submit' "
                      f"name='action' value='{action}'>{action}</button> <span class='muted'>{what} "
                      f"(<code>{escape(dag_id(stream, role))}</code>)</span></form>")
+    ranges = " · ".join(f"<b>{key}</b>" if key == chosen else f"<a href='?range={key}'>{key}</a>" for key in views.RANGES)
+    charts = "".join(f"<div class='chart' id='chart-{c}'></div>" for c in CHARTS)
     return _page(f"Stream {stream}",
                  f"<p><a href='../'>All streams</a></p><h1>Stream <code>{escape(stream)}</code></h1>"
-                 f"<p>{escape(spec.description)}</p>{note}<table>{HEAD}{_row(s, '../')}</table><h2>Actions</h2>"
-                 f"{''.join(forms)}", refresh=not note)
+                 f"<p>{escape(spec.description)}</p>{note}<table>{HEAD}{_row(s, '../', row_url='row')}</table>"
+                 f"<p>Range: {ranges} <span class='muted'>(the charts, the flow and the status refresh every 15 s)</span></p>"
+                 f"<h2 id='flow'>Flow</h2><div id='streams-flow' data-url='api/flow?range={chosen}'><div class='plot'></div>"
+                 f"<table class='nodes'></table></div>"
+                 f"<h2 id='charts'>History</h2><div id='streams-charts' data-url='api/charts?range={chosen}'>{charts}</div>"
+                 f"<h2>Actions</h2>{''.join(forms)}", static="../")
 
 
 @app.post("/{stream}/actions/{action}")

@@ -42,8 +42,8 @@ def chromium(missing_system_package) -> str:  # noqa: ANN001 - tests/conftest.py
 def ingested_batch(page) -> int:  # noqa: ANN001 - a Playwright page
     """The ingestion's last committed batch as the page shows it (it also commits the
     readings, which the ingestion serves: that output has no query of its own)."""
-    cell = page.locator("tr[data-stream='sensors'] td").nth(2).inner_text()
-    match = re.search(r"(?:^|\s)_ingest: (\d+)", cell)
+    row = page.locator("tr[data-stream='sensors']").inner_text()
+    match = re.search(r"(?:^|\s)_ingest: (\d+)", row)
     return int(match.group(1)) if match else -1
 
 
@@ -78,6 +78,8 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
             page = browser.new_page()
+            console: list[str] = []  # a script the page's Content-Security-Policy refused would say so here
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             page.goto(f"{airflow.url}/streams/")
             assert "Not authenticated" in page.content()
             page.goto(f"{airflow.url}/")
@@ -107,6 +109,25 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
 
             wait_for(newer, "the page to show a newer committed batch", timeout=300, every=3)
             page.screenshot(path=str(ARTIFACTS / "streams-page.png"), full_page=True)
+            # the overview's trend, the stream's charts and its flow graph, drawn by Plotly (served by
+            # the plugin, allowed by the pages' policy) from the history the driver and supervisor keep
+            drawn = [".trend[data-stream='sensors'] .main-svg"] + [f"#chart-{chart} .main-svg" for chart in
+                                                                    ("rates", "durations", "lag", "state", "quarantine")]
+            for selector in [*drawn, "#streams-flow .plot .sankey"]:
+                if selector.startswith("#chart"):
+                    page.goto(f"{airflow.url}/streams/sensors/?range=15m") if "sensors/" not in page.url else None
+                try:
+                    page.locator(selector).first.wait_for(timeout=60_000)
+                except Exception:
+                    print("\n".join(console))  # what the browser said (a refused script, an error)
+                    raise
+            ingestion = page.locator("#streams-flow table.nodes tr[data-node='ingestion'] td")
+            assert int(ingestion.nth(1).inner_text()) >= 4 * 30 - 10, "rows into the ingestion over the range"
+            assert page.locator("#chart-rates .scatterlayer .trace").count() >= 2  # input and processed drawn
+            page.screenshot(path=str(ARTIFACTS / "stream-page.png"), full_page=True)
+            refused = [m for m in console if "Content Security Policy" in m or "Refused to" in m]
+            assert not refused, refused
+
             # an action from the page itself (its CSRF token, the browser's own Origin) goes through
             page.goto(f"{airflow.url}/streams/sensors/")
             page.locator("select[name=mode]").select_option("graceful")
@@ -119,3 +140,4 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
     assert (ARTIFACTS / "streams-page.png").stat().st_size > 10_000
+    assert (ARTIFACTS / "stream-page.png").stat().st_size > 30_000

@@ -60,3 +60,18 @@ def test_the_backlog_at_an_earlier_moment_counts_only_files_landed_by_then(tmp_p
     assert landing_backlog(landing, taken) == (2, 6)
     assert landing_backlog(landing, taken, landed_by=250)[0] == 1
     assert landing_backlog(landing, set(), landed_by=50)[0] == 0
+
+
+def test_rows_waiting_are_estimated_from_a_sample_of_the_waiting_files(tmp_path: Path) -> None:
+    from spark_jobs.checkpoint import estimate_rows, waiting_files
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for i, rows in enumerate((10, 10, 10, 10)):
+        (landing / f"f{i}.csv").write_text("a,b\n" + "".join(f"{j},x\n" for j in range(rows)))
+        os.utime(landing / f"f{i}.csv", (1000 + i, 1000 + i))
+    waiting = waiting_files(landing, {"f0.csv"})
+    assert [f.name for f in waiting] == ["f1.csv", "f2.csv", "f3.csv"]  # oldest first, taken ones left out
+    assert estimate_rows(landing, waiting, header=True, sample=2) == 30  # 2 files read, 3 files' bytes
+    assert estimate_rows(landing, waiting, header=False) == 33
+    assert estimate_rows(landing, [], header=True) is None

@@ -43,6 +43,28 @@ class StreamHook(BaseHook):
     def health(self, now: float | None = None) -> Health:
         return assess(self.spec, self.layout, now)
 
+    def record_backlog(self, health: Health) -> None:
+        """Add the backlog the supervisor sees (files, bytes, rows estimated) to the stream's
+        history, which its charts draw (spark_jobs.history)."""
+        from spark_jobs.checkpoint import estimate_rows, read_query_checkpoint, waiting_files
+        from spark_jobs.history import History
+        from spark_jobs.spec import INGEST_QUERY, FileSource
+
+        source = self.spec.source
+        if not isinstance(source, FileSource):
+            return
+        values: dict[str, float] = {"backlog_files": health.backlog_files, "backlog_bytes": health.backlog_bytes,
+                                    "backlog_rows": 0}
+        if health.backlog_files:
+            ingestion = read_query_checkpoint(self.layout.checkpoint(INGEST_QUERY))
+            waiting = waiting_files(self.layout.landing, ingestion.processed_files)
+            rows = estimate_rows(self.layout.landing, waiting, header=source.format == "csv")
+            if rows is None:
+                del values["backlog_rows"]
+            else:
+                values["backlog_rows"] = rows
+        History(self.layout.history_file).sample(values, at=health.checked_at)
+
     def driver_alive(self) -> bool:
         return holder_alive(self.layout.lease_dir)
 

@@ -241,6 +241,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             else:
                 hook.wait_for_exit(self.poll_seconds)
             health = hook.health()
+            hook.record_backlog(health)
             if health.status != last_status:
                 self.log.info("%s", health.summary())
                 last_status = health.status

@@ -262,3 +262,31 @@ def test_pages_say_what_they_may_load_and_the_data_docs_are_sandboxed(client, da
         assert "unit 1 passed" in docs.text and "<style>" in docs.text
     summary = client.get("/streams/sensors/quality/")  # our own page, not sandboxed
     assert "sandbox" not in summary.headers["content-security-policy"]
+
+
+def test_a_streams_page_draws_its_charts_and_flow_from_its_own_json(client) -> None:
+    for path in ("/streams/static/plotly.min.js", "/streams/sensors/api/charts", "/streams/sensors/api/flow",
+                 "/streams/api/trends", "/streams/sensors/row"):
+        assert client.get(path).status_code == 401, path  # behind the login like every page
+    login(client)
+    page = client.get("/streams/sensors/?range=15m").text
+    assert "<script src='../static/plotly.min.js'></script>" in page and "data-url='api/charts?range=15m'" in page
+    for chart in ("rates", "durations", "backlog", "lag", "state", "quarantine"):
+        assert f"id='chart-{chart}'" in page
+    plotly = client.get("/streams/static/plotly.min.js")
+    assert plotly.status_code == 200 and "plotly.js v" in plotly.text[:200]
+    assert plotly.headers["content-type"].startswith("text/javascript")
+    assert "Plotly.react" in client.get("/streams/static/streams.js").text
+    assert client.get("/streams/static/../ui.py").status_code == 404
+    assert client.get("/streams/static/ui.py").status_code == 404
+    charts = client.get("/streams/sensors/api/charts?range=24h").json()
+    assert charts["range"] == "24h" and [c["id"] for c in charts["charts"]][0] == "rates"
+    flow = client.get("/streams/sensors/api/flow?range=1h").json()
+    nodes = {n["key"] for n in flow["nodes"]}
+    assert {"landing", "ingestion", "accepted", "quarantine", "output:readings", "sink:device_status"} <= nodes
+    bad = client.get("/streams/sensors/api/charts?range=forever")
+    assert bad.status_code == 400 and "range must be one of 15m, 1h, 24h" in bad.json()["detail"]
+    assert client.get("/streams/sensors/?range=forever").status_code == 400
+    assert {t["stream"] for t in client.get("/streams/api/trends").json()} == {"sensors", "clicks"}
+    assert client.get("/streams/sensors/row").text.startswith("<tr data-stream='sensors' data-row-url='row'>")
+    assert "class='trend' data-stream='sensors'" in client.get("/streams/").text

@@ -1,0 +1,261 @@
+"""What the Streams pages draw, as data: a stream's charts over a range, its flow graph, its trend.
+
+All of it is read from files, without Spark: the stream's history (:mod:`spark_jobs.history`,
+folded from the driver's progress events and the supervisor's backlog samples), its runs
+(``runs.json``: starts, restarts, stops), its quality ledger (validations and their results)
+and the health the checkpoint shows. The pages' script (``static/streams.js``) draws it with
+Plotly, which the project installs (no CDN).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from spark_jobs.history import MINUTE, STREAM, History, Point
+from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, Output, StreamSpec, duration_seconds
+
+RANGES = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0}
+DEFAULT_RANGE = "1h"
+TREND_SECONDS = 900.0
+
+
+class RangeError(ValueError):
+    """A range the pages do not offer."""
+
+
+def range_seconds(key: str) -> float:
+    if key not in RANGES:
+        raise RangeError(f"range must be one of {', '.join(RANGES)}, not {key!r}")
+    return RANGES[key]
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _label(query: str) -> str:
+    return "ingestion" if query == INGEST_QUERY else query
+
+
+def _trace(name: str, points: list[Point], value: Callable[[Point], float | None], **style: Any) -> dict[str, Any]:
+    pairs = [(iso(p.at), value(p)) for p in points]
+    pairs = [(x, round(y, 3)) for x, y in pairs if y is not None]
+    return {"name": name, "x": [x for x, _ in pairs], "y": [y for _, y in pairs], **style}
+
+
+def _queries(data: dict[tuple[str, str], list[Point]]) -> list[str]:
+    return sorted({q for q, _ in data if q != STREAM}, key=lambda q: (q != INGEST_QUERY, q))
+
+
+def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now: float | None = None) -> dict[str, Any]:
+    """The stream's charts over the range: each a title, a y-axis title and its traces; and the
+    markers (restarts, stops, validations) to draw on every chart's time axis."""
+    seconds = range_seconds(range_key)
+    now = time.time() if now is None else now
+    since = now - seconds
+    history = History(layout.history_file)
+    tier = history.tier_for(since, now)
+    data = history.series(since, now, tier=tier)
+    per_minute = tier == MINUTE
+    queries = _queries(data)
+
+    def points(query: str, metric: str) -> list[Point]:
+        return data.get((query, metric), [])
+
+    rates = []
+    if INGEST_QUERY in queries or not spec.has_ingestion:
+        first = INGEST_QUERY if spec.has_ingestion else (queries[0] if queries else None)
+        if first is not None:
+            rates.append(_trace("input", points(first, "input_rows") if per_minute else points(first, "input_rps"),
+                                (lambda p: p.sum / MINUTE) if per_minute else (lambda p: p.last)))
+    for q in queries:
+        rates.append(_trace(f"{_label(q)}: processed", points(q, "processed_rps"), lambda p: p.mean,
+                            line={"dash": "solid" if q == INGEST_QUERY else "dot"}))
+
+    durations = [_trace(_label(q), points(q, "batch_ms"), lambda p: p.mean / 1000) for q in queries]
+    trigger = spec.trigger.processing_time
+    if trigger:
+        interval = duration_seconds(trigger)
+        durations.append({"name": f"trigger interval ({trigger})", "x": [iso(since), iso(now)],
+                          "y": [interval, interval], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
+
+    backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
+               _trace("rows waiting (estimated)", points(STREAM, "backlog_rows"), lambda p: p.max, yaxis="y2")]
+
+    lag = [_trace(_label(q), points(q, "lag_s"), lambda p: p.max) for q in queries if points(q, "lag_s")]
+    state = [_trace(_label(q), points(q, "state_rows"), lambda p: p.last) for q in queries if points(q, "state_rows")]
+
+    classified = {p.at: p.sum for p in points(INGEST_QUERY, "classified")}
+    share = _trace("quarantined share", points(INGEST_QUERY, "quarantined"),
+                   lambda p: 100.0 * p.sum / classified[p.at] if classified.get(p.at) else None)
+
+    every = "per minute" if per_minute else "per batch"
+    return {
+        "stream": spec.name, "range": range_key, "since": iso(since), "until": iso(now),
+        "resolution": every,
+        "charts": [
+            {"id": "rates", "title": f"Rows per second ({every})", "y": "rows/s", "traces": rates},
+            {"id": "durations", "title": "Batch duration against the trigger interval", "y": "seconds",
+             "traces": durations},
+            {"id": "backlog", "title": "Backlog: files and rows waiting", "y": "files", "y2": "rows",
+             "traces": backlog if spec.has_ingestion else []},
+            {"id": "lag", "title": "Event-time lag (batch time minus watermark)", "y": "seconds", "traces": lag},
+            {"id": "state", "title": "State rows", "y": "rows", "traces": state},
+            {"id": "quarantine", "title": "Quarantined share of the rows the ingestion classified", "y": "%",
+             "traces": [share] if spec.has_ingestion else []},
+        ],
+        "markers": markers(layout, since, now),
+    }
+
+
+def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
+    """Starts, restarts, stops and failures of the stream's driver (its runs), and validations."""
+    out: list[dict[str, Any]] = []
+    try:
+        runs = json.loads(layout.runs_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        runs = []
+    previous: dict[str, Any] | None = None
+    for run in runs if isinstance(runs, list) else []:
+        started, ended = run.get("started_at"), run.get("ended_at")
+        if isinstance(started, int | float) and since <= started <= until:
+            clean = previous is None or previous.get("requested") or previous.get("exit_code") == 0
+            out.append({"at": iso(started), "kind": "start" if clean else "restart",
+                        "text": "started" if clean else f"restarted after: {previous.get('reason') or 'a failure'}"})
+        if isinstance(ended, int | float) and since <= ended <= until:
+            stopped = run.get("requested") or (run.get("exit_code") == 0 and not run.get("forced"))
+            out.append({"at": iso(ended), "kind": "stop" if stopped else "failure",
+                        "text": (run.get("reason") or "stopped") if stopped else
+                        f"driver ended: {run.get('reason') or 'exit ' + str(run.get('exit_code'))}"})
+        previous = run
+    for run in _ledger(layout).get("runs", []):
+        at = _seconds(run.get("at"))
+        if at is not None and since <= at <= until:
+            out.append({"at": run["at"], "kind": "validation" if run.get("ok") else "validation failed",
+                        "text": f"validated {run.get('units', 0)} unit(s), {run.get('failed', 0)} failed"
+                                + (f" (backfill {run['backfill']})" if run.get("backfill") else "")})
+    return sorted(out, key=lambda m: m["at"])
+
+
+def _seconds(value: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _ledger(layout: Layout) -> dict[str, Any]:
+    try:
+        data = json.loads((layout.quality_dir / "ledger.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def quality_of(layout: Layout, output: str) -> dict[str, Any] | None:
+    """An output's latest data-quality result from the ledger: its last validated unit and the
+    counts of units passed and failed; None if nothing was validated yet."""
+    entry = (_ledger(layout).get("outputs") or {}).get(output) or {}
+    units = list((entry.get("units") or {}).values())
+    pruned = entry.get("pruned") or {}
+    if not units and not any(pruned.values()):
+        return None
+    last = max(units, key=lambda u: u.get("validated_at") or "", default=None)
+    return {"passed": sum(u.get("status") == "passed" for u in units) + pruned.get("passed", 0),
+            "failed": sum(u.get("status") == "failed" for u in units) + pruned.get("failed", 0),
+            "last": None if last is None else {k: last.get(k) for k in ("unit", "status", "validated_at", "docs")}}
+
+
+def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: str = DEFAULT_RANGE,
+         now: float | None = None) -> dict[str, Any]:
+    """The stream's flow graph over the range: nodes (landing directory, ingestion, accepted
+    rows, quarantine, dropped rows, each output and its sink) with their rows in and out, status
+    and latest data-quality result, and links carrying the rows that flowed between them."""
+    seconds = range_seconds(range_key)
+    now = time.time() if now is None else now
+    totals = History(layout.history_file).totals(now - seconds, now)
+    committed = health.get("last_committed") or {}
+    nodes: list[dict[str, Any]] = []
+    links: list[dict[str, Any]] = []
+
+    def total(query: str, metric: str) -> int:
+        return int(totals.get((query, metric), 0))
+
+    def node(key: str, label: str, detail: str, status: str = "", url: str | None = None) -> int:
+        nodes.append({"key": key, "label": label, "detail": detail, "status": status, "url": url,
+                      "rows_in": 0, "rows_out": 0})
+        return len(nodes) - 1
+
+    def link(source: int, target: int, rows: int, what: str) -> None:
+        nodes[source]["rows_out"] += rows
+        nodes[target]["rows_in"] += rows
+        links.append({"source": source, "target": target, "value": rows, "label": what})
+
+    def batch_of(query: str) -> str:
+        batch = committed.get(query)
+        return "no batch committed" if batch is None else f"last committed batch {batch}"
+
+    status = str(health.get("status", "unknown"))
+    if spec.has_ingestion:
+        source = spec.source
+        where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
+        backlog = health.get("backlog_files")
+        landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
+        ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}",
+                      status, url="#charts")
+        accepted = node("accepted", "accepted rows", f"{layout.accepted} (Parquet, by event date)", status)
+        link(landing, ingest, total(INGEST_QUERY, "input_rows"), "rows read")
+        link(ingest, accepted, total(INGEST_QUERY, "accepted"), "accepted")
+        if spec.quarantine is not None:
+            link(ingest, node("quarantine", "quarantine", f"{layout.data(spec.quarantine.path)}"),
+                 total(INGEST_QUERY, "quarantined"), "malformed or invalid")
+        link(ingest, node("duplicates", "duplicates", "dropped by the deduplication"),
+             total(INGEST_QUERY, "duplicates"), "duplicates")
+        link(ingest, node("late", "dropped late", "behind the watermark"), total(INGEST_QUERY, "late"), "late")
+        queried = set(spec.query_names())
+        for output in spec.outputs:
+            served = output.name not in queried
+            rows_in = total(INGEST_QUERY, "accepted") if served else total(output.name, "input_rows")
+            o = node(f"output:{output.name}", output.name,
+                     "served by the ingestion: its sink is the accepted-rows table" if served else
+                     f"{output.mode} output; {batch_of(output.name)}",
+                     status if served or committed.get(output.name) is not None else "starting")
+            link(accepted, o, rows_in, "accepted rows read")
+            written = total(output.name, "sink_rows")
+            sink = _sink_node(node, spec, layout, output)
+            link(o, sink, rows_in if served or not written else written, "rows written" if written else "rows")
+    else:  # an application of the user's own: its queries, as Spark reports them
+        app = node("application", spec.name, f"{status}: {health.get('reason', '')}", status, url="#charts")
+        for query in spec.query_names():
+            link(app, node(f"output:{query}", query, batch_of(query)), total(query, "input_rows"), "rows read")
+    return {"stream": spec.name, "range": range_key, "nodes": nodes, "links": links}
+
+
+def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, output: Output) -> int:
+    sink = output.sink
+    where = layout.data(sink.path) if hasattr(sink, "path") else f"table {sink.table}"
+    quality = quality_of(layout, output.name)
+    if quality is None:
+        detail, status = f"{where}; not validated yet", ""
+    else:
+        last = quality["last"] or {}
+        detail = (f"{where}; {quality['passed']} unit(s) passed, {quality['failed']} failed; last: "
+                  f"{last.get('unit')} {last.get('status')} at {last.get('validated_at')}")
+        status = "failed" if last.get("status") == "failed" else "passed"
+    return node(f"sink:{output.name}", f"{output.name} sink", detail, status, url="quality/")
+
+
+def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[str, Any]:
+    """The overview's small trend: processed rows per second and files waiting, last 15 minutes."""
+    now = time.time() if now is None else now
+    data = History(layout.history_file).series(now - TREND_SECONDS, now)
+    queries = _queries(data)
+    first = INGEST_QUERY if INGEST_QUERY in queries else (queries[0] if queries else None)
+    processed = _trace("processed rows/s", data.get((first, "processed_rps"), []) if first else [],
+                       lambda p: p.mean)
+    backlog = _trace("files waiting", data.get((STREAM, "backlog_files"), []), lambda p: p.max, yaxis="y2")
+    return {"stream": spec.name, "since": iso(now - TREND_SECONDS), "until": iso(now), "traces": [processed, backlog]}

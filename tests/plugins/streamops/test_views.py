@@ -1,0 +1,103 @@
+"""What the Streams pages draw, from a stream's files alone: charts over a range with restarts,
+stops and validations marked, and the flow graph's rows in and out of every part."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.history import History
+from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from streamops import views
+from streamops.views import iso
+
+SPEC = load_spec(default_spec_dir() / "sensors.yaml")
+NOW = time.time()
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    layout = Layout(SPEC, tmp_path / "data", default_spec_dir())
+    history = History(layout.history_file)
+    for i, at in enumerate((NOW - 600, NOW - 300)):
+        history.fold({"event": "progress", "logged_at": at, "query": INGEST_QUERY, "input_rows": 100,
+                      "input_rows_per_second": 10.0, "processed_rows_per_second": 40.0 + i,
+                      "timestamp": iso(at), "watermark": iso(at - 120), "duration_ms": {"triggerExecution": 2500},
+                      "state_rows": 300 + i, "sink_rows": -1, "dropped_duplicates": 5})
+        history.fold({"event": "ingested", "logged_at": at - 1, "query": INGEST_QUERY, "rows": 95, "accepted": 80,
+                      "quarantined": 10, "late": 5})
+        history.fold({"event": "progress", "logged_at": at + 2, "query": "device_status", "input_rows": 80,
+                      "processed_rows_per_second": 90.0, "timestamp": iso(at), "duration_ms": {"triggerExecution": 900},
+                      "state_rows": 20, "sink_rows": -1})
+    history.sample({"backlog_files": 3, "backlog_rows": 120}, at=NOW - 200)
+    layout.runs_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.runs_file.write_text(json.dumps([
+        {"started_at": NOW - 800, "ended_at": NOW - 500, "exit_code": 1, "reason": "driver lost", "forced": False,
+         "requested": False},
+        {"started_at": NOW - 480, "ended_at": NOW - 100, "exit_code": 0, "reason": "stop requested", "forced": False,
+         "requested": True},
+        {"started_at": NOW - 7200, "ended_at": None, "exit_code": None, "reason": "", "forced": False,
+         "requested": False},  # out of range
+    ]))
+    layout.quality_dir.mkdir(parents=True, exist_ok=True)
+    (layout.quality_dir / "ledger.json").write_text(json.dumps({
+        "runs": [{"at": iso(NOW - 150), "ok": False, "units": 2, "failed": 1, "backfill": None}],
+        "outputs": {"site_temperature_10m": {"units": {
+            "u1": {"unit": "u1", "status": "passed", "validated_at": iso(NOW - 3000)},
+            "u2": {"unit": "u2", "status": "failed", "validated_at": iso(NOW - 150), "docs": "x.html"}},
+            "pruned": {"passed": 4, "failed": 0}}}}))
+    return layout
+
+
+def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout: Layout) -> None:
+    data = views.charts(SPEC, layout, "15m", now=NOW)
+    assert data["resolution"] == "per batch"
+    charts = {c["id"]: {t["name"]: t["y"] for t in c["traces"]} for c in data["charts"]}
+    assert charts["rates"]["input"] == [10.0, 10.0]
+    assert charts["rates"]["ingestion: processed"] == [40.0, 41.0]
+    assert charts["rates"]["device_status: processed"] == [90.0, 90.0]
+    assert charts["durations"]["ingestion"] == [2.5, 2.5] and charts["durations"]["trigger interval (5 seconds)"] == [5, 5]
+    assert charts["backlog"] == {"files waiting": [3], "rows waiting (estimated)": [120]}
+    assert charts["lag"] == {"ingestion": [120.0, 120.0]}
+    assert charts["state"]["ingestion"] == [300, 301]
+    assert charts["quarantine"]["quarantined share"] == [pytest.approx(10.526, abs=0.01)] * 2
+    assert [(m["kind"], m["text"]) for m in data["markers"]] == [
+        ("start", "started"), ("failure", "driver ended: driver lost"), ("restart", "restarted after: driver lost"),
+        ("validation failed", "validated 2 unit(s), 1 failed"), ("stop", "stop requested")]
+
+
+def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout) -> None:
+    day = views.charts(SPEC, layout, "24h", now=NOW)
+    assert day["resolution"] == "per minute"
+    rates = next(c for c in day["charts"] if c["id"] == "rates")
+    assert sum(next(t for t in rates["traces"] if t["name"] == "input")["y"]) == pytest.approx(200 / 60, abs=0.01)
+    with pytest.raises(views.RangeError, match="range must be one of 15m, 1h, 24h"):
+        views.charts(SPEC, layout, "7d")
+
+
+def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layout: Layout) -> None:
+    health = {"status": "healthy", "reason": "committing", "backlog_files": 3,
+              "last_committed": {INGEST_QUERY: 9, "site_temperature_10m": 8, "device_status": None}}
+    data = views.flow(SPEC, layout, health, "15m", now=NOW)
+    nodes = {n["key"]: n for n in data["nodes"]}
+    assert nodes["landing"]["rows_out"] == 200 and "3 file(s) waiting" in nodes["landing"]["detail"]
+    ingestion = nodes["ingestion"]
+    assert (ingestion["rows_in"], ingestion["status"], ingestion["url"]) == (200, "healthy", "#charts")
+    assert nodes["accepted"]["rows_in"] == 160
+    assert (nodes["quarantine"]["rows_in"], nodes["duplicates"]["rows_in"], nodes["late"]["rows_in"]) == (20, 10, 10)
+    assert nodes["output:readings"]["rows_in"] == 160 and "served by the ingestion" in nodes["output:readings"]["detail"]
+    assert nodes["output:device_status"]["rows_in"] == 160 and nodes["output:device_status"]["status"] == "starting"
+    sink = nodes["sink:site_temperature_10m"]
+    assert sink["status"] == "failed" and sink["url"] == "quality/"
+    assert "5 unit(s) passed, 1 failed; last: u2 failed" in sink["detail"]
+    assert "not validated yet" in nodes["sink:device_status"]["detail"]
+    assert all(0 <= link["source"] < len(data["nodes"]) for link in data["links"])
+
+
+def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout) -> None:
+    trend = views.trend(SPEC, layout, now=NOW)
+    processed, backlog = trend["traces"]
+    assert processed["y"] == [40.0, 41.0] and backlog["y"] == [3]
