@@ -11,7 +11,8 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
   ``end``, or the run's data interval, so Airflow's own backfills work), idempotently, then
   validate what it wrote.
 * ``stream_<name>_quality``: validate every unit of the sinks closed since the last run with
-  Great Expectations, and the accounting of every input row; on the rules' ``schedule``.
+  Great Expectations, and the accounting of every input row; when units of the sinks close
+  (every sink is an Airflow asset, ``streamops.assets``), and on the rules' ``schedule`` if set.
 
 A stream that is an application of the user's own (``application:`` in its spec) gets the
 first three: it is deployed, supervised, stopped and restarted like the others.
@@ -30,9 +31,10 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.spec import StreamSpec, default_spec_dir, load_spec
+from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
+from streamops.assets import quality_schedule, sink_assets
 from streamops.health import RUNNING
 from streamops.operators.quality import ValidateStreamOperator
 from streamops.operators.stream import (
@@ -175,9 +177,14 @@ def _data_dags(spec: StreamSpec, spec_dir: Path, paths: dict[str, Any], tags: li
         bounds >> backfill >> validate
     dags[backfill_dag.dag_id] = backfill_dag
 
+    layout = Layout(spec, paths["data_root"] or default_data_root(), spec_dir)
+    assets = sink_assets(spec, layout, paths)
+    when = " and ".join(filter(None, [f"when units of its sinks close (assets {', '.join(a.name for a in assets)}; "
+                                      f"at most one event per sink per {rules.min_interval})" if rules.on_new_output
+                                      else "", f"on `{rules.schedule}`" if rules.schedule else ""])) or "by hand"
     quality_doc = (f"{_doc(spec, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
-                   f"`include/expectations/` (plus the checks derived from the spec). Schedule: `{rules.schedule}`.")
-    with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=rules.schedule, start_date=START,
+                   f"`include/expectations/` (plus the checks derived from the spec). Runs {when}.")
+    with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=quality_schedule(rules, assets), start_date=START,
              catchup=False, max_active_runs=1, tags=[*tags, "quality"],
              default_args={**_default_args(spec), "retries": 0}) as quality_dag:
         ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, **paths)

@@ -6,12 +6,15 @@ stream through its DAGs (Spark local mode through the ``spark_streams`` connecti
 feeds each stream from the generator, and lets the quality DAGs validate what the
 streams write. It prints where to look and, every few seconds, each stream's status.
 
-Ctrl-C (or the end of ``--minutes``) shuts it down in order: the generators stop, the
-streams catch up with what landed, the quality DAGs validate it, the streams stop
-gracefully through their stop DAGs, Airflow stops; then a summary per stream (rows in,
-accepted, quarantined, duplicates, dropped late, rows per sink against the generator's
-ground truth, restarts, units validated, whether the accounting balances) is printed
-and written to ``<data root>/summary.json``. A second Ctrl-C skips the wait and kills.
+While it runs, the quality DAGs validate as units of the sinks close (Airflow assets).
+Ctrl-C (or the end of ``--minutes``) shuts it down in order, saying every 15 seconds what
+it waits for: the generators stop, the streams catch up with what landed, they stop
+gracefully through their stop DAGs, the quality DAGs validate what they wrote, Airflow
+stops; then a summary per stream (rows in, accepted, quarantined, duplicates, dropped
+late, rows per sink against the generator's ground truth, restarts, units validated and
+how soon after they closed, whether the accounting balances) is printed and written to
+``<data root>/summary.json``. A second Ctrl-C skips the wait and kills. Spark's own output
+(banners, progress bars) goes to the logs, not the terminal.
 
 Everything lives under the data root (default ``data/platform``): landing directories,
 checkpoints, sinks, quality reports and the Airflow home (``airflow/``, with its logs
@@ -23,17 +26,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from spark_jobs.quality.closing import validation_delays
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
 from spark_jobs.tables import redact
 from streamops import dag_id
@@ -117,6 +126,8 @@ class AirflowServices:
         )
         self.env.update(extra_env or {})  # added, or in place of the defaults above (e.g. the DAGs folder)
         self.procs: list[subprocess.Popen] = []
+        self.all_admins, self.users = all_admins, users
+        self._token: str | None = None
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         # a session of its own: a Ctrl-C at the terminal is for the platform, not for this command
@@ -156,20 +167,66 @@ class AirflowServices:
         return [" ".join(service) for service, p in zip(self.SERVICES, self.procs, strict=False) if p.poll() is not None]
 
     def healthy(self) -> bool:
-        import urllib.request
-
         try:
             with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as response:
                 return response.status == 200
         except OSError:
             return False
 
+    # -- Airflow's REST API (a CLI command costs seconds of CPU; the API answers in milliseconds)
+
+    def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A call of Airflow's REST API (``/api/v2/...``) as the first configured user (admin)."""
+        for attempt in (1, 2):
+            if self._token is None:
+                self._token = self._new_token()
+            request = urllib.request.Request(
+                f"{self.url}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401 and attempt == 1:  # the token expired: a new one
+                    self._token = None
+                    continue
+                raise RuntimeError(f"Airflow API {method} {path}: HTTP {exc.code} {exc.read()[:500]!r}") from None
+        raise AssertionError("unreachable")
+
+    def _new_token(self) -> str:
+        if self.all_admins:
+            request = urllib.request.Request(f"{self.url}/auth/token")
+        else:
+            user = self.users.split(",")[0].split(":")[0]
+            password = json.loads(self.passwords_file.read_text(encoding="utf-8"))[user]
+            request = urllib.request.Request(f"{self.url}/auth/token", method="POST",
+                                             data=json.dumps({"username": user, "password": password}).encode(),
+                                             headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["access_token"]
+
     def dag_ids(self) -> set[str]:
-        result = self.cli("dags", "list", "-o", "json", check=False)
-        return {d["dag_id"] for d in json_lines(result.stdout)} if result.returncode == 0 else set()
+        try:
+            return {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=1000&paused=")["dags"]}
+        except (OSError, RuntimeError, ValueError, KeyError):
+            result = self.cli("dags", "list", "-o", "json", check=False)
+            return {d["dag_id"] for d in json_lines(result.stdout)} if result.returncode == 0 else set()
 
     def runs(self, dag_id: str) -> list[dict]:
-        return json_lines(self.cli("dags", "list-runs", dag_id, "-o", "json").stdout)
+        """The DAG's runs, newest first: run_id, state, run_type, conf, ..."""
+        try:
+            runs = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1000")["dag_runs"]
+        except (OSError, RuntimeError, ValueError, KeyError):  # no API server (yet): the CLI reads the database
+            return json_lines(self.cli("dags", "list-runs", dag_id, "-o", "json").stdout)
+        return [{"run_id": r["dag_run_id"], **r} for r in runs]
+
+    def unpause(self, dag_id: str) -> None:
+        self.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
+        """Trigger a run of the DAG (as Airflow's own trigger form: now, with ``conf``); its run id."""
+        run = self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
+        return run["dag_run_id"]
 
     def import_errors(self) -> list[dict]:
         return json_lines(self.cli("dags", "list-import-errors", "-o", "json", check=False).stdout)
@@ -184,6 +241,27 @@ def private_log(path: Path):  # noqa: ANN201 - a file object, closed with the pr
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "a")
+
+
+@contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """Standard output and error of this process, and of what it starts meanwhile (a JVM, which
+    keeps them), go to ``path`` instead of the terminal: no Spark banners or progress bars there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    saved = os.dup(1), os.dup(2)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -208,6 +286,7 @@ class Platform:
         self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master,
                                        extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
         self.generators: dict[str, subprocess.Popen] = {}
+        self.quality_runs: dict[str, list[dict[str, Any]]] = {}
         self.started_at = time.time()
         self.deployed = False
         self.interrupts = 0
@@ -233,10 +312,11 @@ class Platform:
             raise RuntimeError(f"DAGs not parsed: {sorted(wanted - self.airflow.dag_ids())}\n{errors}")
         for name in sorted(self.specs):
             for dag in (dag_id(name), dag_id(name, "stop"), dag_id(name, "quality")):
-                self.airflow.cli("dags", "unpause", dag)
-            self.airflow.cli("dags", "trigger", dag_id(name))
+                self.airflow.unpause(dag)
+            self.airflow.trigger(dag_id(name))
             self.deployed = True
-            self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused")
+            self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused "
+                     f"(it validates when units of the stream's sinks close: Airflow assets)")
             self.generators[name] = subprocess.Popen(
                 [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
                  "--data-root", str(self.data_root), "--rate", str(self.rate),
@@ -283,9 +363,11 @@ class Platform:
     # -- stop
 
     def shutdown(self, graceful: bool = True) -> None:
-        """Stop everything; ``graceful``: let the streams catch up, validate, then stop them through their DAGs."""
+        """Stop everything; ``graceful``: let the streams take what landed, stop them through their
+        stop DAGs, validate what they wrote, then stop Airflow. Says where it is every 15 s."""
         from streamops.hooks.stream import StreamHook
 
+        began = time.monotonic()
         for gen in self.generators.values():
             if gen.poll() is None:
                 gen.send_signal(signal.SIGTERM)
@@ -298,11 +380,7 @@ class Platform:
         second_interrupt = lambda: self.interrupts > 1  # noqa: E731
         if graceful:
             self.out("==> generators stopped; waiting for the streams to take what landed")
-            for name in sorted(self.specs):
-                self.catch_up(name, second_interrupt)
-        if graceful and not second_interrupt():
-            self.out("==> validating what the streams wrote (quality DAGs)")
-            self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
+            self.catch_up(second_interrupt)
         self.out("==> stopping the streams" + (" gracefully (stop DAGs)" if graceful else ""))
         if graceful and not second_interrupt():
             self.run_dags({dag_id(name, "stop"): {"mode": "graceful"} for name in sorted(self.specs)}, 240,
@@ -312,53 +390,95 @@ class Platform:
             if hook.driver_alive():
                 hook.kill_driver()
                 hook.wait_for_exit(30)
+        if graceful and not second_interrupt():
+            # after the streams stopped: the validation has the machine to itself
+            self.out("==> validating what the streams wrote (quality DAGs)")
+            self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
+        if self.deployed:
+            self.quality_runs = self._quality_runs()
         self.out("==> stopping Airflow")
         self.airflow.stop()
+        self.out(f"==> shut down in {time.monotonic() - began:.0f} s")
 
-    def catch_up(self, name: str, interrupted: Callable[[], bool], timeout: float = 300) -> None:
-        """Wait until the stream is idle (all input taken); give up on one that stays down for 60 s."""
+    def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
+        """The quality DAGs' runs (before Airflow stops): how validation was started, and how it went."""
+        try:
+            return {name: self.airflow.runs(dag_id(name, "quality")) for name in self.specs}
+        except (OSError, RuntimeError) as exc:
+            self.out(f"    could not list the quality DAGs' runs: {exc}")
+            return {}
+
+    def catch_up(self, interrupted: Callable[[], bool], timeout: float = 300) -> None:
+        """Wait until every stream is idle (all input taken); give up on one that stays down for 60 s."""
         from streamops.health import Status, assess
 
-        down_since: float | None = None
+        pending = set(self.specs)
+        down_since: dict[str, float] = {}
+        say = Every(PROGRESS_SECONDS)
 
         def settled() -> bool:
-            nonlocal down_since
-            status = assess(self.specs[name], self.layouts[name]).status
-            if status in (Status.DEAD, Status.CORRUPT):
-                down_since = down_since or time.monotonic()
-                return time.monotonic() - down_since > 60
-            down_since = None
-            return status == Status.IDLE
+            healths = {name: assess(self.specs[name], self.layouts[name]) for name in sorted(pending)}
+            for name, health in healths.items():
+                if health.status == Status.IDLE:
+                    pending.discard(name)
+                    self.out(f"    {name}: took everything that landed ({_batches(health)})")
+                elif health.status in (Status.DEAD, Status.CORRUPT):
+                    down_since.setdefault(name, time.monotonic())
+                    if time.monotonic() - down_since[name] > 60:
+                        pending.discard(name)
+                        self.out(f"    {name} is down; not waiting for it: {health.summary()}")
+                else:
+                    down_since.pop(name, None)
+            if pending and say.due():
+                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for the streams to take what landed: " + "; ".join(
+                    f"{name}: {healths[name].status}, {healths[name].backlog_files} file(s) waiting, "
+                    f"{_batches(healths[name])}" for name in sorted(pending)))
+            return not pending
 
         wait_until(settled, timeout, interrupted=interrupted)
-        health = assess(self.specs[name], self.layouts[name])
-        if health.status != Status.IDLE:
-            self.out(f"    {name} has not caught up: {health.summary()}")
+        for name in sorted(pending):
+            self.out(f"    {name} has not caught up: {assess(self.specs[name], self.layouts[name]).summary()}")
 
     def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,
                  interrupted: Callable[[], bool]) -> dict[str, str]:
         """Trigger a run of each DAG (with its conf), all at once, and wait for every run to
         end; each DAG's final state ("unfinished" after ``timeout`` seconds)."""
-        before = {dag: {r["run_id"] for r in self.airflow.runs(dag)} for dag in runs}
-        for dag, conf in runs.items():
-            self.airflow.cli("dags", "trigger", dag, "--conf", json.dumps(conf))
+        ids = {dag: self.airflow.trigger(dag, conf) for dag, conf in runs.items()}
         states: dict[str, str] = {}
+        current: dict[str, str] = {}
+        began = time.monotonic()
+        say = Every(PROGRESS_SECONDS)
 
         def ended() -> bool:
-            for dag in runs:
-                if dag not in states:
-                    new = [r for r in self.airflow.runs(dag) if r["run_id"] not in before[dag]]
-                    if new and new[0]["state"] in ("success", "failed"):
-                        states[dag] = new[0]["state"]
-                        self.out(f"    {dag}: {states[dag]}")
-            return len(states) == len(runs)
+            for dag, run_id in ids.items():
+                if dag in states:
+                    continue
+                state = next((r["state"] for r in self.airflow.runs(dag) if r["run_id"] == run_id), "unknown")
+                current[dag] = state
+                if state in ("success", "failed"):
+                    states[dag] = state
+                    self.out(f"    {dag}: {state} after {time.monotonic() - began:.0f} s")
+            waiting = [dag for dag in runs if dag not in states]
+            if waiting and say.due():
+                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for " + ", ".join(
+                    f"{dag} ({current.get(dag, 'queued')}, {time.monotonic() - began:.0f} s)" for dag in waiting)
+                    + self._doing(waiting))
+            return not waiting
 
-        wait_until(ended, timeout, every=3, interrupted=interrupted)
+        wait_until(ended, timeout, every=1, interrupted=interrupted)
         for dag in runs:
             if dag not in states:
                 states[dag] = "unfinished"
                 self.out(f"    {dag}: unfinished")
         return states
+
+    def _doing(self, dags: list[str]) -> str:
+        """What the streams of the DAGs are doing meanwhile (a driver still finishing a batch)."""
+        from streamops.health import assess
+
+        alive = [name for name in sorted(self.specs) if any(d.startswith(dag_id(name)) for d in dags)
+                 and assess(self.specs[name], self.layouts[name]).driver_pid is not None]
+        return f"; driver still running: {', '.join(alive)}" if alive else ""
 
     # -- summary
 
@@ -369,8 +489,11 @@ class Platform:
         from spark_jobs.testdata import verify
         from streamops.restarts import RestartBudget
 
-        spark = build_session("platform-summary", master="local[1]", extra={"spark.ui.enabled": "false"})
+        with output_to(self.data_root / "logs" / "summary-spark.log"):  # the JVM keeps writing there, not here
+            spark = build_session("platform-summary", master="local[1]",
+                                  extra={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
         spark.sparkContext.setLogLevel("ERROR")
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         result: dict[str, Any] = {"started_at": self.started_at, "ended_at": time.time(), "streams": {}}
         try:
             for name, spec in sorted(self.specs.items()):
@@ -382,6 +505,10 @@ class Platform:
                 quality_path = layout.quality_dir / "summary.json"
                 quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
                 budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+                ledger_path = layout.quality_dir / "ledger.json"
+                ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
+                delays = sorted(validation_delays(spec, layout, ledger, since=self.started_at))
+                runs = self.quality_runs.get(name, [])
                 result["streams"][name] = {
                     "expected": manifest["counts"] if manifest else None,
                     "sinks": [{"output": o.name, "rows": o.actual, "expected": o.expected, "equal": o.ok,
@@ -395,10 +522,37 @@ class Platform:
                                   for o, v in quality.get("outputs", {}).items()},
                     "accounting": quality.get("accounting"),
                     "quality_ok": quality.get("ok"),
+                    "quality_runs": {kind: sum(r.get("run_type") == kind for r in runs)
+                                     for kind in ("asset_triggered", "manual", "scheduled")},
+                    "validation_delay_seconds": {
+                        "units": len(delays), "median": statistics.median(delays) if delays else None,
+                        "max": delays[-1] if delays else None},
                 }
         finally:
             spark.stop()
         return result
+
+
+#: how often the platform says where it is while it waits (catching up, stopping, validating)
+PROGRESS_SECONDS = 15.0
+
+
+class Every:
+    """True once every ``seconds`` (first after ``seconds``)."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.last = seconds, time.monotonic()
+
+    def due(self) -> bool:
+        if time.monotonic() - self.last < self.seconds:
+            return False
+        self.last = time.monotonic()
+        return True
+
+
+def _batches(health: Any) -> str:
+    committed = [b for b in health.last_committed.values() if b is not None]
+    return f"batch {max(committed)} committed" if committed else "no batch committed"
 
 
 def _where(layout: Layout, output: Any) -> str:
@@ -425,6 +579,13 @@ def describe_summary(summary: dict[str, Any]) -> list[str]:
         validated = ", ".join(f"{o} {v['validated']} ({v['passed']} passed, {v['failed']} failed)"
                               for o, v in s["validated"].items()) or "nothing yet"
         lines.append(f"  restarts: {s['restarts']}; units validated: {validated}")
+        runs, delay = s.get("quality_runs") or {}, s.get("validation_delay_seconds") or {}
+        if runs:
+            lines.append(f"  quality DAG runs: {runs.get('asset_triggered', 0)} on new output (asset events), "
+                         f"{runs.get('manual', 0)} triggered, {runs.get('scheduled', 0)} on the clock")
+        if delay.get("units"):
+            lines.append(f"  from a unit closing to its validation: median {delay['median']:.0f} s, "
+                         f"max {delay['max']:.0f} s ({delay['units']} unit(s))")
         for d in s.get("disagreements", []):
             lines.append(f"  DISAGREES with the accepted rows: {d}")
         lines.append(f"  every sink equals the ground truth: {'yes' if s['ground_truth_equal'] else 'NO'}; "

@@ -3,7 +3,9 @@
 A readable, reviewable file per stream; every entry of ``expectations`` is one Great
 Expectations expectation, written as its snake-case name and its arguments::
 
-    schedule: "*/10 * * * *"        # how often the stream's quality DAG validates
+    on_new_output: true             # validate when units of a sink close (its Airflow asset's events)
+    min_interval: 2 minutes         # at most one such event per sink in this time (units add up)
+    schedule: "@daily"              # and on this clock too (optional; none by default)
     max_quarantine_rate: 0.05       # accounting fails above this share of input
     outputs:
       readings:
@@ -78,16 +80,23 @@ class OutputRules(Strict):
 
 
 class QualityRules(Strict):
-    schedule: str = "*/10 * * * *"
+    on_new_output: bool = True
+    min_interval: str = "2 minutes"
+    schedule: str | None = None
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
     outputs: dict[str, OutputRules] = Field(default_factory=dict)
 
+    @field_validator("min_interval")
+    @classmethod
+    def _interval(cls, v: str) -> str:
+        return _check_duration(v)
+
     @field_validator("schedule")
     @classmethod
-    def _schedule(cls, v: str) -> str:
+    def _schedule(cls, v: str | None) -> str | None:
         from croniter import croniter
 
-        if not v.startswith("@") and not croniter.is_valid(v):
+        if v is not None and not v.startswith("@") and not croniter.is_valid(v):
             raise ValueError(f"{v!r} is not a cron expression (e.g. '*/10 * * * *') or a preset such as '@hourly'")
         return v
 

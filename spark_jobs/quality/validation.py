@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import pipeline
-from spark_jobs.checkpoint import batch_watermark_ms, read_query_checkpoint, sink_last_batch, watermark_seen_by
+from spark_jobs.checkpoint import read_query_checkpoint, sink_last_batch
 from spark_jobs.plan import compile_plan
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
+from spark_jobs.quality import closing
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.spec import (
@@ -259,7 +260,6 @@ class Validator:
         from pyspark.sql import functions as F
 
         output = target.output
-        served = self._served(output)
         ckpt = read_query_checkpoint(self._checkpoint_of(output), with_files=False)
         entry = self.ledger.output(output.name, ckpt.query_id)
         report: dict[str, Any] = {"output": output.name, "kind": target.kind, "units": [], "problems": []}
@@ -270,12 +270,7 @@ class Validator:
         if target.kind == "snapshot":
             return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
 
-        if target.kind == "window" or served:
-            # a window reaches the sink once the output's own watermark passed it; the served output is
-            # the ingestion's accepted rows, complete up to the watermark of its last committed batch
-            wm_ms = batch_watermark_ms(ckpt.path, ckpt.last_committed) or 0
-        else:  # rows: once the stream's watermark passed the unit and the output took what came before
-            wm_ms = watermark_seen_by(self.layout.checkpoint(INGEST_QUERY), self.layout.accepted, ckpt.path) or 0
+        wm_ms = closing.closed(self.spec, self.layout, target).through_ms or 0  # how far its units are final
         prev_ms = entry.get("watermark_ms")
         frame = read_committed(self.spark, self.layout.data(output.sink.path))
         report["watermark"] = iso(from_ms(wm_ms)) if wm_ms else None
@@ -409,13 +404,10 @@ class Validator:
         return report
 
     def _served(self, output: Output) -> bool:
-        served = self.spec.served_output
-        return served is not None and served.name == output.name
+        return closing.served(self.spec, output)
 
     def _checkpoint_of(self, output: Output) -> str:
-        """The checkpoint of the query that writes the output: the ingestion's for the
-        output it serves (that output has no query of its own)."""
-        return self.layout.checkpoint(INGEST_QUERY if self._served(output) else output.name)
+        return closing.checkpoint_of(self.spec, self.layout, output)
 
     # ---- accounting ---------------------------------------------------------------------------
 

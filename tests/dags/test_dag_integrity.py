@@ -41,12 +41,26 @@ def test_every_spec_has_its_dag_file_and_dags(bag) -> None:
             assert f"stream_{name}{suffix}" in bag.dags, f"stream_{name}{suffix} missing (from {spec})"
 
 
-def test_quality_runs_on_the_rules_schedule_and_after_every_backfill(bag) -> None:
+def test_quality_runs_when_units_of_the_sinks_close_and_after_every_backfill(bag) -> None:
+    from airflow.sdk import AssetAny
+
     from streamops.operators.quality import ValidateStreamOperator
+    from streamops.triggers.sink_units import SinkUnitsTrigger
 
     quality = bag.dags["stream_sensors_quality"]
     assert quality.max_active_runs == 1 and "/streams/sensors/quality/" in quality.doc_md
-    assert quality.timetable.expression == "*/10 * * * *"  # include/expectations/sensors.yaml
+    schedule = quality.timetable.asset_condition  # every sink of the stream, any of them
+    assert isinstance(schedule, AssetAny)
+    assets = {a.name: a for a in schedule.objects}
+    assert set(assets) == {"stream_sensors.readings", "stream_sensors.site_temperature_10m",
+                           "stream_sensors.device_status"}
+    assert assets["stream_sensors.readings"].uri.startswith("file:///") and "sinks/sensors/readings" in \
+        assets["stream_sensors.readings"].uri
+    assert assets["stream_sensors.device_status"].uri.endswith("/sensors_device_status")
+    for asset in assets.values():
+        (watcher,) = asset.watchers
+        assert isinstance(watcher.trigger, SinkUnitsTrigger) and watcher.trigger.output == asset.extra["output"]
+    assert "at most one event per sink per 2 minutes" in quality.doc_md
     assert isinstance(quality.task_dict["validate"], ValidateStreamOperator)
     backfill = bag.dags["stream_sensors_backfill"]
     assert backfill.task_dict["validate"].upstream_task_ids == {"backfill"}

@@ -44,6 +44,10 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         assert f"Airflow UI     http://127.0.0.1:{port}" in text
         passwords = json.loads((data_root / "airflow" / "passwords.json").read_text())
         assert passwords["admin"] and passwords["admin"] != "admin"  # generated, not a well-known default
+        home = data_root / "airflow"
+        assert home.stat().st_mode & 0o077 == 0, "the Airflow home is for its user alone"
+        for secret in (home / "passwords.json", home / "api-server.log", home / "airflow.db"):
+            assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
 
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(900) == 0, out.read_text()[-5000:]
@@ -56,7 +60,9 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
 
     text = out.read_text()
     print(text[-4000:])
-    assert "shutting down gracefully" in text
+    assert "shutting down gracefully" in text and "==> shut down in" in text
+    assert passwords["admin"] not in text  # the password is in its file, never on the terminal
+    assert "[Stage " not in text and "log4j" not in text, "Spark's console output reached the terminal"
     assert stream_drivers() == []
     summary = json.loads((data_root / "summary.json").read_text())
     assert set(summary["streams"]) == set(specs)
@@ -68,5 +74,8 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         assert sum(v["validated"] for v in s["validated"].values()) >= 1, (name, s["validated"])
         assert all(b["status"] in ("balanced", "not checkable") for b in s["accounting"]["balances"]), s["accounting"]
         assert f"{name}:" in text and "every sink equals the ground truth: yes" in text
+        # validation followed new output: the sinks' asset events ran the quality DAG on their own
+        assert s["quality_runs"]["asset_triggered"] >= 1, (name, s["quality_runs"])
+        assert s["validation_delay_seconds"]["units"] >= 1, (name, s["validation_delay_seconds"])
     runs = json.loads((layouts["sensors"].lease_dir / "runs.json").read_text())
     assert runs[-1]["exit_code"] == 0  # stopped on request, between batches

@@ -1,0 +1,57 @@
+"""Every sink of every stream is an Airflow asset, and its stream's quality DAG is scheduled on them.
+
+An asset's URI says where the sink is: ``file://`` and the folder of a Parquet sink, the
+database and table of a table sink (never its credentials). Each asset is watched by a
+:class:`~streamops.triggers.sink_units.SinkUnitsTrigger`, which fires when units of the sink
+close; Airflow records each as an asset event of the sink, with the units in its extra, and
+runs the quality DAG. A rules file with a ``schedule`` adds that clock (either one runs it);
+with ``on_new_output: false`` the clock alone does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
+
+from spark_jobs.quality.rules import QualityRules
+from spark_jobs.spec import Layout, Output, StreamSpec
+from streamops import dag_id
+from streamops.triggers.sink_units import SinkUnitsTrigger
+
+
+def asset_name(stream: str, output: str) -> str:
+    return f"{dag_id(stream)}.{output}"
+
+
+def sink_uri(layout: Layout, output: Output) -> str:
+    sink = output.sink
+    if hasattr(sink, "path"):
+        location = layout.data(sink.path)
+        return location if "://" in location else Path(location).resolve().as_uri()
+    url = urlsplit(layout.table_url(sink))
+    if url.scheme.startswith("sqlite"):
+        return f"sqlite://{url.path}/{sink.table}"
+    host = url.hostname or "localhost"
+    return f"postgres://{host}:{url.port or 5432}/{url.path.strip('/') or 'postgres'}/public/{sink.table}"
+
+
+def sink_assets(spec: StreamSpec, layout: Layout, paths: dict[str, Any]) -> list[Asset]:
+    """The stream's sinks as assets, each with the watcher that fires when its units close."""
+    return [Asset(name=asset_name(spec.name, o.name), uri=sink_uri(layout, o), group="stream sinks",
+                  extra={"stream": spec.name, "output": o.name, "sink": o.sink.type},
+                  watchers=[AssetWatcher(name=f"{asset_name(spec.name, o.name)}.units",
+                                         trigger=SinkUnitsTrigger(stream=spec.name, output=o.name, **paths))])
+            for o in spec.outputs]
+
+
+def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:
+    """When the quality DAG runs: on its sinks' asset events, on the rules' clock, or both."""
+    on_assets = AssetAny(*assets) if rules.on_new_output and assets else None
+    if rules.schedule is None:
+        return on_assets
+    if on_assets is None:
+        return rules.schedule
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(rules.schedule, timezone="UTC"), assets=on_assets)

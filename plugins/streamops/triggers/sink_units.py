@@ -1,0 +1,103 @@
+"""SinkUnitsTrigger: fires when units of a stream's sink close; the watcher of the sink's asset.
+
+Every sink of every stream is an Airflow asset (``streamops.assets``) watched by one of these
+triggers in the triggerer. Each event it fires becomes an asset event of the sink (Airflow
+stores the payload in the event's extra), and the stream's quality DAG, scheduled on its
+sinks' assets, runs on it: validation follows new output instead of a clock.
+
+An event names the units that closed (windows, event-time periods, or a table's new batch;
+decided by :mod:`spark_jobs.quality.closing`, from the checkpoint alone) since the last
+event, or since the last validation when there was none. At most one event per sink per
+``min_interval`` of the rules: units closing meanwhile go into the next one. What was
+announced is kept in ``<quality dir>/announced.json``, so a restarted triggerer neither
+repeats nor loses an announcement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+
+class SinkUnitsTrigger(BaseEventTrigger):
+    def __init__(self, stream: str, output: str, poll_seconds: float = 5.0, spec_dir: str | None = None,
+                 data_root: str | None = None) -> None:
+        super().__init__()
+        self.stream, self.output, self.poll_seconds = stream, output, poll_seconds
+        self.spec_dir, self.data_root = spec_dir, data_root
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "stream": self.stream, "output": self.output, "poll_seconds": self.poll_seconds,
+            "spec_dir": self.spec_dir, "data_root": self.data_root,
+        })
+
+    def check(self, now: float | None = None) -> dict[str, Any] | None:
+        """The payload of the sink's next asset event, or None when nothing closed (or it is too
+        soon after the last one). Records what it announces."""
+        from spark_jobs.quality.closing import Closed, announcement, closed
+        from spark_jobs.quality.rules import Target, load_rules, targets
+        from spark_jobs.spec import duration_seconds
+        from streamops.hooks.stream import StreamHook
+
+        now = time.time() if now is None else now
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        spec, layout = hook.spec, hook.layout
+        rules = load_rules(spec, hook.spec_dir)
+        output = spec.output(self.output)
+        # an output validation cannot cut into units (a SQL or Python result, known to Spark only):
+        # announced per committed batch, like a table
+        target = next((t for t in targets(spec, rules)[0] if t.output.name == self.output),
+                      Target(output, "snapshot", None, None, None, [], []))
+        state_file = layout.quality_dir / "announced.json"
+        state = _read(state_file)
+        mine = state.get(self.output)
+        if mine is not None and now - mine.get("at", 0) < duration_seconds(rules.min_interval):
+            return None
+        if mine is not None:
+            before = Closed(self.output, target.kind, mine.get("through_ms"), mine.get("batch"))
+        else:  # nothing announced yet: what the last validation got to
+            entry = (_read(layout.quality_dir / "ledger.json").get("outputs") or {}).get(self.output) or {}
+            before = Closed(self.output, target.kind, entry.get("watermark_ms"), entry.get("snapshot_batch"))
+        current = closed(spec, layout, target)
+        event = announcement(target, current, before)
+        if event is None:
+            return None
+        state[self.output] = {"through_ms": current.through_ms, "batch": current.batch, "at": now}
+        _write(state_file, state)
+        return {"stream": self.stream, **event, "announced_at": now}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            try:
+                payload = await asyncio.to_thread(self.check)
+            except Exception as exc:  # noqa: BLE001 - a bad spec or an unreadable file: said, and tried again
+                self.log.warning("stream %s, sink of %s: cannot tell which units closed: %s",
+                                 self.stream, self.output, exc)
+                payload = None
+            if payload is not None:
+                self.log.info("stream %s: units of %s closed: %s", self.stream, self.output, payload)
+                yield TriggerEvent(payload)
+            await asyncio.sleep(self.poll_seconds)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,157 @@
+"""When the units of a sink close, from its checkpoint alone (no Spark).
+
+What validation finds closed (:mod:`spark_jobs.quality.validation`) and what a sink's Airflow
+asset events announce (``streamops.triggers.sink_units``) are the same thing, decided here:
+
+* a window (``window``) is final in its sink once the output's batch whose watermark passed
+  the window's end is committed; so is an event-time period of the output the ingestion
+  serves (its sink is the accepted-rows table);
+* a period of any other pass-through output (``period``) once the stream's watermark passed
+  it and the output took every row the ingestion accepted before
+  (:func:`~spark_jobs.checkpoint.watermark_seen_by`);
+* a table (``snapshot``) is validated whole, at each newly committed batch.
+
+:func:`validation_delays` measures how soon validation followed: from a unit's closing (the
+commit of the batch that closed it) to its validation (the ledger's ``validated_at``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from spark_jobs.checkpoint import batch_ids, batch_watermark_ms, last_batch, watermark_seen_by
+from spark_jobs.quality.rules import Target
+from spark_jobs.spec import INGEST_QUERY, Aggregation, Layout, Output, StreamSpec, duration_seconds
+
+#: units listed in one announcement at most (a long outage closes many: the rest are counted)
+MAX_LISTED = 100
+
+
+@dataclass(frozen=True)
+class Closed:
+    """How far an output's sink is closed now."""
+
+    output: str
+    kind: str
+    #: every unit ending at or before this watermark is closed (window, period); None: none yet
+    through_ms: int | None
+    #: the newest batch the output committed (a table's unit); None: none yet
+    batch: int | None
+
+
+def served(spec: StreamSpec, output: Output) -> bool:
+    s = spec.served_output
+    return s is not None and s.name == output.name
+
+
+def checkpoint_of(spec: StreamSpec, layout: Layout, output: Output) -> str:
+    """The checkpoint of the query that writes the output: the ingestion's for the output it
+    serves (that output has no query of its own)."""
+    return layout.checkpoint(INGEST_QUERY if served(spec, output) else output.name)
+
+
+def closed(spec: StreamSpec, layout: Layout, target: Target) -> Closed:
+    output = target.output
+    checkpoint = checkpoint_of(spec, layout, output)
+    batch = last_batch(checkpoint, "commits")
+    through = None
+    if batch is not None and target.kind != "snapshot":
+        if target.kind == "window" or served(spec, output):
+            through = batch_watermark_ms(checkpoint, batch)
+        else:
+            through = watermark_seen_by(layout.checkpoint(INGEST_QUERY), layout.accepted, checkpoint)
+    return Closed(output.name, target.kind, through or None, batch)
+
+
+def _iso(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def unit_ends(target: Target, after_ms: int | None, through_ms: int) -> list[int] | None:
+    """The ends (ms) of the units that closed in (after, through]: windows of a windowed
+    aggregate, periods of a pass-through output. None where the spec does not say the unit's
+    size (a SQL or Python output's windows): then only the watermark is known."""
+    if target.kind == "period" and target.unit_seconds:
+        step = int(target.unit_seconds * 1000)
+        offset = 0
+    elif target.kind == "window" and isinstance(target.output.query, Aggregation) and target.output.query.window:
+        window = target.output.query.window
+        step = int(duration_seconds(window.slide or window.duration) * 1000)
+        offset = int(duration_seconds(window.duration) * 1000) % step
+    else:
+        return None
+    if after_ms is None:  # nothing announced or validated before: the last unit closed (earlier ones unknown)
+        after_ms = through_ms - step
+    first = (after_ms - offset) // step + 1
+    return [k * step + offset for k in range(first, (through_ms - offset) // step + 1)]
+
+
+def announcement(target: Target, now: Closed, before: Closed | None) -> dict | None:
+    """What an asset event of the output's sink says when units closed since ``before`` (None:
+    since nothing was announced or validated), or None when nothing closed."""
+    if now.kind == "snapshot":
+        if now.batch is None or (before is not None and before.batch is not None and now.batch <= before.batch):
+            return None
+        return {"output": now.output, "kind": now.kind, "units": [f"batch {now.batch}"], "batch": now.batch}
+    after = before.through_ms if before is not None else None
+    if now.through_ms is None or (after is not None and now.through_ms <= after):
+        return None
+    ends = unit_ends(target, after, now.through_ms)
+    if ends is not None and not ends:
+        return None  # the watermark moved on inside a unit: nothing closed
+    event = {"output": now.output, "kind": now.kind, "closed_through": _iso(now.through_ms), "batch": now.batch,
+             "since": None if after is None else _iso(after)}
+    if ends is not None:
+        event["units"] = [_iso(e) for e in ends[-MAX_LISTED:]]
+        event["more_units"] = max(0, len(ends) - MAX_LISTED)
+    return event
+
+
+def closed_at(spec: StreamSpec, layout: Layout, output: Output, unit: dict) -> float | None:
+    """When a validated unit (a ledger record) closed: the commit of the output's first batch
+    whose watermark passed its end (a window or period), or of the batch it names (a table's
+    ``batch N``). None when the checkpoint no longer keeps that batch (Spark keeps the last 100)."""
+    checkpoint = Path(checkpoint_of(spec, layout, output))
+    end = _ms(unit.get("end"))
+    name = str(unit.get("unit", ""))
+    for batch in batch_ids(checkpoint, "commits"):
+        if end is None:
+            if name != f"batch {batch}":
+                continue
+        else:
+            watermark = batch_watermark_ms(checkpoint, batch)
+            if watermark is None or watermark < end:
+                continue
+        try:
+            return (checkpoint / "commits" / str(batch)).stat().st_mtime
+        except OSError:
+            return None
+    return None
+
+
+def validation_delays(spec: StreamSpec, layout: Layout, ledger: dict, since: float = 0.0) -> list[float]:
+    """Seconds from each unit's closing to its validation, for the units validated since ``since``:
+    how fresh validation follows new output."""
+    delays = []
+    for name, entry in (ledger.get("outputs") or {}).items():
+        try:
+            output = spec.output(name)
+        except KeyError:
+            continue
+        for unit in (entry.get("units") or {}).values():
+            validated = _ms(unit.get("validated_at"))
+            if validated is None or validated / 1000 < since:
+                continue
+            closed_time = closed_at(spec, layout, output, unit)
+            if closed_time is not None:
+                delays.append(max(0.0, validated / 1000 - closed_time))
+    return delays
+
+
+def _ms(value: object) -> int | None:
+    try:
+        return int(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
