@@ -173,7 +173,8 @@ def spec_copy(root: Path, stall_window: float, max_files_per_trigger: int | None
     for folder in ("expectations", "reference"):
         shutil.copytree(include / folder, root / folder)
     rules = yaml.safe_load((include / "expectations" / f"{STREAM}.yaml").read_text())
-    rules["schedule"] = "@once"  # validated when the benchmark triggers it, not on a cron mid-measurement
+    # validated when the benchmark triggers it, not on new output or a clock mid-measurement
+    rules.update(schedule="@once", on_new_output=False)
     (root / "expectations" / f"{STREAM}.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
     spec = yaml.safe_load((include / "streams" / f"{STREAM}.yaml").read_text())
     spec["trigger"] = {"processing_time": f"{TRIGGER_SECONDS:g} second"}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spark_jobs.spec import (
     CODE_QUERIES,
@@ -99,6 +99,13 @@ class QualityRules(Strict):
         if v is not None and not v.startswith("@") and not croniter.is_valid(v):
             raise ValueError(f"{v!r} is not a cron expression (e.g. '*/10 * * * *') or a preset such as '@hourly'")
         return v
+
+    @model_validator(mode="after")
+    def _clock_beside_assets(self) -> QualityRules:
+        if self.on_new_output and self.schedule in ("@once", "@continuous"):
+            raise ValueError(f"schedule {self.schedule!r} cannot run beside on_new_output (a clock as well as the "
+                             f"sinks' asset events): give a cron expression, or set on_new_output: false")
+        return self
 
     def for_output(self, name: str) -> OutputRules:
         return self.outputs.get(name, OutputRules())

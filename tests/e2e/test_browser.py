@@ -125,6 +125,9 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
             assert int(ingestion.nth(1).inner_text()) >= 4 * 30 - 10, "rows into the ingestion over the range"
             assert page.locator("#chart-rates .scatterlayer .trace").count() >= 2  # input and processed drawn
             page.screenshot(path=str(ARTIFACTS / "stream-page.png"), full_page=True)
+            # the status row refreshes in place (no page reload, which would lose a half-filled form)
+            page.evaluate("document.querySelector('tr[data-row-url]').dataset.seen = 'yes'")
+            page.locator("tr[data-row-url]:not([data-seen])").wait_for(timeout=40_000)
             refused = [m for m in console if "Content Security Policy" in m or "Refused to" in m]
             assert not refused, refused
 

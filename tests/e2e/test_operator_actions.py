@@ -357,11 +357,13 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
         print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
         wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
 
-        # 2d. unpaused, the quality DAG validates the closed units of the live sinks; its */10
-        # schedule may start a second run while the first one validates: every run must succeed
+        # 2d. unpaused, the quality DAG validates the closed units of the live sinks, run by their asset
+        # events (the sinks' watchers start with the unpaused DAG); a second event may start a
+        # second run while the first one validates: every run must succeed, and one came from assets
         p.airflow.cli("dags", "unpause", "stream_sensors_quality")
         wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors_quality")])
                  and all(s == "success" for s in states), "the quality DAG to succeed", timeout=300, every=3)
+        assert any(r["run_type"] == "asset_triggered" for r in p.airflow.runs("stream_sensors_quality"))
         quality = json.loads((layout.quality_dir / "summary.json").read_text())
         assert quality["ok"], quality
         windows_validated = quality["outputs"]["site_temperature_10m"]["validated"]

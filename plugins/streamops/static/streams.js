@@ -118,7 +118,7 @@
   }
 
   async function refreshRow(el) {
-    const response = await fetch(el.dataset.url, {credentials: "same-origin"});
+    const response = await fetch(el.dataset.rowUrl, {credentials: "same-origin"});
     if (!response.ok) return;
     const fresh = new DOMParser().parseFromString("<table>" + await response.text() + "</table>", "text/html")
       .querySelector("tr");

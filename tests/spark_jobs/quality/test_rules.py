@@ -146,3 +146,18 @@ def test_a_sql_output_is_validated_as_a_table_or_by_the_units_its_columns_from_s
                        "to cut closed units by; not validated (a table sink is, whole)"]
     # the column set and types come from Spark's schema of the query (the validation job adds them)
     assert found[0].derived == [("expect_column_values_to_be_unique", {"column": "site"})]
+
+
+def test_validation_follows_new_output_at_most_once_per_interval_with_an_optional_clock() -> None:
+    from spark_jobs.quality.rules import parse_rules
+    from spark_jobs.spec import SpecError, default_spec_dir, load_spec
+
+    spec = load_spec(default_spec_dir() / "sensors.yaml")
+    rules = parse_rules({}, spec)
+    assert (rules.on_new_output, rules.min_interval, rules.schedule) == (True, "2 minutes", None)
+    assert parse_rules({"schedule": "@hourly", "min_interval": "30 seconds"}, spec).schedule == "@hourly"
+    assert parse_rules({"schedule": "@once", "on_new_output": False}, spec).schedule == "@once"
+    for bad, says in (({"schedule": "@once"}, "cannot run beside on_new_output"),
+                      ({"min_interval": "soon"}, "min_interval"), ({"min_interval": "0 seconds"}, "min_interval")):
+        with pytest.raises(SpecError, match=says):
+            parse_rules(bad, spec)
