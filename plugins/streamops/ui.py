@@ -114,13 +114,17 @@ def _spec(stream: str, user: object) -> StreamSpec:
     return spec
 
 
+def _layout(spec: StreamSpec) -> Layout:
+    return Layout(spec, default_data_root(), default_spec_dir())
+
+
 def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     """What an operator wants to know about a stream, from its files (no Spark)."""
     from streamops.health import assess
     from streamops.restarts import RestartBudget
 
     now = time.time() if now is None else now
-    layout = Layout(spec, default_data_root(), default_spec_dir())
+    layout = _layout(spec)
     status: dict[str, Any] = {"stream": spec.name, "description": spec.description}
     try:
         health = assess(spec, layout, now)
@@ -228,10 +232,6 @@ def static_file(name: str, user: User) -> FileResponse:
     if path is None or not path.is_file():
         raise HTTPException(404, "not found")
     return FileResponse(path, media_type="text/javascript", headers={"Cache-Control": "private, max-age=3600"})
-
-
-def _layout(spec: StreamSpec) -> Layout:
-    return Layout(spec, default_data_root(), default_spec_dir())
 
 
 def _range(value: str) -> str:
@@ -369,7 +369,7 @@ def _unpause(dag: str) -> None:
 @app.get("/{stream}/quality/{path:path}")
 def quality_file(stream: str, path: str, user: User) -> Response:
     spec = _spec(stream, user)
-    root = Layout(spec, default_data_root(), default_spec_dir()).quality_dir.resolve()
+    root = _layout(spec).quality_dir.resolve()
     target = (root / (path or "index.html")).resolve()
     if target.is_dir():
         target = target / "index.html"
