@@ -34,6 +34,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from spark_jobs import pipeline
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, expected_schema, iso
 from spark_jobs.session import build_session
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(spec, work, default_spec_dir())
     rules = load_rules(spec, default_spec_dir())
     target = next(t for t in targets(spec, rules)[0] if t.output.name == "readings")
-    schema = expected_schema(spark, spec, layout, target.output)
+    schema = expected_schema(spark, pipeline.resolve_plan(spark, spec, layout), target.output.name)
     results = []
     try:
         v = Validator(spark, spec, layout, rules, run_id="bench")

@@ -183,6 +183,37 @@ class SupervisedApp:
             raise SystemExit(code)
 
 
+class DriverRefused(Exception):
+    """This driver must not start; ``code`` is its exit code (the reason is logged)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
+          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
+    """What every driver does first: load its stream's spec and take the stream's single-driver
+    lease (release it when done). Refused with exit code 2 for an invalid spec (or, with
+    ``application``, one that is not an application's) and 3 while another live driver holds it."""
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        log.error("%s", exc)
+        raise DriverRefused(EXIT_BAD_SPEC) from None
+    if application and spec.application is None:
+        log.error("%s: stream %s is not an application (it has no application:)", spec_path, spec.name)
+        raise DriverRefused(EXIT_BAD_SPEC)
+    layout = Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
+    lease = DriverLease(layout.lease_dir, stream=spec.name)
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:
+        log.error("%s", exc)
+        raise DriverRefused(EXIT_LEASE_HELD) from None
+    return spec, layout, lease
+
+
 @contextmanager
 def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = None, data_root: str | None = None,
                grace_seconds: float = GRACE_SECONDS) -> Iterator[SupervisedApp]:
@@ -199,20 +230,9 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         log.error("no stream spec: pass spec_path, or set %s to the spec's path", APP_SPEC_ENV)
         raise SystemExit(EXIT_BAD_SPEC)
     try:
-        spec = load_spec(path)
-    except SpecError as exc:
-        log.error("%s", exc)
-        raise SystemExit(EXIT_BAD_SPEC) from None
-    if spec.application is None:
-        log.error("%s: stream %s is not an application (it has no application:)", path, spec.name)
-        raise SystemExit(EXIT_BAD_SPEC)
-    layout = Layout(spec, data_root, spec_dir=Path(path).resolve().parent)
-    lease = DriverLease(layout.lease_dir, stream=spec.name)
-    try:
-        lease.acquire()
-    except LeaseHeld as exc:
-        log.error("%s", exc)
-        raise SystemExit(EXIT_LEASE_HELD) from None
+        spec, layout, lease = claim(path, data_root, application=True)
+    except DriverRefused as exc:
+        raise SystemExit(exc.code) from None
     events = EventLog(layout.events_file, history=History(layout.history_file))
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK

@@ -20,7 +20,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from spark_jobs.driver import (
     EXIT_BAD_SPEC,
@@ -28,14 +27,15 @@ from spark_jobs.driver import (
     EXIT_LEASE_HELD,
     EXIT_OK,
     GRACE_SECONDS,
+    DriverRefused,
+    claim,
     first_line,
     prepare_to_stop,
     supervise_queries,
 )
 from spark_jobs.history import History
-from spark_jobs.lease import DriverLease, LeaseHeld
 from spark_jobs.progress import EventLog
-from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger, load_spec
+from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger
 
 log = logging.getLogger("stream_job")
 
@@ -57,17 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        spec = load_spec(args.spec)
-    except SpecError as exc:
-        log.error("%s", exc)
-        return EXIT_BAD_SPEC
-    layout = Layout(spec, args.data_root, spec_dir=Path(args.spec).resolve().parent)
-    lease = DriverLease(layout.lease_dir, stream=spec.name)
-    try:
-        lease.acquire()
-    except LeaseHeld as exc:
-        log.error("%s", exc)
-        return EXIT_LEASE_HELD
+        spec, layout, lease = claim(args.spec, args.data_root)
+    except DriverRefused as exc:
+        return exc.code
     try:
         return _run_with_lease(spec, layout, args)
     finally:

@@ -30,12 +30,13 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import read_query_checkpoint, sink_last_batch
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan
 from spark_jobs.progress import read_events
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality import closing
@@ -87,14 +88,14 @@ def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
         raise
 
 
-def expected_schema(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> StructType:
-    """The schema the output's query produces, from its plan over no rows."""
+def expected_schema(spark: SparkSession, plan: StreamPlan, output: str) -> StructType:
+    """The schema the output's query produces, from the stream's resolved plan
+    (``pipeline.resolve_plan``) over no rows."""
     from pyspark.sql import types as T
 
-    plan = pipeline.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
     empty = spark.createDataFrame([], plan.ingestion.accepted_ddl)
-    frame = pipeline.output_frame(empty, plan, plan.output(output.name))
+    frame = pipeline.output_frame(empty, plan, plan.output(output))
     return T.StructType(frame.schema.fields)
 
 
@@ -115,6 +116,17 @@ class Validator:
         self.rules_file = str(rules_path(layout.spec_dir, spec.name))
         self._suites: dict[str, Any] = {}  # stored once per run, shared by the screening and detail runs
         self._checkpoints: dict[str, Any] = {}
+        self._schemas: dict[str, StructType] = {}
+
+    @cached_property
+    def plan(self) -> StreamPlan:
+        """The stream's plan, resolved once per run (a transform is analyzed by Spark)."""
+        return pipeline.resolve_plan(self.spark, self.spec, self.layout)
+
+    def schema(self, output: Output) -> StructType:
+        if output.name not in self._schemas:
+            self._schemas[output.name] = expected_schema(self.spark, self.plan, output.name)
+        return self._schemas[output.name]
 
     # ---- Great Expectations objects ----------------------------------------------------
 
@@ -266,7 +278,7 @@ class Validator:
         if ckpt.last_committed is None:
             report["note"] = "no batch committed yet"
             return report
-        schema = expected_schema(self.spark, self.spec, self.layout, output)
+        schema = self.schema(output)
         if target.kind == "snapshot":
             return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
 
@@ -378,7 +390,7 @@ class Validator:
     def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
 
         columns = [(f.name, pipeline.spec_type(f.dataType)) for f in schema.fields]
-        return pipeline.table_writer(columns, compile_plan(self.spec, self.layout).output(output.name),
+        return pipeline.table_writer(columns, self.plan.output(output.name),
                                      pipeline.table_sink_id(self.spec.name, output.name, query_id))
 
     # ---- backfilled ranges ------------------------------------------------------------------
@@ -392,7 +404,7 @@ class Validator:
         if frame is None:
             report["note"] = f"no backfill output at {path}"
             return report
-        schema = expected_schema(self.spark, self.spec, self.layout, output)
+        schema = self.schema(output)
         unit = f"backfill {label}"
         units = {unit: self._unit_record(unit, None, None, frame.count())}
         plain = Target(output, "backfill", None, None, None, target.derived, target.declared)
@@ -453,7 +465,7 @@ class Validator:
             frame = read_committed(self.spark, path)
             return (0 if frame is None else frame.count()), sink_last_batch(path)
         column = measure.removeprefix("sum:")
-        writer = self._table_writer(output, expected_schema(self.spark, self.spec, self.layout, output), query_id)
+        writer = self._table_writer(output, self.schema(output), query_id)
         for _ in range(5):
             applied = writer.applied_batches()
             total = sum(int(r[column] or 0) for r in writer.read_all())
@@ -463,7 +475,7 @@ class Validator:
 
     def _code_result_columns(self) -> dict[str, list[str]]:
         """The result columns of the SQL and Python outputs to Parquet (what cuts them into units)."""
-        return {o.name: list(expected_schema(self.spark, self.spec, self.layout, o).names) for o in self.spec.outputs
+        return {o.name: list(self.schema(o).names) for o in self.spec.outputs
                 if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink)}
 
     # ---- the whole run ------------------------------------------------------------------------

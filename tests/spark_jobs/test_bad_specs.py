@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import stream_job
+from spark_jobs import driver, stream_job
 from spark_jobs.spec import SpecError, load_spec, load_specs
 
 CORPUS = Path(__file__).resolve().parent / "bad_specs"
@@ -63,11 +63,11 @@ def test_stream_job_exits_2_without_the_lease_or_spark(tmp_path: Path, monkeypat
     def forbidden(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("a bad spec must neither take the lease nor start Spark")
 
-    monkeypatch.setattr(stream_job, "DriverLease", forbidden)
+    monkeypatch.setattr(driver, "DriverLease", forbidden)
     monkeypatch.setattr(stream_job, "_run_with_lease", forbidden)
     monkeypatch.setattr("pyspark.sql.SparkSession.Builder.getOrCreate", forbidden)
     data_root = tmp_path / "data"
-    with caplog.at_level("ERROR", logger="stream_job"):
+    with caplog.at_level("ERROR"):
         code = stream_job.main(["--spec", str(path), "--data-root", str(data_root), "--trigger", "available-now"])
     assert code == stream_job.EXIT_BAD_SPEC == 2
     assert f"{path}: {expect}" in caplog.text

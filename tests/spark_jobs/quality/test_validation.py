@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from spark_jobs import backfill
 from spark_jobs.checkpoint import batch_watermark_ms, last_batch
 from spark_jobs.quality.rules import load_rules, targets
-from spark_jobs.quality.validation import Validator, expected_schema, from_ms, iso
+from spark_jobs.quality.validation import Validator, from_ms, iso
 from spark_jobs.spec import Layout, SpecError, load_spec
 
 
@@ -97,7 +97,7 @@ def windows_frame(spark, include, data_root):
 
 
 def run_suite(v: Validator, t, frame, schema=None):
-    schema = schema or expected_schema(v.spark, v.spec, v.layout, t.output)
+    schema = schema or v.schema(t.output)
     units = {}
     for row in frame.groupBy("window_end").count().collect():
         if row["window_end"] is not None:
