@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
 
 from spark_jobs.quality.rules import QualityRules
-from spark_jobs.spec import Layout, Output, StreamSpec
+from spark_jobs.spec import Layout, Output, ParquetSink, StreamSpec, TableSink
 from streamops import dag_id
 from streamops.triggers.sink_units import SinkUnitsTrigger
 
@@ -28,7 +28,7 @@ def asset_name(stream: str, output: str) -> str:
 
 def sink_uri(layout: Layout, output: Output) -> str:
     sink = output.sink
-    if hasattr(sink, "path"):
+    if isinstance(sink, ParquetSink):
         location = layout.data(sink.path)
         return location if "://" in location else Path(location).resolve().as_uri()
     url = urlsplit(layout.table_url(sink))
@@ -39,12 +39,13 @@ def sink_uri(layout: Layout, output: Output) -> str:
 
 
 def sink_assets(spec: StreamSpec, layout: Layout, paths: dict[str, Any]) -> list[Asset]:
-    """The stream's sinks as assets, each with the watcher that fires when its units close."""
+    """The stream's persisted sinks (Parquet, tables; not console or memory) as assets, each with
+    the watcher that fires when its units close."""
     return [Asset(name=asset_name(spec.name, o.name), uri=sink_uri(layout, o), group="stream sinks",
                   extra={"stream": spec.name, "output": o.name, "sink": o.sink.type},
                   watchers=[AssetWatcher(name=f"{asset_name(spec.name, o.name)}.units",
                                          trigger=SinkUnitsTrigger(stream=spec.name, output=o.name, **paths))])
-            for o in spec.outputs]
+            for o in spec.outputs if isinstance(o.sink, ParquetSink | TableSink)]
 
 
 def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:

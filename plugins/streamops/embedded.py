@@ -207,7 +207,7 @@ class AirflowServices:
 
     def dag_ids(self) -> set[str]:
         try:
-            return {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=1000&paused=")["dags"]}
+            return {d["dag_id"] for d in self.api("GET", "/api/v2/dags?limit=100")["dags"]}
         except (OSError, RuntimeError, ValueError, KeyError):
             result = self.cli("dags", "list", "-o", "json", check=False)
             return {d["dag_id"] for d in json_lines(result.stdout)} if result.returncode == 0 else set()
@@ -215,7 +215,7 @@ class AirflowServices:
     def runs(self, dag_id: str) -> list[dict]:
         """The DAG's runs, newest first: run_id, state, run_type, conf, ..."""
         try:
-            runs = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=1000")["dag_runs"]
+            runs = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns?order_by=-run_after&limit=100")["dag_runs"]
         except (OSError, RuntimeError, ValueError, KeyError):  # no API server (yet): the CLI reads the database
             return json_lines(self.cli("dags", "list-runs", dag_id, "-o", "json").stdout)
         return [{"run_id": r["dag_run_id"], **r} for r in runs]

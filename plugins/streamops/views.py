@@ -16,7 +16,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spark_jobs.history import MINUTE, STREAM, History, Point
-from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, Output, StreamSpec, duration_seconds
+from spark_jobs.spec import (
+    INGEST_QUERY,
+    FileSource,
+    Layout,
+    Output,
+    ParquetSink,
+    StreamSpec,
+    TableSink,
+    duration_seconds,
+)
 
 RANGES = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0}
 DEFAULT_RANGE = "1h"
@@ -77,7 +86,7 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
                             line={"dash": "solid" if q == INGEST_QUERY else "dot"}))
 
     durations = [_trace(_label(q), points(q, "batch_ms"), lambda p: p.mean / 1000) for q in queries]
-    trigger = spec.trigger.processing_time
+    trigger = spec.trigger.processing_time if spec.application is None else None  # an application has its own
     if trigger:
         interval = duration_seconds(trigger)
         durations.append({"name": f"trigger interval ({trigger})", "x": [iso(since), iso(now)],
@@ -237,7 +246,8 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
 
 def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, output: Output) -> int:
     sink = output.sink
-    where = layout.data(sink.path) if hasattr(sink, "path") else f"table {sink.table}"
+    where = (layout.data(sink.path) if isinstance(sink, ParquetSink) else
+             f"table {sink.table}" if isinstance(sink, TableSink) else f"{sink.type} sink (not kept)")
     quality = quality_of(layout, output.name)
     if quality is None:
         detail, status = f"{where}; not validated yet", ""

@@ -101,3 +101,22 @@ def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout) -> None:
     trend = views.trend(SPEC, layout, now=NOW)
     processed, backlog = trend["traces"]
     assert processed["y"] == [40.0, 41.0] and backlog["y"] == [3]
+
+
+def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> None:
+    from spark_jobs.quality.rules import parse_rules
+    from spark_jobs.spec import parse_spec
+    from streamops.assets import quality_schedule, sink_assets
+
+    data = json.loads(json.dumps(SPEC.model_dump(mode="json", exclude_none=True)))
+    data["outputs"].append({"name": "peek", "query": {"type": "passthrough"}, "mode": "append",
+                            "sink": {"type": "console"}})
+    spec = parse_spec(data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    flow = views.flow(spec, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
+    assert next(n for n in flow["nodes"] if n["key"] == "sink:peek")["detail"].startswith("console sink (not kept)")
+    assets = sink_assets(spec, layout, {"spec_dir": None, "data_root": None})
+    assert [a.name for a in assets] == ["stream_sensors.readings", "stream_sensors.site_temperature_10m",
+                                        "stream_sensors.device_status"]
+    assert quality_schedule(parse_rules({"on_new_output": False}, spec), assets) is None  # by hand only
+    assert quality_schedule(parse_rules({"on_new_output": False, "schedule": "@daily"}, spec), assets) == "@daily"
