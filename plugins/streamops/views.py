@@ -214,8 +214,8 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
         where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
         backlog = health.get("backlog_files")
         landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
-        ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}",
-                      status, url="#charts")
+        ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}; "
+                      f"{_accounting(layout)}", status, url="#charts")
         accepted = node("accepted", "accepted rows", f"{layout.accepted} (Parquet, by event date)", status)
         link(landing, ingest, total(INGEST_QUERY, "input_rows"), "rows read")
         link(ingest, accepted, total(INGEST_QUERY, "accepted"), "accepted")
@@ -242,6 +242,16 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
         for query in spec.query_names():
             link(app, node(f"output:{query}", query, batch_of(query)), total(query, "input_rows"), "rows read")
     return {"stream": spec.name, "range": range_key, "nodes": nodes, "links": links}
+
+
+def _accounting(layout: Layout) -> str:
+    """The ingestion's latest data-quality result: whether the last validation found every input
+    row accounted for."""
+    runs = [r for r in _ledger(layout).get("runs", []) if isinstance(r.get("accounting"), dict)]
+    if not runs:
+        return "accounting not checked yet"
+    last = runs[-1]
+    return f"accounting {'balances' if last['accounting'].get('ok') else 'FAILS'} (validation of {last.get('at')})"
 
 
 def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, output: Output) -> int:

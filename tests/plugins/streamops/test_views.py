@@ -44,7 +44,8 @@ def layout(tmp_path: Path) -> Layout:
     ]))
     layout.quality_dir.mkdir(parents=True, exist_ok=True)
     (layout.quality_dir / "ledger.json").write_text(json.dumps({
-        "runs": [{"at": iso(NOW - 150), "ok": False, "units": 2, "failed": 1, "backfill": None}],
+        "runs": [{"at": iso(NOW - 150), "ok": False, "units": 2, "failed": 1, "backfill": None,
+                  "accounting": {"ok": True}}],
         "outputs": {"site_temperature_10m": {"units": {
             "u1": {"unit": "u1", "status": "passed", "validated_at": iso(NOW - 3000)},
             "u2": {"unit": "u2", "status": "failed", "validated_at": iso(NOW - 150), "docs": "x.html"}},
@@ -86,6 +87,7 @@ def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layo
     assert nodes["landing"]["rows_out"] == 200 and "3 file(s) waiting" in nodes["landing"]["detail"]
     ingestion = nodes["ingestion"]
     assert (ingestion["rows_in"], ingestion["status"], ingestion["url"]) == (200, "healthy", "#charts")
+    assert f"accounting balances (validation of {iso(NOW - 150)})" in ingestion["detail"]
     assert nodes["accepted"]["rows_in"] == 160
     assert (nodes["quarantine"]["rows_in"], nodes["duplicates"]["rows_in"], nodes["late"]["rows_in"]) == (20, 10, 10)
     assert nodes["output:readings"]["rows_in"] == 160 and "served by the ingestion" in nodes["output:readings"]["detail"]
