@@ -109,7 +109,7 @@
       const traces = t.traces.map(x => Object.assign({type: "scatter", mode: "lines", line: {width: 1.5}}, x));
       await Plotly.react(div, traces, {
         height: 70, width: 260, margin: {l: 28, r: 28, t: 4, b: 16}, showlegend: false,
-        xaxis: {type: "date", range: [t.since, t.until], showgrid: false, tickfont: {size: 8}, nticks: 3},
+        xaxis: {type: "date", range: [t.since, t.until], showgrid: false, tickfont: {size: 8}, nticks: 3, tickformat: "%H:%M"},
         yaxis: {rangemode: "tozero", tickfont: {size: 8}, nticks: 3},
         yaxis2: {overlaying: "y", side: "right", rangemode: "tozero", tickfont: {size: 8}, nticks: 3},
       }, {displayModeBar: false, staticPlot: true});
