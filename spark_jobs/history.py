@@ -127,17 +127,20 @@ class History:
         self.path = Path(path)
         self._failed = False
         self._pruned_at = 0.0
+        self._created = False  # the table, by this instance (once, not on every event)
 
     @contextmanager
     def _db(self, write: bool) -> Iterator[sqlite3.Connection]:
-        if write:
+        if write and not self._created:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        if write:
             conn = sqlite3.connect(self.path, timeout=10)
         else:
             conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
         with closing(conn):
-            if write:
+            if write and not self._created:
                 conn.executescript(SCHEMA)
+                self._created = True
             with conn:  # one transaction
                 yield conn
 
@@ -169,6 +172,7 @@ class History:
                     db.execute("DELETE FROM points WHERE tier = ? AND at < ?", (RAW, at - RAW_KEEP_SECONDS))
                     db.execute("DELETE FROM points WHERE tier = ? AND at < ?", (MINUTE, at - MINUTE_KEEP_SECONDS))
         except (sqlite3.Error, OSError) as exc:
+            self._created = False  # the file may have gone: the next write makes it again
             if not self._failed:
                 self._failed = True
                 log.warning("the stream's history (%s) cannot be written, its charts will have gaps: %s",

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.quality.closing import validation_delays
+from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
 from spark_jobs.tables import redact
 from streamops import dag_id
@@ -505,9 +506,7 @@ class Platform:
                 quality_path = layout.quality_dir / "summary.json"
                 quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
                 budget = RestartBudget(layout.runs_file, spec.supervision.restart)
-                ledger_path = layout.quality_dir / "ledger.json"
-                ledger = json.loads(ledger_path.read_text()) if ledger_path.exists() else {}
-                delays = sorted(validation_delays(spec, layout, ledger, since=self.started_at))
+                delays = sorted(validation_delays(spec, layout, read_ledger(layout.quality_dir), since=self.started_at))
                 runs = self.quality_runs.get(name, [])
                 result["streams"][name] = {
                     "expected": manifest["counts"] if manifest else None,

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spark_jobs.history import MINUTE, STREAM, History, Point
+from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.spec import (
     INGEST_QUERY,
     FileSource,
@@ -141,7 +142,7 @@ def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
                         "text": (run.get("reason") or "stopped") if stopped else
                         f"driver ended: {run.get('reason') or 'exit ' + str(run.get('exit_code'))}"})
         previous = run
-    for run in _ledger(layout).get("runs", []):
+    for run in read_ledger(layout.quality_dir).get("runs", []):
         at = _seconds(run.get("at"))
         if at is not None and since <= at <= until:
             out.append({"at": run["at"], "kind": "validation" if run.get("ok") else "validation failed",
@@ -157,18 +158,10 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
-def _ledger(layout: Layout) -> dict[str, Any]:
-    try:
-        data = json.loads((layout.quality_dir / "ledger.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def quality_of(layout: Layout, output: str) -> dict[str, Any] | None:
     """An output's latest data-quality result from the ledger: its last validated unit and the
     counts of units passed and failed; None if nothing was validated yet."""
-    entry = (_ledger(layout).get("outputs") or {}).get(output) or {}
+    entry = (read_ledger(layout.quality_dir).get("outputs") or {}).get(output) or {}
     units = list((entry.get("units") or {}).values())
     pruned = entry.get("pruned") or {}
     if not units and not any(pruned.values()):
@@ -247,7 +240,7 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
 def _accounting(layout: Layout) -> str:
     """The ingestion's latest data-quality result: whether the last validation found every input
     row accounted for."""
-    runs = [r for r in _ledger(layout).get("runs", []) if isinstance(r.get("accounting"), dict)]
+    runs = [r for r in read_ledger(layout.quality_dir).get("runs", []) if isinstance(r.get("accounting"), dict)]
     if not runs:
         return "accounting not checked yet"
     last = runs[-1]

@@ -76,6 +76,16 @@ class Ledger:
         os.replace(tmp, self.path)
 
 
+def read_ledger(quality_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The stream's ledger as it is on disk, for readers that only look (the Streams pages, the
+    sinks' asset triggers, the platform's summary): ``{}`` when there is none or it cannot be read."""
+    try:
+        data = json.loads((Path(quality_dir) / "ledger.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 @contextlib.contextmanager
 def run_lock(directory: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the stream's validation lock (``<quality dir>/run.lock``), waiting for a run that holds it.

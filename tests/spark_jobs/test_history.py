@@ -86,3 +86,12 @@ def test_a_history_that_cannot_be_written_loses_the_point_not_the_batch(tmp_path
         history.fold(progress(NOW + 1))
     assert sum("cannot be written" in r.getMessage() for r in caplog.records) == 1  # said once
     assert History(tmp_path / "missing.sqlite").series(0) == {}
+
+
+def test_a_history_file_removed_under_the_writer_is_made_again(tmp_path: Path) -> None:
+    history = History(tmp_path / "h.sqlite")
+    history.fold(progress(NOW))
+    (tmp_path / "h.sqlite").unlink()
+    history.fold(progress(NOW + 10))  # lost: the table is gone
+    history.fold(progress(NOW + 20))
+    assert [p.at for p in history.series(0, NOW + 100, tier=RAW)[("_ingest", "input_rows")]] == [NOW + 20]

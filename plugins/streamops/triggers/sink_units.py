@@ -43,6 +43,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         """The payload of the sink's next asset event, or None when nothing closed (or it is too
         soon after the last one). Records what it announces."""
         from spark_jobs.quality.closing import Closed, announcement, closed
+        from spark_jobs.quality.ledger import read_ledger
         from spark_jobs.quality.rules import Target, load_rules, targets
         from spark_jobs.spec import duration_seconds
         from streamops.hooks.stream import StreamHook
@@ -64,7 +65,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         if mine is not None:
             before = Closed(self.output, target.kind, mine.get("through_ms"), mine.get("batch"))
         else:  # nothing announced yet: what the last validation got to
-            entry = (_read(layout.quality_dir / "ledger.json").get("outputs") or {}).get(self.output) or {}
+            entry = (read_ledger(layout.quality_dir).get("outputs") or {}).get(self.output) or {}
             before = Closed(self.output, target.kind, entry.get("watermark_ms"), entry.get("snapshot_batch"))
         current = closed(spec, layout, target)
         event = announcement(target, current, before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,11 @@ def pristine(spark, tmp_path_factory) -> Path:
     return root
 
 
+
+
+@pytest.fixture
+def data_root(pristine: Path, tmp_path: Path) -> Path:
+    """A copy of that run's data root, for one test to change."""
+    root = tmp_path / "data"
+    shutil.copytree(pristine, root)
+    return root

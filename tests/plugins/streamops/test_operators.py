@@ -42,13 +42,6 @@ lease.release()
 """
 
 
-@pytest.fixture
-def data_root(pristine: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    shutil.copytree(pristine, root)
-    return root
-
-
 def hook(data_root: Path) -> StreamHook:
     return StreamHook("sensors", str(default_spec_dir()), str(data_root))
 

@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from streamops.triggers.sink_units import SinkUnitsTrigger
-
-
-@pytest.fixture
-def data_root(pristine: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    shutil.copytree(pristine, root)
-    return root
 
 
 def test_each_sink_announces_what_closed_once(data_root: Path) -> None:

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,9 @@ def metadata_db() -> None:
 
 
 @pytest.fixture
-def data_root(pristine: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "data"
-    shutil.copytree(pristine, root)
+def data_root(data_root: Path) -> Path:
+    """The copy of the run (conftest), with a quality report, Data Docs and a file outside them."""
+    root = data_root
     quality = root / "quality" / "sensors"
     (quality / "gx" / "site").mkdir(parents=True)
     (quality / "gx" / "site" / "index.html").write_text("<h1>Data Docs</h1>")
@@ -94,7 +93,9 @@ def test_anonymous_requests_are_refused(client) -> None:
 
 
 STREAM_PAGES = ("/streams/", "/streams/api/status", "/streams/sensors/", "/streams/sensors/quality/",
-                "/streams/sensors/quality/docs/index.html", "/streams/dag/stream_sensors_quality")
+                "/streams/sensors/quality/docs/index.html", "/streams/dag/stream_sensors_quality",
+                "/streams/api/trends", "/streams/sensors/api/charts", "/streams/sensors/api/flow",
+                "/streams/sensors/row")
 
 
 def test_a_logged_in_user_without_read_access_gets_403(client) -> None:
