@@ -4,13 +4,14 @@ an existing application supervised as it is (``application:`` in a spec).
 The supervisor (``streamops.operators.stream``) and the health sensors watch a driver
 through files beside its checkpoints, so whatever runs the queries takes part the same way:
 
-* it holds the stream's single-driver lease (``<checkpoint>/_control/driver.json``),
-  refreshed by a heartbeat, while it runs (``spark_jobs.lease``);
+* it holds the stream's single-driver lease (``<checkpoint>/_control/lease/``), refreshed
+  by a heartbeat, while it runs, and halts if it loses it (``spark_jobs.lease``);
 * it writes progress events (``<checkpoint>/_events/progress.jsonl``): its start and
   stop, each query's progress, a query's failure (``spark_jobs.progress``);
 * it stops its queries between micro-batches when the stop marker
-  (``<checkpoint>/_control/stop``) appears or SIGTERM arrives, and exits 0; a failed
-  query makes it exit 1, so that the supervisor restarts it.
+  (``<checkpoint>/_control/stop``) appears or SIGTERM arrives, and exits 0 (a marker
+  asking for an immediate stop halts it at once); a failed query makes it exit 1, so that
+  the supervisor restarts it.
 
 An application adds a few lines (:func:`supervised`)::
 
@@ -28,6 +29,7 @@ the spec's path in ``STREAMS_APP_SPEC`` (and the data root in ``STREAMS_DATA_DIR
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -40,9 +42,9 @@ from typing import TYPE_CHECKING
 
 from spark_jobs.checkpoint import last_batch
 from spark_jobs.history import History
-from spark_jobs.lease import DriverLease, LeaseHeld
+from spark_jobs.lease import DriverLease, LeaseHeld, halt, host_id
 from spark_jobs.progress import EventLog
-from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
+from spark_jobs.spec import Layout, SpecError, StreamSpec, duration_seconds, load_spec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_LEASE_HELD = 0, 1, 2, 3
+#: an immediate stop (the marker): as SIGKILL would end it
+EXIT_KILLED = 137
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 120.0
 #: The environment variable in which the supervisor passes an application its spec's path.
@@ -86,11 +90,38 @@ def stop_between_batches(queries: dict[str, StreamingQuery], layout: Layout, gra
                         "on restart", name, planned, time.monotonic() - started)
 
 
+def request_stop(marker: Path, immediate: bool = False, epoch: int | None = None) -> None:
+    """Ask the stream's driver to stop (the marker it polls): between micro-batches, or
+    ``immediate``: at once, without committing more (the way to stop a driver on another
+    machine, where no signal reaches it). ``epoch``: only the driver holding that epoch of
+    the lease (spark_jobs.lease), not one that took the stream over since."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_name(f".stop.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"mode": "immediate" if immediate else "graceful", "epoch": epoch}))
+    os.replace(tmp, marker)
+
+
+def stop_asked(marker: Path, epoch: int) -> str | None:
+    """``graceful`` or ``immediate`` if the marker asks the driver holding ``epoch`` to stop, else None.
+    An empty marker (``touch``) asks for a graceful stop."""
+    try:
+        text = marker.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        asked = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        asked = {}
+    if not isinstance(asked, dict) or asked.get("epoch") not in (None, epoch):
+        return None
+    return "immediate" if asked.get("mode") == "immediate" else "graceful"
+
+
 def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, StreamingQuery],
                       stop_requested: threading.Event, events: EventLog,
-                      grace_seconds: float = GRACE_SECONDS) -> tuple[int, str, bool]:
+                      grace_seconds: float = GRACE_SECONDS, epoch: int = 0) -> tuple[int, str, bool]:
     """Wait until the queries finish, one fails, or a stop is asked for (the stop marker or
-    ``stop_requested``): (exit code, cause, stopped)."""
+    ``stop_requested``): (exit code, cause, stopped). An immediate stop halts the driver."""
     marker = layout.stop_marker
     code, cause, stopped = EXIT_OK, "", False
     try:
@@ -105,7 +136,13 @@ def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, Strea
             if all(not q.isActive for q in queries.values()):
                 log.info("queries %s of %s finished", sorted(queries), spec.name)
                 break
-            if stop_requested.is_set() or marker.exists():
+            asked = stop_asked(marker, epoch)
+            if asked == "immediate":
+                marker.unlink(missing_ok=True)
+                events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": EXIT_KILLED,
+                              "immediate": True})
+                halt(f"stream {spec.name}: an immediate stop was asked for", EXIT_KILLED)
+            if stop_requested.is_set() or asked:
                 log.info("stop requested for %s: stopping queries between batches", spec.name)
                 stop_between_batches(queries, layout, grace_seconds)
                 marker.unlink(missing_ok=True)
@@ -141,9 +178,9 @@ class SupervisedApp:
     """An application's handle on its supervision (:func:`supervised`)."""
 
     def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, events: EventLog,
-                 stop_requested: threading.Event, grace_seconds: float):
+                 stop_requested: threading.Event, grace_seconds: float, epoch: int = 0):
         assert spec.application is not None
-        self.spark, self.spec, self.layout, self.events = spark, spec, layout, events
+        self.spark, self.spec, self.layout, self.events, self.epoch = spark, spec, layout, events, epoch
         self.stop_requested, self.grace_seconds = stop_requested, grace_seconds
         self.queries: dict[str, StreamingQuery] = {}
 
@@ -177,7 +214,7 @@ class SupervisedApp:
             raise ValueError(f"stream {self.spec.name}: declared queries {missing} were not started; start each "
                              "with app.start(name, writer), or name it so (queryName) with app.checkpoint(name)")
         code, cause, _ = supervise_queries(self.spec, self.layout, queries, self.stop_requested, self.events,
-                                           self.grace_seconds)
+                                           self.grace_seconds, self.epoch)
         if code != EXIT_OK:
             log.error("stream %s failed: %s", self.spec.name, cause)
             raise SystemExit(code)
@@ -205,7 +242,7 @@ def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
         log.error("%s: stream %s is not an application (it has no application:)", spec_path, spec.name)
         raise DriverRefused(EXIT_BAD_SPEC)
     layout = Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
-    lease = DriverLease(layout.lease_dir, stream=spec.name)
+    lease = DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
     try:
         lease.acquire()
     except LeaseHeld as exc:
@@ -233,7 +270,8 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         spec, layout, lease = claim(path, data_root, application=True)
     except DriverRefused as exc:
         raise SystemExit(exc.code) from None
-    events = EventLog(layout.events_file, history=History(layout.history_file))
+    events = EventLog(layout.events_file, history=History(layout.history_file),
+                      tags={"epoch": lease.epoch, "host": host_id()})
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -243,7 +281,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         spark.streams.addListener(listener)
         listening = True
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
-        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds)
+        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease.epoch)
         try:
             yield app
         except SystemExit as exc:

@@ -47,6 +47,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs import user_code
 from spark_jobs.checkpoint import batch_watermark_ms, query_id
+from spark_jobs.lease import fence
 from spark_jobs.plan import IngestionPlan, JoinPlan, SourcePlan, StreamPlan
 from spark_jobs.spec import (
     CORRUPT_RECORD_COLUMN,
@@ -302,6 +303,7 @@ class FileSinkWriter:
             utils.toSeq(list(partition_by)), utils.toScalaMap({}))
 
     def add_batch(self, batch_id: int, frame: DataFrame) -> None:
+        fence()  # only while this driver holds the stream (spark_jobs.lease)
         self._sink.addBatch(batch_id, frame._jdf)
 
 

@@ -1,40 +1,79 @@
-"""A single-driver lease on a stream's checkpoint.
+"""A single-driver lease on a stream's checkpoint that holds across machines.
 
 Two drivers writing one checkpoint corrupt it, and Spark only notices that inside one
-JVM. The lease has two parts in ``<checkpoint root>/_control/``:
+JVM. The stream's drivers may run on any of several workers that share the checkpoint's
+storage, so the lease relies on that storage alone: no process ids, no local lock.
 
-* ``driver.lock``: an exclusive ``flock`` the driver holds for its whole life. The
-  kernel releases it when the process dies, however it dies (SIGKILL included), so a
-  dead holder never blocks a restart.
-* ``driver.json``: who holds it (host, pid, start time) and a heartbeat refreshed by a
-  background thread. It lets a driver on another host (where flock is not shared) see a
-  live holder, and lets supervisors read who runs the stream.
+It is a numbered history in ``<checkpoint root>/_control/lease/``: each driver that takes
+the stream creates the next epoch's record, ``00000007.json``, with an exclusive create
+(of two drivers trying at once, one gets it). The newest record is the holder: its host,
+pid and start, and a heartbeat its driver refreshes every few seconds. A driver is
+refused while the newest record is alive (heartbeat younger than its ``ttl``, and not
+released); a dead holder's epoch is followed by a new one, and the takeover is logged.
+On one host the platform also knows a dead pid when it sees one, so a killed driver is
+replaced at once instead of after its ``ttl``.
 
-A second driver is refused while the holder is alive; a dead holder's lease is taken
-over, and the takeover is logged.
+Fencing: the holder considers its lease valid only for half the ``ttl`` after it last
+renewed it (on its own monotonic clock, which runs on while the process is paused), and
+only while no later epoch exists. It checks both before every commit of its own
+(:func:`fence`) and between heartbeats. A driver that finds its lease lost, typically a
+worker that was paused or cut off for longer than the ``ttl`` and comes back while
+another driver runs its stream, halts at once without committing anything more; what
+it had in flight is replayed by the new holder from the checkpoint. Clocks of the
+workers must agree within half the ``ttl`` (NTP does far better).
+
+The records stay as the lease's history (the newest ``KEEP_RECORDS``): who held the
+checkpoint when, which :func:`overlaps` checks.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
+import signal
 import socket
+import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
-#: A holder on another host whose heartbeat is older than this is presumed dead.
-STALE_AFTER_SECONDS = 60.0
+#: A holder whose heartbeat is older than this is presumed dead (the default; each record keeps its own).
+TTL_SECONDS = 30.0
+#: The environment variable naming this machine (a worker) in the lease; default: the host name.
+HOST_ENV = "STREAMS_HOST"
+#: The exit code of a driver that lost its lease (it halts without committing).
+EXIT_LEASE_LOST = 4
+KEEP_RECORDS = 200
 
 
 class LeaseHeld(RuntimeError):
     """Another live driver holds the checkpoint."""
+
+
+class LeaseLost(RuntimeError):
+    """This driver's lease expired or was taken over: it must not commit."""
+
+
+def host_id() -> str:
+    """This machine's name in the lease: ``$STREAMS_HOST``, else the host name."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of a local process in clock ticks (tells a reused pid apart); None if it
+    is gone or a zombie (dead, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, *rest = stat.rsplit(")", 1)[1].split()
+    return None if state in ("Z", "X") else int(rest[18])
 
 
 @dataclass
@@ -44,120 +83,244 @@ class Holder:
     started_at: float
     heartbeat_at: float
     stream: str = ""
-    run_id: str = ""
+    epoch: int = 0
+    ttl: float = TTL_SECONDS
     #: the process that launched the driver: with spark-submit, the JVM that runs the queries
     launcher_pid: int = 0
+    pid_start: int | None = None
+    released_at: float | None = None
 
     def describe(self) -> str:
         age = time.time() - self.heartbeat_at
-        return (f"pid {self.pid} on {self.host} (started {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(self.started_at))} UTC, "
-                f"heartbeat {age:.0f}s ago)")
+        return (f"pid {self.pid} on {self.host} (epoch {self.epoch}, started "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(self.started_at))} UTC, heartbeat {age:.0f}s ago)")
+
+    @property
+    def ended_at(self) -> float:
+        """When it last held the lease: its release, else its last heartbeat."""
+        return self.released_at if self.released_at is not None else self.heartbeat_at
+
+    def alive(self, now: float | None = None) -> bool:
+        """Does it hold the lease now? Released: no. On this host: its process decides.
+        Elsewhere: a heartbeat within its ``ttl``."""
+        if self.released_at is not None:
+            return False
+        if self.host == host_id() and self.pid_start is not None and process_start(self.pid) != self.pid_start:
+            return False  # a dead (or reused) pid here: no need to wait out the ttl
+        return (now or time.time()) - self.heartbeat_at < self.ttl
 
 
-def read_holder(control_dir: str | os.PathLike[str]) -> Holder | None:
+def _records_dir(control_dir: str | os.PathLike[str]) -> Path:
+    return Path(control_dir) / "lease"
+
+
+def _record_path(control_dir: str | os.PathLike[str], epoch: int) -> Path:
+    return _records_dir(control_dir) / f"{epoch:08d}.json"
+
+
+def _epochs(control_dir: str | os.PathLike[str]) -> list[int]:
     try:
-        data = json.loads((Path(control_dir) / "driver.json").read_text())
-        return Holder(**data)
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        names = os.listdir(_records_dir(control_dir))
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def _read(path: Path) -> Holder | None:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    known = {f.name for f in fields(Holder)}
+    try:
+        return Holder(**{k: v for k, v in data.items() if k in known})
+    except TypeError:
         return None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def latest(control_dir: str | os.PathLike[str]) -> Holder | None:
+    """The newest epoch's record, released or not."""
+    epochs = _epochs(control_dir)
+    return _read(_record_path(control_dir, epochs[-1])) if epochs else None
+
+
+def read_holder(control_dir: str | os.PathLike[str]) -> Holder | None:
+    """Who holds the lease (or held it last, if it died without releasing); None once released."""
+    holder = latest(control_dir)
+    return None if holder is None or holder.released_at is not None else holder
 
 
 def holder_alive(control_dir: str | os.PathLike[str]) -> bool:
-    """Is some driver holding the lease right now (as seen from this host)?"""
-    path = Path(control_dir) / "driver.lock"
-    if not path.exists():
-        return False
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-    holder = read_holder(control_dir)
-    if holder is None or holder.host == socket.gethostname():
-        return False
-    return time.time() - holder.heartbeat_at < STALE_AFTER_SECONDS
+    """Does a live driver hold the lease right now (as seen from this host)?"""
+    holder = latest(control_dir)
+    return holder is not None and holder.alive()
+
+
+def history(control_dir: str | os.PathLike[str]) -> list[Holder]:
+    """Every kept record, oldest first."""
+    return [h for e in _epochs(control_dir) if (h := _read(_record_path(control_dir, e))) is not None]
+
+
+def overlaps(records: list[Holder]) -> list[tuple[Holder, Holder]]:
+    """Pairs of consecutive holders whose tenures overlap: a later epoch that started
+    before the one before it last renewed or released its lease. Empty when no two
+    drivers ever held the checkpoint at once."""
+    ordered = sorted(records, key=lambda h: h.epoch)
+    return [(a, b) for a, b in zip(ordered, ordered[1:], strict=False) if b.started_at <= a.ended_at]
+
+
+def _write_atomically(path: Path, holder: Holder) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(holder)))
+    os.replace(tmp, path)
+
+
+def halt(reason: str, code: int = EXIT_LEASE_LOST) -> None:
+    """What a driver that lost its lease (or is stopped immediately) does: kill the
+    spark-submit JVM that runs its queries, so that no batch in flight commits, then exit at once."""
+    print(f"FATAL: {reason}; halting without committing anything more", file=sys.stderr, flush=True)
+    parent = os.getppid()
+    try:
+        if b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{parent}/cmdline").read_bytes():
+            os.kill(parent, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(code)
+
+
+_current: DriverLease | None = None
+
+
+def fence() -> None:
+    """Before a commit: raise :class:`LeaseLost` (after the lease's ``on_lost``) unless this
+    process's lease is still valid. A process holding no lease (a test, a backfill) passes."""
+    if _current is not None:
+        _current.check()
 
 
 class DriverLease:
-    def __init__(self, control_dir: str | os.PathLike[str], stream: str = "", heartbeat_seconds: float = HEARTBEAT_SECONDS):
+    """This driver's hold on a stream's checkpoint (see the module).
+
+    :param ttl: how long its heartbeat keeps it alive for others; it fences itself after half.
+    :param on_lost: called once when the lease is found lost (default :func:`halt`).
+    """
+
+    def __init__(self, control_dir: str | os.PathLike[str], stream: str = "", heartbeat_seconds: float = HEARTBEAT_SECONDS,
+                 ttl: float = TTL_SECONDS, on_lost: Callable[[str], None] | None = None):
         self.dir = Path(control_dir)
         self.stream = stream
-        self.heartbeat_seconds = heartbeat_seconds
-        self._file = None
+        self.ttl = ttl
+        self.heartbeat_seconds = min(heartbeat_seconds, ttl / 6)
+        self.on_lost = on_lost or halt
         self._holder: Holder | None = None
+        self._renewed = 0.0  # monotonic: when the lease was last known to be ours
+        self._lost: str | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def epoch(self) -> int:
+        return self._holder.epoch if self._holder else 0
+
     def acquire(self) -> DriverLease:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        f = open(self.dir / "driver.lock", "a+")  # noqa: SIM115 - held for the driver's life
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            holder = read_holder(self.dir)
-            who = holder.describe() if holder else "an unknown process"
+        global _current
+        _records_dir(self.dir).mkdir(parents=True, exist_ok=True)
+        previous = latest(self.dir)
+        if previous is not None and previous.alive():
             raise LeaseHeld(
-                f"checkpoint {self.dir.parent} is in use by a live driver: {who}. Refusing to start a second "
-                f"driver on it; stop that driver first (graceful stop marker {self.dir / 'stop'}) or wait for it to exit."
-            ) from None
-        previous = read_holder(self.dir)
-        host = socket.gethostname()
-        if previous is not None and previous.host != host and time.time() - previous.heartbeat_at < STALE_AFTER_SECONDS:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
-            raise LeaseHeld(
-                f"checkpoint {self.dir.parent} is in use by a driver on another host: {previous.describe()}. "
-                f"Refusing to start; its lease expires {STALE_AFTER_SECONDS:.0f}s after its last heartbeat."
-            )
-        if previous is not None and (previous.host, previous.pid) != (host, os.getpid()):
-            log.warning("taking over the checkpoint lease of a dead driver: %s", previous.describe())
+                f"checkpoint {self.dir.parent} is in use by a live driver: {previous.describe()}. Refusing to start "
+                f"a second driver on it; stop that driver first (graceful stop marker {self.dir / 'stop'}) or wait for "
+                f"it to exit (its lease lapses {previous.ttl:.0f}s after its last heartbeat).")
+        epoch = (previous.epoch if previous else 0) + 1
         now = time.time()
-        self._file = f
-        self._holder = Holder(host=host, pid=os.getpid(), started_at=now, heartbeat_at=now, stream=self.stream,
-                              launcher_pid=os.getppid())
-        self._write()
+        self._renewed = time.monotonic()
+        holder = Holder(host=host_id(), pid=os.getpid(), started_at=now, heartbeat_at=now, stream=self.stream,
+                        epoch=epoch, ttl=self.ttl, launcher_pid=os.getppid(), pid_start=process_start(os.getpid()))
+        path = _record_path(self.dir, epoch)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+        tmp.write_text(json.dumps(asdict(holder)))
+        try:
+            os.link(tmp, path)  # an exclusive create of the whole record: of two drivers, one gets the epoch
+        except FileExistsError:
+            raise LeaseHeld(f"checkpoint {self.dir.parent}: another driver took epoch {epoch} of its lease at the "
+                            "same moment; refusing to start a second driver on it") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        if previous is not None and previous.released_at is None:
+            log.warning("taking over the checkpoint lease of a dead driver: %s", previous.describe())
+        self._holder = holder
+        self._prune()
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()
+        _current = self
         return self
 
-    def _write(self) -> None:
+    def _prune(self) -> None:
+        for epoch in _epochs(self.dir)[:-KEEP_RECORDS]:
+            _record_path(self.dir, epoch).unlink(missing_ok=True)
+
+    def _problem(self) -> str | None:
+        """Why the lease is no longer ours, or None while it is."""
         assert self._holder is not None
-        tmp = self.dir / f".driver.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self._holder)))
-        os.replace(tmp, self.dir / "driver.json")
+        idle = time.monotonic() - self._renewed
+        if idle > self.ttl / 2:
+            return (f"the lease of stream {self.stream} (epoch {self.epoch}) was last renewed {idle:.0f}s ago, more "
+                    f"than half its ttl of {self.ttl:.0f}s (was this process paused or cut off?)")
+        if _record_path(self.dir, self.epoch + 1).exists():
+            newer = _read(_record_path(self.dir, self.epoch + 1))
+            return (f"the lease of stream {self.stream} (epoch {self.epoch}) was taken over by "
+                    f"{newer.describe() if newer else 'another driver'}")
+        return None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` (after ``on_lost``) unless the lease is still this driver's."""
+        if self._holder is None:
+            return
+        problem = self._lost or self._problem()
+        if problem:
+            self._lose(problem)
+            raise LeaseLost(problem)
+
+    def _lose(self, problem: str) -> None:
+        with self._lock:
+            first = self._lost is None
+            self._lost = problem
+        if first:
+            log.critical("%s", problem)
+            self._stop.set()
+            self.on_lost(problem)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
             assert self._holder is not None
+            problem = self._problem()
+            if problem:
+                self._lose(problem)
+                return
+            checked = time.monotonic()  # the next window starts when the lease was last seen ours
             self._holder.heartbeat_at = time.time()
             try:
-                self._write()
+                _write_atomically(_record_path(self.dir, self.epoch), self._holder)
             except OSError as exc:
                 log.warning("lease heartbeat failed: %s", exc)
+                continue
+            self._renewed = checked
 
     def release(self) -> None:
+        global _current
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        if self._file is not None:
+        if _current is self:
+            _current = None
+        if self._holder is not None and self._lost is None and not _record_path(self.dir, self.epoch + 1).exists():
+            self._holder.released_at = time.time()
             try:
-                (self.dir / "driver.json").unlink(missing_ok=True)
-            finally:
-                fcntl.flock(self._file, fcntl.LOCK_UN)
-                self._file.close()
-                self._file = None
+                _write_atomically(_record_path(self.dir, self.epoch), self._holder)
+            except OSError as exc:
+                log.warning("could not mark the lease released (it lapses after %.0fs): %s", self.ttl, exc)
+        self._holder = None
 
     def __enter__(self) -> DriverLease:
         return self.acquire()

@@ -33,6 +33,7 @@ from pyspark.sql import types as T
 
 from spark_jobs import ingest, user_code
 from spark_jobs.checkpoint import last_batch, query_id, sink_last_batch
+from spark_jobs.lease import fence
 from spark_jobs.plan import IngestionPlan, OutputPlan, StreamPlan, Transformed, compile_plan
 from spark_jobs.spec import (
     ACCEPTED_VIEW,
@@ -151,6 +152,7 @@ def _foreach_table_batch(frame: DataFrame, stream: str, output: OutputPlan) -> C
         writer = writers[0]
         names = [c for c, _ in columns]
         rows = [tuple(r[n] for n in names) for r in batch.select(*names).toLocalIterator()]
+        fence()  # only while this driver holds the stream (spark_jobs.lease)
         applied = writer.write_batch(batch_id, rows)
         log.info("table %s batch %d: %s %d rows", writer.table, batch_id,
                  "applied" if applied else "already applied, skipped", len(rows))

@@ -26,15 +26,17 @@ class EventLog:
     """Append-only JSON-lines file with size-bounded rotation; safe across threads."""
 
     def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
-                 history: History | None = None):
+                 history: History | None = None, tags: dict[str, Any] | None = None):
+        """``tags``: added to every event (a driver's lease epoch and host: who wrote it)."""
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.history = history
+        self.tags = dict(tags or {})
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, event: dict[str, Any]) -> None:
-        event = {"logged_at": time.time(), **event}
+        event = {"logged_at": time.time(), **self.tags, **event}
         line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
         with self._lock:
             try:

@@ -112,6 +112,7 @@ def _optional(check):  # noqa: ANN001, ANN202 - builds a pydantic field validato
 
 
 Duration = Annotated[str, Field(description="e.g. '10 seconds'")]
+MIN_LEASE_SECONDS = 6
 
 
 class Strict(BaseModel):
@@ -518,7 +519,12 @@ class Supervision(Strict):
     lag_window: Duration = "1 minute"  # "lagging": the backlog grew over this window
     restart: Restart = Field(default_factory=Restart)
     scheduled_restart: str | None = None
-    check_sw = field_validator("stall_window", "lag_window")(_optional(_check_duration))
+    #: the Airflow (Celery) queue of the stream's supervisor, stop and restart tasks: the
+    #: workers that listen on it are where its driver runs
+    queue: str = Field(default="streams", pattern=r"^[A-Za-z0-9_.-]+$")
+    #: the single-driver lease lapses this long after the driver's last heartbeat (spark_jobs.lease)
+    lease: Duration = "30 seconds"
+    check_sw = field_validator("stall_window", "lag_window", "lease")(_optional(_check_duration))
 
 
 class Spark(Strict):
@@ -681,6 +687,9 @@ class StreamSpec(Strict):
 def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     add = problems.append
+    if duration_seconds(spec.supervision.lease) < MIN_LEASE_SECONDS:
+        add(("supervision.lease", f"must be at least {MIN_LEASE_SECONDS} seconds: the driver renews it every sixth "
+                                  "of it and fences itself after half of it without a renewal"))
     if spec.application is not None:  # the application's own code decides the rest
         return problems
     inputs = spec.input_columns()

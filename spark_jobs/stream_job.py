@@ -11,7 +11,8 @@ and runs until:
 * a query fails: the others are stopped and the job exits 1, the cause in its last lines.
 
 Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments,
-3 another live driver holds the checkpoint.
+3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
+stream over: this one halts without committing), 137 stopped immediately (the marker).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from spark_jobs.driver import (
     supervise_queries,
 )
 from spark_jobs.history import History
+from spark_jobs.lease import host_id
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger
 
@@ -61,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     except DriverRefused as exc:
         return exc.code
     try:
-        return _run_with_lease(spec, layout, args)
+        return _run_with_lease(spec, layout, args, lease.epoch)
     finally:
         lease.release()
 
 
-def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # noqa: ANN001
+def _run_with_lease(spec, layout: Layout, args: argparse.Namespace, epoch: int) -> int:  # noqa: ANN001
     from spark_jobs import pipeline
     from spark_jobs.check import check_spec
     from spark_jobs.progress import make_listener
@@ -78,7 +80,8 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
         return EXIT_BAD_SPEC
     stop_requested = prepare_to_stop(layout)
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
-    events = EventLog(layout.events_file, history=History(layout.history_file))
+    events = EventLog(layout.events_file, history=History(layout.history_file),
+                      tags={"epoch": epoch, "host": host_id()})
     trigger = None
     if args.trigger == "available-now":
         trigger = Trigger(available_now=True)
@@ -115,7 +118,7 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace) -> int:  # n
                 code = _start_failed(spec, layout, events, exc)
                 return code
             code, cause, stopped = supervise_queries(spec, layout, queries, stop_requested, events,
-                                                     args.grace_seconds)
+                                                     args.grace_seconds, epoch)
             if code != EXIT_OK or stopped:
                 break
     finally:

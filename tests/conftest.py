@@ -182,3 +182,24 @@ def module_postgres_database(postgres_server) -> Iterator[str]:
     """As ``postgres_database``, shared by the tests of one module (one Airflow for a file)."""
     with fresh_database(postgres_server) as url:
         yield url
+
+
+# ---- Redis: a throwaway broker per test session (tests/redis_server.py) -------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator:
+    """A running Redis server on loopback; skips without the binary (fails if CI is set)."""
+    try:
+        from redis_server import RedisNotInstalled, RedisServer  # tests/ is on sys.path (rootdir conftest)
+    except ImportError:  # tests/ became a package
+        from tests.redis_server import RedisNotInstalled, RedisServer
+    try:
+        server = RedisServer()
+    except RedisNotInstalled as exc:
+        skip_for_missing_package(str(exc))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

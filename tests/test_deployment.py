@@ -21,8 +21,8 @@ def pinned(package: str) -> str:
 
 
 def test_every_platform_service_is_there() -> None:
-    assert {"postgres", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
-            "spark-master", "spark-worker"} <= set(SERVICES)
+    assert {"postgres", "redis", "airflow-api-server", "airflow-scheduler", "airflow-worker", "airflow-dag-processor",
+            "airflow-triggerer", "spark-master", "spark-worker"} <= set(SERVICES)
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -34,16 +34,31 @@ def test_every_service_has_a_healthcheck_and_waits_for_healthy_dependencies(name
         assert condition == {"condition": "service_healthy"}, f"{name} does not wait for {dependency} to be healthy"
 
 
-def test_airflow_runs_on_postgres_and_streams_on_the_spark_cluster() -> None:
-    env = SERVICES["airflow-scheduler"]["environment"]
-    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://")
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+def test_airflow_runs_on_postgres_and_celery_and_streams_on_the_spark_cluster() -> None:
+    airflow_services = [n for n in SERVICES if n.startswith("airflow-")]
+    for name in airflow_services:  # one configuration for all, as in Airflow's own compose file
+        env = SERVICES[name]["environment"]
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg://")
+        assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+        assert env["AIRFLOW__CELERY__BROKER_URL"] == "redis://:${REDIS_PASSWORD}@redis:6379/0"
+        assert {"postgres", "redis"} <= set(SERVICES[name]["depends_on"])
     assert '"host": "spark://spark-master:7077"' in env["AIRFLOW_CONN_SPARK_STREAMS"]
     assert "Worker spark://spark-master:7077" in SERVICES["spark-worker"]["command"][-1]
-    for name in ("spark-master", "spark-worker"):  # the image's entrypoint would run other words as airflow subcommands
+    for name in ("spark-master", "spark-worker", "redis", "airflow-worker"):  # the entrypoints take bash -c
         assert SERVICES[name]["command"][:2] == ["bash", "-c"]
-    for name in ("airflow-scheduler", "airflow-api-server", "spark-worker"):  # drivers and executors share the data
+    for name in ("airflow-worker", "airflow-scheduler", "airflow-api-server", "spark-worker"):  # all see the data
         assert "streams-data:/opt/streams/data" in SERVICES[name]["volumes"]
+
+
+def test_workers_scale_take_the_streams_queue_and_the_broker_is_private() -> None:
+    worker = SERVICES["airflow-worker"]
+    assert "container_name" not in worker and "hostname" not in worker, "replicas need hostnames of their own"
+    assert "airflow celery worker --queues" in worker["command"][-1]
+    example = dict(line.split("=", 1) for line in (ROOT / ".env_example").read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+    assert "streams" in example["AIRFLOW_WORKER_QUEUES"].split(",")  # the specs' default supervision.queue
+    assert "--requirepass" in SERVICES["redis"]["command"][-1] and "ports" not in SERVICES["redis"]
+    assert pinned("apache-airflow-providers-celery")
 
 
 def test_mounted_files_and_build_files_exist() -> None:

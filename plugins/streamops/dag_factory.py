@@ -61,7 +61,7 @@ def _doc(spec: StreamSpec, what: str) -> str:
             f"{spec.supervision.restart.max_attempts} failures within {spec.supervision.restart.period_minutes:g} "
             f"minutes (reset by a stable run), backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
-            f"`{spec.spark.connection}`.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
+            f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
             f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
             f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
 
@@ -76,6 +76,9 @@ def _default_args(spec: StreamSpec) -> dict[str, Any]:
         "retry_exponential_backoff": True,
         "max_retry_delay": timedelta(minutes=5),
         "on_failure_callback": alert_on_failure,
+        # with the CeleryExecutor, the workers listening on this queue run the stream's tasks
+        # (its driver is a child of the supervisor task); other executors ignore it
+        "queue": spec.supervision.queue,
     }
 
 

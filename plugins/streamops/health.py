@@ -85,6 +85,8 @@ class Health:
     status: Status
     reason: str
     driver_pid: int | None
+    #: the machine (worker) the driver runs on, as its lease names it (spark_jobs.lease.host_id)
+    driver_host: str | None
     backlog_files: int
     backlog_bytes: int
     last_committed: dict[str, int | None]
@@ -104,7 +106,7 @@ class Health:
     def summary(self) -> str:
         age = "never" if self.last_commit_age_seconds is None else f"{self.last_commit_age_seconds:.0f}s ago"
         return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {self.backlog_files} file(s); "
-                f"last commit {age}; watermark {self.watermark}; driver pid {self.driver_pid}")
+                f"last commit {age}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 
 def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snapshot:
@@ -223,7 +225,7 @@ def assess(spec: StreamSpec, layout: Layout, now: float | None = None) -> Health
     newest = max(progress, key=lambda e: e.get("logged_at", 0), default={})
     last = snap.last_commit_time
     return Health(
-        stream=spec.name, status=status, reason=reason, driver_pid=snap.driver_pid,
+        stream=spec.name, status=status, reason=reason, driver_pid=snap.driver_pid, driver_host=snap.driver_host,
         backlog_files=snap.backlog_files, backlog_bytes=snap.backlog_bytes,
         last_committed={name: q.last_committed for name, q in snap.queries.items()},
         last_commit_age_seconds=None if last is None else max(0.0, snap.taken_at - last),

@@ -172,6 +172,12 @@ def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
             f"<a href='{prefix}{name}/quality/'>summary</a> · <a href='{prefix}{name}/quality/docs/index.html'>Data Docs</a>")
 
 
+def _driver_cell(s: dict[str, Any]) -> str:
+    if not s.get("driver_pid"):
+        return "<span class='muted'>none</span>"
+    return f"{escape(str(s.get('driver_host') or '?'))}<br><span class='muted'>pid {int(s['driver_pid'])}</span>"
+
+
 def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | None = None) -> str:
     committed = ", ".join(f"{q}: {'-' if b is None else b}" for q, b in (s.get("last_committed") or {}).items())
     rates = s.get("input_rows_per_second"), s.get("processed_rows_per_second")
@@ -183,6 +189,7 @@ def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | Non
     return (f"<tr data-stream='{name}'{refresh}><td><a href='{prefix}{name}/'>{name}</a></td>"
             f"<td class='status {escape(str(s['status']))}'>{escape(str(s['status']))}{stopped}<br>"
             f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>{trend_cell}"
+            f"<td>{_driver_cell(s)}</td>"
             f"<td>{escape(committed)}<br>{_age(s.get('last_commit_age_seconds'))}</td><td>{rate_text}</td>"
             f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark') or '-'))}</td>"
             f"<td>{s.get('restarts_last_day')}</td><td>{_validation_cell(s['stream'], s.get('validation'), prefix)}</td></tr>")
@@ -190,7 +197,7 @@ def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | Non
 
 def _head(trend: bool = False) -> str:
     return ("<tr><th>stream</th><th>status</th>" + ("<th>last 15 min: processed rows/s, files waiting</th>" if trend else "")
-            + "<th>last committed batch</th><th>rows/s in / processed</th><th>backlog</th><th>watermark</th>"
+            + "<th>driver (worker)</th><th>last committed batch</th><th>rows/s in / processed</th><th>backlog</th><th>watermark</th>"
             "<th>restarts (24 h)</th><th>last validation</th></tr>")
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from functools import cached_property
 from pathlib import Path
 
 from airflow.sdk import BaseHook
 
-from spark_jobs.lease import holder_alive, read_holder
+from spark_jobs.lease import Holder, holder_alive, host_id, process_start, read_holder
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
 from streamops.health import Health, assess
 
@@ -72,30 +71,54 @@ class StreamHook(BaseHook):
         holder = read_holder(self.layout.lease_dir)
         return holder.pid if holder is not None and self.driver_alive() else None
 
-    def request_stop(self) -> Path:
-        """Ask the driver to stop between micro-batches (it polls this marker)."""
-        marker = self.layout.stop_marker
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        return marker
+    def driver_here(self) -> Holder | None:
+        """The live driver's lease record if it runs on this machine (a driver this worker
+        started or adopted), else None."""
+        holder = read_holder(self.layout.lease_dir)
+        return holder if holder is not None and holder.host == host_id() and self.driver_alive() else None
 
-    def wait_for_exit(self, timeout: float, poll: float = 0.5) -> bool:
-        """Wait until no driver holds the checkpoint; False on timeout."""
+    def request_stop(self, immediate: bool = False, epoch: int | None = None) -> Path:
+        """Ask the driver to stop (it polls this marker): between micro-batches, or at once;
+        ``epoch``: only the driver holding that epoch of the lease."""
+        from spark_jobs.driver import request_stop
+
+        request_stop(self.layout.stop_marker, immediate, epoch)
+        return self.layout.stop_marker
+
+    def holds(self, epoch: int | None) -> bool:
+        """Does a live driver hold the checkpoint (``epoch``: that epoch of the lease)?"""
+        if epoch is None:
+            return self.driver_alive()
+        holder = read_holder(self.layout.lease_dir)
+        return holder is not None and holder.epoch == epoch and self.driver_alive()
+
+    def wait_for_exit(self, timeout: float, poll: float = 0.5, epoch: int | None = None) -> bool:
+        """Wait until no driver holds the checkpoint (``epoch``: until the driver holding
+        that epoch no longer does); False on timeout."""
         deadline = time.monotonic() + timeout
-        while self.driver_alive():
+        while self.holds(epoch):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
         return True
 
-    def kill_driver(self, sig: int = signal.SIGKILL) -> int | None:
-        """Signal the driver holding the lease (this host only), and the spark-submit JVM
-        that launched it; the driver's pid, or None if there was none to signal."""
-        pid = self.driver_pid()
+    def kill_driver(self, sig: int = signal.SIGKILL, epoch: int | None = None) -> int | None:
+        """Signal the driver holding the lease, and the spark-submit JVM that launched it; the
+        driver's pid, or None if there was none. ``epoch``: only the driver of that epoch, even
+        one whose lease has lapsed while it still exists here (a frozen driver). A driver on
+        another machine, where no signal reaches, is asked to stop immediately (``SIGKILL``)
+        through its marker."""
         holder = read_holder(self.layout.lease_dir)
-        if pid is None or holder is None or holder.host != socket.gethostname():
+        if holder is None or epoch not in (None, holder.epoch) or (epoch is None and not self.driver_alive()):
             return None
-        targets = [pid]
+        if holder.host != host_id():
+            if sig != signal.SIGKILL:
+                return None
+            self.request_stop(immediate=True, epoch=holder.epoch)
+            return holder.pid
+        if holder.pid_start is not None and process_start(holder.pid) != holder.pid_start:
+            return None  # gone (the pid may be another process's by now)
+        targets = [holder.pid]
         if holder.launcher_pid > 1 and _is_spark_submit(holder.launcher_pid):
             targets.append(holder.launcher_pid)
         for target in targets:
@@ -103,7 +126,7 @@ class StreamHook(BaseHook):
                 os.kill(target, sig)
             except ProcessLookupError:
                 continue
-        return pid
+        return holder.pid
 
 
 def _is_spark_submit(pid: int) -> bool:

@@ -15,6 +15,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from spark_jobs.lease import read_holder
 from spark_jobs.spec import default_spec_dir
 from streamops.health import RUNNING, Status
 from streamops.hooks.stream import StreamHook
@@ -130,6 +131,9 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self._stream_hook: StreamHook | None = None
         self.submit_hook: SparkSubmitHook | None = None  # of the driver run last (on_kill kills its spark-submit)
         self.adopted_pid: int | None = None
+        #: the lease epoch of the driver this task runs or adopted (spark_jobs.lease)
+        self.supervised_epoch: int | None = None
+        self._launched_at = 0.0
 
     @property
     def stream_hook(self) -> StreamHook:
@@ -165,9 +169,11 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.log.info("stream %s was stopped on purpose; not restarting it", self.stream)
                 return health.to_dict()
             if hook.driver_alive():
-                self.adopted_pid = hook.driver_pid()
-                self.log.warning("a driver (pid %s) already runs stream %s, left by an earlier try: adopting it "
-                                 "instead of starting a second one", self.adopted_pid, self.stream)
+                holder = read_holder(hook.layout.lease_dir)
+                self.adopted_pid = holder.pid if holder else None
+                self.supervised_epoch = holder.epoch if holder else None
+                self.log.warning("a driver (%s) already runs stream %s, left by an earlier try: adopting it instead of "
+                                 "starting a second one", holder.describe() if holder else "unknown", self.stream)
                 reason, forced = self._supervise(None)
                 code, reason = None, f"adopted driver: {reason}"
             else:
@@ -209,6 +215,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         supervisor stopped it (a stalled driver: restarted, and counted as a failed run)."""
         spark_submit = self.submit_hook = self.spark_submit_hook()
         outcome: dict[str, Any] = {}
+        self.supervised_epoch, self._launched_at = None, time.time()
 
         def submit() -> None:
             try:
@@ -240,6 +247,11 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 thread.join(self.poll_seconds)
             else:
                 hook.wait_for_exit(self.poll_seconds)
+            if self.supervised_epoch is None and (here := hook.driver_here()) is not None \
+                    and here.started_at >= self._launched_at:
+                self.supervised_epoch = here.epoch  # the driver this task started took the lease
+                self.log.info("stream %s: driver pid %s on %s holds epoch %d of the lease", self.stream, here.pid,
+                              here.host, here.epoch)
             health = hook.health()
             hook.record_backlog(health)
             if health.status != last_status:
@@ -247,11 +259,19 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 last_status = health.status
             if stopping_since is None and health.status in (Status.STALLED, Status.CORRUPT):
                 self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
-                hook.request_stop()
+                hook.request_stop(epoch=self.supervised_epoch)
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
+            elif (stopping_since is None and thread is not None and self.supervised_epoch is not None
+                  and health.status == Status.DEAD):
+                # the driver this task started still runs, but its lease lapsed: frozen, or it
+                # could not renew it; it fences itself if it ever runs again, so end it now
+                self.log.warning("stream %s: the lease of its driver (epoch %d) lapsed while the driver still runs; "
+                                 "stopping it", self.stream, self.supervised_epoch)
+                hook.request_stop(epoch=self.supervised_epoch)
+                stopping_since, reason = time.monotonic(), "stopped because its lease lapsed"
             grace = min(self.grace_seconds, self.stalled_grace_seconds)
             if stopping_since is not None and time.monotonic() - stopping_since > grace:
-                pid = hook.kill_driver()
+                pid = hook.kill_driver(epoch=self.supervised_epoch)
                 if pid is not None:
                     self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
                 stopping_since = float("inf")
@@ -283,13 +303,16 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         return min(bound, self.grace_seconds)
 
     def on_kill(self) -> None:
-        """Stop the stream gracefully, then hard if it does not stop before Airflow's cleanup time runs out."""
+        """Stop the driver this task runs gracefully, then hard if it does not stop before
+        Airflow's cleanup time runs out. A driver that has taken the stream over since (this
+        worker was cut off, and the stream moved on) is not this task's to stop."""
         hook = self.stream_hook
-        if hook.driver_alive():
-            hook.request_stop()
+        epoch = self.supervised_epoch
+        if epoch is not None and hook.holds(epoch):
+            hook.request_stop(epoch=epoch)
             grace = self.kill_grace()
-            if not hook.wait_for_exit(grace):
-                pid = hook.kill_driver()
+            if not hook.wait_for_exit(grace, epoch=epoch):
+                pid = hook.kill_driver(epoch=epoch)
                 if pid is not None:
                     self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
                                      grace, pid)

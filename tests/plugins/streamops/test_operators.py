@@ -271,15 +271,18 @@ class FakeDriver:
     def driver_alive(self) -> bool:
         return True
 
-    def request_stop(self) -> None:
-        self.calls.append(("request_stop",))
+    def holds(self, epoch: int | None) -> bool:
+        return epoch == 7  # the driver of epoch 7 holds the stream
 
-    def wait_for_exit(self, timeout: float, poll: float = 0.5) -> bool:
-        self.calls.append(("wait_for_exit", timeout))  # returns at once: the wait's length is what is checked
+    def request_stop(self, immediate: bool = False, epoch: int | None = None) -> None:
+        self.calls.append(("request_stop", epoch))
+
+    def wait_for_exit(self, timeout: float, poll: float = 0.5, epoch: int | None = None) -> bool:
+        self.calls.append(("wait_for_exit", timeout, epoch))  # returns at once: the wait's length is what is checked
         return False
 
-    def kill_driver(self) -> int:
-        self.calls.append(("kill_driver",))
+    def kill_driver(self, epoch: int | None = None) -> int:
+        self.calls.append(("kill_driver", epoch))
         return 4242
 
 
@@ -301,9 +304,24 @@ def test_on_kill_waits_for_the_graceful_stop_no_longer_than_airflow_lets_a_kille
     calls: list = []
     op._stream_hook = FakeDriver(calls)
     op.submit_hook = RecordingSubmitHook()
+    op.supervised_epoch = 7
     op.on_kill()
-    assert calls == [("request_stop",), ("wait_for_exit", waited), ("kill_driver",)]
+    assert calls == [("request_stop", 7), ("wait_for_exit", waited, 7), ("kill_driver", 7)]
     assert op.submit_hook.calls == [("on_kill",)]  # then spark-submit, through the hook's public on_kill
+
+
+def test_on_kill_leaves_alone_a_driver_that_took_the_stream_over_since(tmp_path: Path) -> None:
+    """This worker was cut off and the stream moved on: the driver now running (epoch 7) is another
+    task's; a killed task stops only its own spark-submit."""
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                  data_root=str(tmp_path), conn_id="spark_streams")
+    calls: list = []
+    op._stream_hook = FakeDriver(calls)
+    op.submit_hook = RecordingSubmitHook()
+    op.supervised_epoch = 6
+    op.on_kill()
+    assert calls == []
+    assert op.submit_hook.calls == [("on_kill",)]
 
 
 def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_supervisors_sigkill_delay(

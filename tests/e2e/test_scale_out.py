@@ -1,0 +1,258 @@
+"""Streams spread over Celery workers; a lost worker's streams move to another, and a worker
+that was only paused comes back without committing.
+
+A real Airflow (API server, scheduler, DAG processor) with the CeleryExecutor, a real Redis
+broker and PostgreSQL metadata, all on loopback, and Celery workers as separate process
+trees, each with a name of its own (``STREAMS_HOST``, as a container's hostname would be).
+All of them share one data directory, as the workers of a deployment share its storage.
+
+1. Three streams: two on worker A (queue ``streams``), one pinned to worker B (its spec's
+   ``supervision.queue``; B also serves ``streams``).
+2. Worker A and every process it started are killed (SIGKILL): its two streams commit new
+   batches on worker B within ``MOVE_BOUND`` seconds.
+3. Worker C starts, and worker B is paused (SIGSTOP) until all three streams run on C;
+   then B resumes: its old drivers halt without committing anything more.
+4. Every sink equals the generator's ground truth, and each stream's lease history shows
+   no two drivers holding its checkpoint at once, and no event written by a driver after
+   the next one took over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from airflow_harness import BIN, Airflow, example_spec, include_with, stream_drivers, wait_for
+
+from spark_jobs.checkpoint import batch_ids
+from spark_jobs.lease import HOST_ENV, history, overlaps, process_start, read_holder
+from spark_jobs.progress import read_events
+from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
+from spark_jobs.testdata import generate, verify
+from streamops.embedded import PRIVATE, private_log
+from streamops.health import Status, assess
+
+pytestmark = pytest.mark.e2e
+
+HEARTBEAT_TIMEOUT = 20  # [scheduler] task_instance_heartbeat_timeout: a lost worker's tasks fail after it
+LEASE_SECONDS = 8
+#: from a worker's loss to its streams' first new commit elsewhere: the heartbeat timeout and its
+#: detection interval (10 s), the retry delay (10 s), the lease, a new driver's start, on 2 busy cores
+MOVE_BOUND = 240
+STREAMS = {"s1": "streams", "s2": "streams", "s3": "streams-b"}
+#: Airflow's services but the triggerer: the quality DAGs (whose asset watchers it runs) stay paused here
+SERVICES = tuple(s for s in Airflow.SERVICES if s[0] != "triggerer")
+
+
+def scale_out_specs(include: Path) -> Path:
+    """Three copies of the sensors stream under their own names and paths: the accepted rows
+    (its pass-through sink) and the 10-minute window, a 3-second trigger, a short lease."""
+    specs = []
+    for name, queue in STREAMS.items():
+        spec = example_spec("sensors")
+        spec["outputs"] = [o for o in spec["outputs"] if o["name"] in ("readings", "site_temperature_10m")]
+        text = json.dumps(spec).replace("/sensors", f"/{name}")
+        spec = json.loads(text)
+        spec.update(name=name, trigger={"processing_time": "3 seconds"})
+        spec["source"]["max_files_per_trigger"] = 4
+        spec["supervision"] = {"stall_window": "4 minutes", "queue": queue, "lease": f"{LEASE_SECONDS} seconds",
+                               "restart": {"max_attempts": 10, "backoff_initial_seconds": 1, "backoff_max_seconds": 4}}
+        specs.append(spec)
+    return include_with(include, *specs)
+
+
+def dags_folder(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name in STREAMS:
+        (folder / f"stream_{name}.py").write_text(
+            f'"""Airflow DAGs of the `{name}` stream."""\n\nfrom streamops.dag_factory import stream_dags\n\n'
+            f'globals().update(stream_dags("{name}"))\n')
+    return folder
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def signal_tree(root: int, sig: int) -> list[int]:
+    """Send ``sig`` to the whole tree, again until no new process appears in it (a fork in between)."""
+    done: set[int] = set()
+    while new := [p for p in process_tree(root) if p not in done]:
+        for pid in new:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        done.update(new)
+    return sorted(done)
+
+
+class Worker:
+    """``airflow celery worker`` as a machine of its own: its name in the leases, its queues."""
+
+    def __init__(self, airflow: Airflow, name: str, queues: str):
+        self.name = name
+        log = private_log(airflow.home / f"worker-{name}.log")
+        self.proc = subprocess.Popen(
+            [str(BIN / "airflow"), "celery", "worker", "--queues", queues, "--celery-hostname", f"{name}@localhost",
+             "--concurrency", "8", "--skip-serve-logs"],
+            env={**airflow.env, HOST_ENV: name}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            umask=PRIVATE)
+
+    def kill(self) -> None:
+        signal_tree(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def pause(self) -> list[int]:
+        return signal_tree(self.proc.pid, signal.SIGSTOP)
+
+
+@dataclass
+class Stream:
+    name: str
+    spec_path: Path
+    data_root: Path
+    seed: int = 100
+
+    def __post_init__(self) -> None:
+        self.spec = load_spec(self.spec_path)
+        self.layout = Layout(self.spec, self.data_root, self.spec_path.parent)
+        self.ingestion = Path(self.layout.checkpoint(INGEST_QUERY))
+
+    def feed(self, files: int) -> None:
+        self.seed += 1
+        assert generate.main(["--spec", str(self.spec_path), "--data-root", str(self.data_root), "--files", str(files),
+                              "--events-per-file", "40", "--seed", str(self.seed)]) == 0
+
+    def host(self) -> str | None:
+        holder = read_holder(self.layout.lease_dir)
+        return holder.host if holder is not None and holder.alive() else None
+
+    def committed_on(self, host: str, since: float) -> bool:
+        """Does a driver on ``host`` hold the stream, and has it committed a batch since ``since``?"""
+        commits = self.ingestion / "commits"
+        return self.host() == host and any(p.stat().st_mtime > since for p in commits.glob("[0-9]*"))
+
+    def caught_up(self) -> bool:
+        return assess(self.spec, self.layout).status == Status.IDLE
+
+
+def deploy(airflow: Airflow, name: str) -> None:
+    airflow.unpause(f"stream_{name}")
+    airflow.trigger(f"stream_{name}")
+
+
+def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_committing(
+        tmp_path: Path, redis_server, module_postgres_database, spark) -> None:  # noqa: ANN001
+    spec_dir = scale_out_specs(tmp_path / "include")
+    data_root = tmp_path / "data"
+    streams = {name: Stream(name, spec_dir / f"{name}.yaml", data_root) for name in STREAMS}
+    for s in streams.values():
+        s.feed(8)
+    metadata_url = module_postgres_database.replace("postgresql://", "postgresql+psycopg://", 1)
+    airflow = Airflow(tmp_path / "airflow", data_root, metadata_url, extra_env={
+        "STREAMS_SPEC_DIR": str(spec_dir), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder(tmp_path / "dags")),
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor", "AIRFLOW__CELERY__BROKER_URL": redis_server.url,
+        "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{metadata_url}",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT)})
+    airflow.SERVICES = SERVICES
+    workers: list[Worker] = []
+    paused: list[int] = []
+    timings: dict[str, float] = {}
+    try:
+        airflow.start()
+        wait_for(airflow.healthy, "the Airflow API server", timeout=180, every=2)
+        wait_for(lambda: {f"stream_{n}" for n in STREAMS} <= airflow.dag_ids(), "the streams' DAGs", timeout=240,
+                 every=2)
+
+        # 1. two streams on worker A, the third pinned to B by its queue
+        workers.append(a := Worker(airflow, "worker-a", "streams"))
+        for name in ("s1", "s2"):
+            deploy(airflow, name)
+        wait_for(lambda: all(streams[n].committed_on("worker-a", 0) for n in ("s1", "s2")),
+                 "s1 and s2 to commit on worker-a", timeout=300, every=1)
+        workers.append(b := Worker(airflow, "worker-b", "streams,streams-b"))
+        deploy(airflow, "s3")
+        wait_for(lambda: streams["s3"].committed_on("worker-b", 0), "s3 to commit on worker-b", timeout=300, every=1)
+        s3_epoch = read_holder(streams["s3"].layout.lease_dir).epoch
+
+        # 2. worker A is lost with every process it started: its streams move to B
+        for s in streams.values():
+            s.feed(4)
+        a.kill()
+        lost_at = time.time()
+        for name in ("s1", "s2"):
+            wait_for(lambda n=name: streams[n].committed_on("worker-b", lost_at), f"{name} to commit on worker-b",
+                     timeout=MOVE_BOUND, every=1)
+            timings[f"{name} moved from the killed worker-a"] = time.time() - lost_at
+        assert read_holder(streams["s3"].layout.lease_dir).epoch == s3_epoch, "s3 should not have moved"
+
+        # 3. worker B is paused until every stream runs on worker C, then resumes
+        workers.append(Worker(airflow, "worker-c", "streams,streams-b"))
+        paused = b.pause()
+        paused_at = time.time()
+        old = {name: read_holder(s.layout.lease_dir) for name, s in streams.items()}
+        assert {h.host for h in old.values()} == {"worker-b"}
+        for s in streams.values():
+            s.feed(4)
+        for name in STREAMS:
+            wait_for(lambda n=name: streams[n].committed_on("worker-c", paused_at), f"{name} to commit on worker-c",
+                     timeout=MOVE_BOUND, every=1)
+            timings[f"{name} moved from the paused worker-b"] = time.time() - paused_at
+        signal_tree(b.proc.pid, signal.SIGCONT)
+        paused = []
+        wait_for(lambda: all(process_start(h.pid) != h.pid_start for h in old.values()),
+                 "the resumed worker's old drivers to halt", timeout=60, every=0.5)
+
+        # 4. caught up on worker C: every sink exact; never two drivers at once
+        for s in streams.values():
+            s.feed(2)
+        for name, s in streams.items():
+            wait_for(s.caught_up, f"{name} to take all its input", timeout=300, every=2)
+        for name, s in streams.items():
+            records = history(s.layout.lease_dir)
+            assert overlaps(records) == [], f"{name}: two drivers held the checkpoint at once: {records}"
+            starts = {h.epoch: h.started_at for h in records}
+            for event in read_events(s.layout.events_file):
+                successor = starts.get(event.get("epoch", 0) + 1)
+                assert successor is None or event["logged_at"] < successor, \
+                    f"{name}: a driver of epoch {event['epoch']} wrote after the next one took over: {event}"
+            assert old[name].epoch in starts and records[-1].host == "worker-c"
+            manifest = json.loads((data_root / "generated" / name / "manifest.json").read_text())
+            report = verify.compare(spark, s.spec, s.layout, manifest)
+            assert report.ok, report.describe()
+            assert len(batch_ids(s.ingestion, "commits")) > 0
+    finally:
+        for pid in paused:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for w in workers:  # with the drivers they run
+            if w.proc.poll() is None:
+                w.kill()
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
+    print("\n".join(f"{what}: {seconds:.1f}s" for what, seconds in timings.items()))
+
