@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from processes import cmdline, descendants, kill_pids, rss_bytes
 
 from spark_jobs.checkpoint import batch_ids, file_name, processed_files, sink_files
 from spark_jobs.lease import holder_alive, read_holder
@@ -83,55 +84,6 @@ PART = "part-*"
 
 
 # ---- waiting, processes ------------------------------------------------------------------------
-
-
-def _ppids() -> dict[int, int]:
-    ppids = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    ppids[int(entry.name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return ppids
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _ppids().items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def rss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def kill_pids(pids: dict[int, bytes]) -> None:
-    """SIGKILL each pid still running the command line it had when it was recorded."""
-    for pid, cmd in pids.items():
-        if cmd and cmdline(pid) == cmd:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 class PeakRss(threading.Thread):

@@ -29,7 +29,8 @@ Only pyspark and the standard library: nothing of the platform is imported. The 
     plus one query writing the rejected rows (corrupt record or a required column
     missing: raw record, reason, source file, time) to the quarantine (Parquet).
 
-Every query runs with the available-now trigger; they all start at once and the job ends
+Every query runs with the available-now trigger (or ``processing_time`` if the job file
+gives one: then until the process is ended); they all start at once and the job ends
 when all have finished. At the end the job writes ``result`` (JSON) with every batch of
 every query (``query.recentProgress``: start, trigger execution time, input rows), so that
 the benchmark measures from the first batch's start to the last batch's end as it does
@@ -180,9 +181,10 @@ def table_batches(frame: DataFrame, sink: dict[str, Any], mode: str):  # noqa: A
     return write
 
 
-def start(frame: DataFrame, name: str, checkpoint: str, mode: str, sink: dict[str, Any]):  # noqa: ANN201
-    writer = (frame.writeStream.queryName(name).outputMode(mode).option("checkpointLocation", checkpoint)
-              .trigger(availableNow=True))
+def start(frame: DataFrame, name: str, checkpoint: str, mode: str, sink: dict[str, Any],
+          processing_time: str | None = None):  # noqa: ANN201
+    writer = frame.writeStream.queryName(name).outputMode(mode).option("checkpointLocation", checkpoint)
+    writer = writer.trigger(processingTime=processing_time) if processing_time else writer.trigger(availableNow=True)
     if sink["type"] == "parquet":
         writer = writer.format("parquet").option("path", sink["path"])
         if sink.get("partition_by"):
@@ -207,11 +209,12 @@ def plan(spark: SparkSession, job: dict[str, Any]) -> list:
         .alias("reason"),
         F.col("_metadata.file_path").alias("source_file"),
         F.current_timestamp().alias("quarantined_at"))
+    trigger = job.get("processing_time")
     queries.append(start(rejected, "quarantine", str(checkpoints / "quarantine"), "append",
-                         {"type": "parquet", "path": job["quarantine"]}))
+                         {"type": "parquet", "path": job["quarantine"]}, trigger))
     for out in job["outputs"]:
         frame = output_frame(accepted(spark, job), job, out)
-        queries.append(start(frame, out["name"], str(checkpoints / out["name"]), out["mode"], out["sink"]))
+        queries.append(start(frame, out["name"], str(checkpoints / out["name"]), out["mode"], out["sink"], trigger))
     return queries
 
 

@@ -61,6 +61,13 @@ def test_workers_scale_take_the_streams_queue_and_the_broker_is_private() -> Non
     assert pinned("apache-airflow-providers-celery")
 
 
+def test_the_pinned_celery_provider_loads_its_executor() -> None:
+    """What `airflow celery worker` and the scheduler import first (a Celery release once broke it)."""
+    from airflow.providers.celery.executors.celery_executor import CeleryExecutor, app
+
+    assert CeleryExecutor.__name__ == "CeleryExecutor" and app.main
+
+
 def test_mounted_files_and_build_files_exist() -> None:
     for name, service in SERVICES.items():
         for volume in service.get("volumes") or []:

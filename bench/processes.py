@@ -1,0 +1,138 @@
+"""Processes of the benchmarks: the trees spark-submit starts, their memory, their end.
+
+Imported by the benchmark scripts (``python bench/<script>.py`` puts this folder on the path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.spec import project_root
+
+MASTER = "local[2]"
+
+
+
+def _ppids() -> dict[int, int]:
+    ppids = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppids[int(entry.name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return ppids
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _ppids().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def kill_pids(pids: dict[int, bytes]) -> None:
+    """SIGKILL each pid still running the command line it had when it was recorded."""
+    for pid, cmd in pids.items():
+        if cmd and cmdline(pid) == cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and its descendants (recorded first, so that none escapes by being reparented)."""
+    kill_pids({pid: cmdline(pid) for pid in [*descendants(root), root]})
+
+
+class PeakRss(threading.Thread):
+    """Peak resident memory of one spark-submit: its JVM and every Python process under it."""
+
+    def __init__(self, root: int, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.root, self.every = root, every
+        self.jvm = self.python = self.total = 0
+        self.seen: dict[int, bytes] = {}  # every process of the tree seen, with its command line
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            jvm = python = 0
+            for pid in [self.root, *descendants(self.root)]:
+                cmd = cmdline(pid)
+                self.seen.setdefault(pid, cmd)
+                argv = cmd.split(b"\0")
+                if b"org.apache.spark.deploy.SparkSubmit" in argv:
+                    jvm += rss_bytes(pid)
+                elif os.path.basename(argv[0]).startswith(b"python"):
+                    python += rss_bytes(pid)
+            self.jvm, self.python = max(self.jvm, jvm), max(self.python, python)
+            self.total = max(self.total, jvm + python)
+            self._done.wait(self.every)
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self.join()
+        return {"peak_rss_mb": self.total / 2**20, "peak_jvm_mb": self.jvm / 2**20,
+                "peak_python_mb": self.python / 2**20}
+
+
+def child_env() -> dict[str, str]:
+    root = str(project_root())
+    path = os.pathsep.join([root, str(project_root() / "plugins"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=path,
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env.pop("STREAMS_DB_URL", None)  # tables of specs without a url go to <data root>/tables.db
+    return env
+
+
+def spark_submit(args: list[str], log: Path, timeout: float) -> dict[str, Any]:
+    """Run ``spark-submit --master local[2] <args>``; exit code, wall time, peak memory."""
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
+           "--conf", "spark.ui.showConsoleProgress=false", *args]
+    with open(log, "w") as out:
+        started = time.time()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
+        sampler = PeakRss(proc.pid)
+        sampler.start()
+        try:
+            code = proc.wait(timeout)
+        except BaseException:
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
+        finally:
+            memory = sampler.stop()
+            kill_pids(sampler.seen)  # nothing of it outlives it (a Python worker left behind)
+        wall = time.time() - started
+    return {"exit_code": code, "wall_s": wall, "started_at": started, **memory}
