@@ -24,7 +24,8 @@ A copy lags when the files waiting for a query that reads the landing folder (la
 in its checkpoint's source log) grew by more than one trigger's worth over the second
 half of the measured minutes, or end above three triggers' worth. Measuring starts once
 every query of every copy has committed a batch. Writes
-``bench/results/streams_per_worker.json``. Every process started is ended by its pid.
+``bench/results/streams_per_worker.json``. Every process started is ended by its pid; the
+working folder (in the temp dir) is removed unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import argparse
 import json
 import os
 import platform as host
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,7 +47,7 @@ from processes import MASTER, PeakRss, child_env, kill_pids, kill_tree
 from throughput import PLAIN_JOB, RESULTS, STREAM_JOB
 from throughput import Stream as BenchStream
 
-from spark_jobs.checkpoint import landed_files, read_query_checkpoint
+from spark_jobs.checkpoint import landed_files, landing_backlog, read_query_checkpoint
 from spark_jobs.spec import INGEST_QUERY, project_root
 from streamops.embedded import wait_until
 
@@ -58,14 +60,11 @@ class Copy:
 
     def __init__(self, root: Path, kind: str, rate: float, events_per_file: int, logs: Path, n: int):
         self.root, self.kind = root, kind
+        root.mkdir(parents=True)
         self.stream = BenchStream("sensors", SPEC, root, "bc")
         self.layout = self.stream.layout(root)
         self.mfpt = self.stream.spec.source.max_files_per_trigger
         env = child_env()
-        self.feeder = subprocess.Popen(
-            [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(SPEC), "--data-root", str(root),
-             "--rate", str(rate), "--events-per-file", str(events_per_file), "--seed", str(n)],
-            stdout=open(logs / f"generate-{n}.log", "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
         if kind == "platform":
             args = [str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
             self.checkpoints = [Path(self.layout.checkpoint(INGEST_QUERY))]
@@ -79,6 +78,14 @@ class Copy:
                "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false", *args]
         self.driver = subprocess.Popen(cmd, stdout=open(logs / f"{kind}-{n}.log", "w"),  # noqa: SIM115
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            self.feeder = subprocess.Popen(
+                [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(SPEC), "--data-root", str(root),
+                 "--rate", str(rate), "--events-per-file", str(events_per_file), "--seed", str(n)],
+                stdout=open(logs / f"generate-{n}.log", "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+        except BaseException:
+            kill_tree(self.driver.pid)
+            raise
         self.memory = PeakRss(self.driver.pid)
         self.memory.start()
 
@@ -87,10 +94,8 @@ class Copy:
 
     def backlog(self) -> int:
         """Files waiting for the landing-reading query furthest behind."""
-        landed = {str(p) for p in landed_files(self.layout.landing)}
-        return max(len({f for f in landed if Path(f).name not in {Path(p).name for p in
-                                                                read_query_checkpoint(str(c)).processed_files}})
-                   for c in self.checkpoints)
+        landed = landed_files(self.layout.landing)
+        return max(landing_backlog(landed, read_query_checkpoint(str(c)).processed_files)[0] for c in self.checkpoints)
 
     def stop(self) -> dict[str, float]:
         """End the feeder and the driver (its whole tree: the measurement is over); its peak memory."""
@@ -141,19 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=0.5, help="files per second per copy (./platform up's default)")
     p.add_argument("--events-per-file", type=int, default=40)
     p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--keep", action="store_true", help="keep the working folder (in the temp dir)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="streams-per-worker-"))
     steps: list[dict[str, Any]] = []
     held: dict[str, int] = {}
-    for kind in args.kinds.split(","):
-        held[kind] = 0
-        for n in range(1, args.max_streams + 1):
-            step = run(kind, n, args, work)
-            steps.append(step)
-            print(json.dumps(step), flush=True)
-            if step["lagging"]:
-                break
-            held[kind] = n
+    try:
+        for kind in args.kinds.split(","):
+            held[kind] = 0
+            for n in range(1, args.max_streams + 1):
+                step = run(kind, n, args, work)
+                steps.append(step)
+                print(json.dumps(step), flush=True)
+                if step["lagging"]:
+                    break
+                held[kind] = n
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     result = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": host.platform()},
               "date": datetime.now().isoformat(timespec="seconds"), "settings": vars(args), "held": held,
               "steps": steps}

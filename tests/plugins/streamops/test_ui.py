@@ -151,6 +151,22 @@ def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path)
     assert tab.status_code == 307 and tab.headers["location"] == "../sensors/"
 
 
+def test_the_pages_show_on_which_worker_a_stream_runs(client, data_root: Path) -> None:
+    """A driver on another machine (a Celery worker), as its lease names it."""
+    import time
+
+    lease = data_root / "checkpoints" / "sensors" / "_control" / "lease"
+    lease.mkdir(parents=True)
+    now = time.time()
+    (lease / "00000003.json").write_text(json.dumps({"host": "worker-7", "pid": 4242, "started_at": now - 60,
+                                                     "heartbeat_at": now, "epoch": 3, "ttl": 30}))
+    login(client)
+    sensors = {s["stream"]: s for s in client.get("/streams/api/status").json()}["sensors"]
+    assert (sensors["driver_host"], sensors["driver_pid"]) == ("worker-7", 4242)
+    assert "<th>driver (worker)</th>" in client.get("/streams/").text
+    assert "<td>worker-7<br><span class='muted'>pid 4242</span></td>" in client.get("/streams/sensors/").text
+
+
 def test_actions_trigger_the_dags_with_their_params(client) -> None:
     from airflow.models.dag import DagModel
     from airflow.models.dagrun import DagRun
