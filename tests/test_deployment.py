@@ -57,7 +57,8 @@ def test_workers_scale_take_the_streams_queue_and_the_broker_is_private() -> Non
     example = dict(line.split("=", 1) for line in (ROOT / ".env_example").read_text().splitlines()
                    if "=" in line and not line.startswith("#"))
     assert "streams" in example["AIRFLOW_WORKER_QUEUES"].split(",")  # the specs' default supervision.queue
-    assert "--requirepass" in SERVICES["redis"]["command"][-1] and "ports" not in SERVICES["redis"]
+    assert "redis-server - <<< \"requirepass $${REDIS_PASSWORD}" in SERVICES["redis"]["command"][-1]
+    assert "ports" not in SERVICES["redis"]
     assert pinned("apache-airflow-providers-celery")
 
 

@@ -58,7 +58,9 @@ def fault_specs(root: Path) -> Path:
     spec["trigger"] = {"processing_time": "2 seconds"}
     spec["source"]["max_files_per_trigger"] = 2
     # every fault below is a failed run within the hour: the budget covers them all, with room to spare
-    spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds",
+    # a lease longer than the stall window: the frozen driver below is found stalled before its lease
+    # lapses (which would end it too, as "its lease lapsed")
+    spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds", "lease": "2 minutes",
                            "restart": {"max_attempts": KILLS + 9, "backoff_initial_seconds": 1,
                                        "backoff_max_seconds": 4, "stable_after_minutes": 10}}
     return include_with(root, spec)

@@ -85,6 +85,13 @@ class StreamHook(BaseHook):
         request_stop(self.layout.stop_marker, immediate, epoch)
         return self.layout.stop_marker
 
+    def lapsed_here(self, epoch: int) -> bool:
+        """Has the lease of the driver of ``epoch`` lapsed while that driver's process still
+        exists on this machine (frozen, or unable to renew it)?"""
+        holder = read_holder(self.layout.lease_dir)
+        return (holder is not None and holder.epoch == epoch and holder.host == host_id() and not holder.alive()
+                and holder.pid_start is not None and process_start(holder.pid) == holder.pid_start)
+
     def holds(self, epoch: int | None) -> bool:
         """Does a live driver hold the checkpoint (``epoch``: that epoch of the lease)?"""
         if epoch is None:

@@ -262,8 +262,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 hook.request_stop(epoch=self.supervised_epoch)
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
             elif (stopping_since is None and thread is not None and self.supervised_epoch is not None
-                  and health.status == Status.DEAD):
-                # the driver this task started still runs, but its lease lapsed: frozen, or it
+                  and health.status == Status.DEAD and hook.lapsed_here(self.supervised_epoch)):
+                # the driver this task started still exists, but its lease lapsed: frozen, or it
                 # could not renew it; it fences itself if it ever runs again, so end it now
                 self.log.warning("stream %s: the lease of its driver (epoch %d) lapsed while the driver still runs; "
                                  "stopping it", self.stream, self.supervised_epoch)

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -103,6 +104,32 @@ def test_supervisor_adopts_a_live_driver_instead_of_starting_a_second(data_root:
     assert result["status"] == "dead"
     runs = json.loads((hook(data_root).layout.lease_dir / "runs.json").read_text())
     assert runs == [] or all(r["reason"].startswith("adopted driver") for r in runs)  # no spark-submit started
+
+
+def test_a_frozen_drivers_lapsed_lease_is_told_apart_from_a_dead_driver(data_root: Path) -> None:
+    """What the supervisor ends as "its lease lapsed": a driver of its own still there, frozen."""
+    script = ("import sys\nfrom spark_jobs.lease import DriverLease\n"
+              "lease = DriverLease(sys.argv[1], stream='sensors', ttl=6).acquire()\nprint(lease.epoch, flush=True)\n"
+              "sys.stdin.read()\n")
+    h = hook(data_root)
+    driver = subprocess.Popen([sys.executable, "-c", script, str(h.layout.lease_dir)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        epoch = int(driver.stdout.readline())
+        os.kill(driver.pid, signal.SIGSTOP)
+        assert not h.lapsed_here(epoch)  # its heartbeat is fresh
+        deadline = time.monotonic() + 20
+        while h.driver_alive():  # the 6-second lease lapses
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert h.lapsed_here(epoch) and not h.lapsed_here(epoch + 1)
+        assert h.kill_driver(epoch=epoch) == driver.pid  # a lapsed lease, a process still here: killed
+        driver.wait(10)
+        assert not h.lapsed_here(epoch)  # dead: nothing left to end
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait()
 
 
 def test_graceful_stop_waits_for_the_driver_to_exit(data_root: Path) -> None:
