@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,18 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def pss_bytes(pid: int) -> int:
+    """The process's proportional share of the memory it maps: pages shared with other processes
+    (forked Python workers, a JVM's shared libraries) count once across them, so sums hold."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def kill_pids(pids: dict[int, bytes]) -> None:
     """SIGKILL each pid still running the command line it had when it was recorded."""
     for pid, cmd in pids.items():
@@ -76,11 +89,12 @@ def kill_tree(root: int) -> None:
 
 
 class PeakRss(threading.Thread):
-    """Peak resident memory of one spark-submit: its JVM and every Python process under it."""
+    """Peak resident memory of one spark-submit: its JVM and every Python process under it.
+    ``measure``: of one process, :func:`rss_bytes` (default) or :func:`pss_bytes`."""
 
-    def __init__(self, root: int, every: float = 0.2):
+    def __init__(self, root: int, every: float = 0.2, measure: Callable[[int], int] = rss_bytes):
         super().__init__(daemon=True)
-        self.root, self.every = root, every
+        self.root, self.every, self.measure = root, every, measure
         self.jvm = self.python = self.total = 0
         self.seen: dict[int, bytes] = {}  # every process of the tree seen, with its command line
         self._done = threading.Event()
@@ -93,9 +107,9 @@ class PeakRss(threading.Thread):
                 self.seen.setdefault(pid, cmd)
                 argv = cmd.split(b"\0")
                 if b"org.apache.spark.deploy.SparkSubmit" in argv:
-                    jvm += rss_bytes(pid)
+                    jvm += self.measure(pid)
                 elif os.path.basename(argv[0]).startswith(b"python"):
-                    python += rss_bytes(pid)
+                    python += self.measure(pid)
             self.jvm, self.python = max(self.jvm, jvm), max(self.python, python)
             self.total = max(self.total, jvm + python)
             self._done.wait(self.every)

@@ -8,7 +8,8 @@ machine, as one worker would (each copy in a data root of its own: its landing f
 checkpoint, sinks and table), each fed by the generator at the embedded platform's rate
 (``--rate`` files per second of ``--events-per-file`` events), for N = 1, 2, ... until the
 first copy lags, and reports the largest N at which none did, with each driver's peak
-resident memory (its JVM and its Python processes). Spark runs ``local[2]`` in each
+memory (its JVM and its Python processes, by proportional set size: pages the processes
+share, such as forked Python workers', count once). Spark runs ``local[2]`` in each
 driver: the worker computes too, as on the embedded default (on a cluster the executors'
 work goes to the Spark workers, and a worker holds more).
 
@@ -43,7 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from processes import MASTER, PeakRss, child_env, kill_pids, kill_tree
+from processes import MASTER, PeakRss, child_env, kill_pids, kill_tree, pss_bytes
 from throughput import PLAIN_JOB, RESULTS, STREAM_JOB
 from throughput import Stream as BenchStream
 
@@ -86,7 +87,7 @@ class Copy:
         except BaseException:
             kill_tree(self.driver.pid)
             raise
-        self.memory = PeakRss(self.driver.pid)
+        self.memory = PeakRss(self.driver.pid, every=2.0, measure=pss_bytes)  # a light sampler: the copies need the cores
         self.memory.start()
 
     def committed(self) -> bool:
@@ -135,7 +136,7 @@ def run(kind: str, n: int, args: argparse.Namespace, work: Path) -> dict[str, An
                         backlog_end=samples[-1], backlog_max=[max(s[i] for s in samples) for i in range(n)],
                         exit_codes=[c.driver.poll() for c in copies])
     finally:
-        step["peak_rss_mb_per_driver"] = [round(c.stop()["peak_rss_mb"]) for c in copies]
+        step["peak_pss_mb_per_driver"] = [round(c.stop()["peak_rss_mb"]) for c in copies]
     return step
 
 
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; platform/plain {result['platform_over_plain']:.2f}" if "platform_over_plain" in result else ""))
     for step in steps:
         print(f"  {step['kind']:<8} {step['streams']} stream(s): lagging {step['lagging']}, memory per driver "
-              f"{step.get('peak_rss_mb_per_driver')} MB, files waiting at the end {step.get('backlog_end')}")
+              f"{step.get('peak_pss_mb_per_driver')} MB, files waiting at the end {step.get('backlog_end')}")
     return 0
 
 
