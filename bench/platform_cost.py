@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from processes import cmdline, descendants, kill_pids, rss_bytes
+from processes import PeakRss, cmdline, descendants, kill_pids
 
 from spark_jobs.checkpoint import batch_ids, file_name, processed_files, sink_files
 from spark_jobs.lease import holder_alive, read_holder
@@ -81,38 +81,6 @@ RESTART_POLICY = {"max_attempts": 12, "backoff_initial_seconds": 1, "backoff_max
                   "stable_after_minutes": 10}  # as in tests/e2e/test_faults.py
 FEED_FILES = 6  # input waiting when a driver is killed or frozen: three triggers' worth
 PART = "part-*"
-
-
-# ---- waiting, processes ------------------------------------------------------------------------
-
-
-class PeakRss(threading.Thread):
-    """Peak resident memory of this process's Spark descendants: the JVM, the Python processes, both."""
-
-    def __init__(self, every: float = 0.2):
-        super().__init__(daemon=True)
-        self.every, self.jvm, self.python, self.total = every, 0, 0, 0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        me = os.getpid()
-        while not self._done.is_set():
-            jvm = python = 0
-            for pid in descendants(me):
-                argv = cmdline(pid).split(b"\0")
-                if b"org.apache.spark.deploy.SparkSubmit" in argv:
-                    jvm += rss_bytes(pid)
-                elif os.path.basename(argv[0]).startswith(b"python"):
-                    python += rss_bytes(pid)
-            self.jvm, self.python = max(self.jvm, jvm), max(self.python, python)
-            self.total = max(self.total, jvm + python)
-            self._done.wait(self.every)
-
-    def stop(self) -> dict[str, float]:
-        self._done.set()
-        self.join()
-        return {"peak_rss_mb": self.total / 2**20, "peak_jvm_mb": self.jvm / 2**20,
-                "peak_python_mb": self.python / 2**20}
 
 
 # ---- the stream's files ------------------------------------------------------------------------
@@ -489,7 +457,7 @@ def growth_run(spec_path: Path, source: Path, root: Path) -> dict:
     """One bare available-now run over the input in ``source``: wall time, processing time, peak memory."""
     copy_input(source, root)
     stream = Stream(spec_path, root)
-    sampler = PeakRss()
+    sampler = PeakRss(os.getpid(), include_root=False)  # every spark-submit this script starts
     sampler.start()
     started = time.time()
     try:

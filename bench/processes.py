@@ -53,26 +53,25 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
-def rss_bytes(pid: int) -> int:
+def _kib_field(path: str, field: str) -> int:
+    """Bytes of a ``<field>: <n> kB`` line of a /proc file, 0 if the process is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def rss_bytes(pid: int) -> int:
+    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
 
 
 def pss_bytes(pid: int) -> int:
     """The process's proportional share of the memory it maps: pages shared with other processes
     (forked Python workers, a JVM's shared libraries) count once across them, so sums hold."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def kill_pids(pids: dict[int, bytes]) -> None:
@@ -90,11 +89,14 @@ def kill_tree(root: int) -> None:
 
 class PeakRss(threading.Thread):
     """Peak resident memory of one spark-submit: its JVM and every Python process under it.
-    ``measure``: of one process, :func:`rss_bytes` (default) or :func:`pss_bytes`."""
+    ``measure``: of one process, :func:`rss_bytes` (default) or :func:`pss_bytes`;
+    ``include_root``: False to measure only the root's descendants (every spark-submit this
+    process started)."""
 
-    def __init__(self, root: int, every: float = 0.2, measure: Callable[[int], int] = rss_bytes):
+    def __init__(self, root: int, every: float = 0.2, measure: Callable[[int], int] = rss_bytes,
+                 include_root: bool = True):
         super().__init__(daemon=True)
-        self.root, self.every, self.measure = root, every, measure
+        self.root, self.every, self.measure, self.include_root = root, every, measure, include_root
         self.jvm = self.python = self.total = 0
         self.seen: dict[int, bytes] = {}  # every process of the tree seen, with its command line
         self._done = threading.Event()
@@ -102,7 +104,7 @@ class PeakRss(threading.Thread):
     def run(self) -> None:
         while not self._done.is_set():
             jvm = python = 0
-            for pid in [self.root, *descendants(self.root)]:
+            for pid in [self.root, *descendants(self.root)] if self.include_root else descendants(self.root):
                 cmd = cmdline(pid)
                 self.seen.setdefault(pid, cmd)
                 argv = cmd.split(b"\0")
