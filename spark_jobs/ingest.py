@@ -5,11 +5,11 @@ decides to two tables, both written through Spark's own file sink (data files pl
 ``_spark_metadata`` log, so readers see only committed batches):
 
     landing files -> parse (PERMISSIVE, corrupt-record column)
-      -> reason: malformed record, invalid UTF-8, missing required field, event time too
-         far ahead (null when the row is valid)
+      -> the rule a row breaks: malformed record, invalid UTF-8, missing required field,
+         event time too far ahead (null when the row is valid)
       -> event time of valid rows -> watermark -> deduplicate within the watermark
-      -> per micro-batch (foreachBatch, the batch parsed once and cached):
-           rejected rows                              -> quarantine table
+      -> per micro-batch (foreachBatch, the batch computed once: shuffled by event date,
+         and every job of the batch reads that shuffle's output):
            valid rows at or behind the batch watermark -> counted as dropped late
            valid rows without a match in an inner join -> counted as unmatched
            the rest, enriched by the static joins
@@ -17,6 +17,11 @@ decides to two tables, both written through Spark's own file sink (data files pl
                 Python function; rows it gives nothing for are counted as filtered)
                                                        -> accepted-rows table
                                                           (partitioned by event_date)
+           rejected rows, with the reason in words      -> quarantine table
+
+The ingestion runs no micro-batch without data (Spark's batch that only moves the
+watermark): it emits nothing by the watermark, and its deduplication state is evicted at
+the next batch with data just as well.
 
 Every output of the stream reads the accepted-rows table as its streaming source, so all
 outputs see the same accepted rows, across kills and restarts too (a replayed batch
@@ -43,6 +48,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs import user_code
@@ -60,12 +66,10 @@ from spark_jobs.spec import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-#: The quarantine table's columns.
-QUARANTINE_SCHEMA = "raw string, reason string, source_file string, quarantined_at timestamp"
 #: Working columns of the ingestion; never written to the accepted rows.
 REASON, EVENT_TIME, ROW_KEY, KIND = "_reason", "_event_time", "_row_key", "_kind"
 ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unmatched"
@@ -113,11 +117,9 @@ def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
 
     The JSON reader keeps a malformed record's bytes as they were and rejects invalid
     bytes in a value; the CSV reader decodes every line, replacing invalid bytes with
-    U+FFFD, and would pass them on in string columns.
+    U+FFFD, and would pass them on in string columns (its text is always valid UTF-8).
     """
-    bad = ~F.is_valid_utf8(text)
-    if fmt == "csv":
-        bad = bad | (F.instr(text, "\ufffd") > 0)
+    bad = F.instr(text, "\ufffd") > 0 if fmt == "csv" else ~F.is_valid_utf8(text)
     return F.coalesce(bad, F.lit(False))
 
 
@@ -169,39 +171,71 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
         .otherwise(F.lit(fallback))))
 
 
-def rejection_reason(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
-    """Why a parsed row goes to the quarantine, or null for a valid row."""
+def _any(tests: list) -> Any:  # noqa: ANN401 - a pyspark Column
+    """True when any of the boolean columns is (false for none)."""
+    found = F.lit(False)
+    for test in tests:
+        found = found | test
+    return found
+
+
+#: Which rule a rejected row broke (the ingestion's ``_reason``; null for a valid row).
+CORRUPT, NOT_UTF8, MISSING, FUTURE = 1, 2, 3, 4
+
+
+def rejection(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
+    """Which rule a parsed row breaks (``CORRUPT`` ...), or null for a valid row.
+
+    Decided in the stream for every row, so it is a few boolean tests; the text saying
+    why (``rejection_text``) is written for the rejected rows alone. Spelling the text
+    out here made the scan's generated code too large for the JVM to compile."""
     source = plan.source
+    missing = _any([F.col(c.name).isNull() for c in source.columns if c.required])
     if source.kind == "spark":  # no parser of the platform's: a required value absent (or not cast)
-        missing = _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull())
-        return F.when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
+        return F.when(missing, F.lit(MISSING))
     if not source.is_files:
-        return F.lit(None).cast("string")
-    fmt = source.format
+        return F.lit(None).cast("int")
     strings = [c for c in source.columns if c.type == "string"]
-    bad_utf8 = _names_where(strings, lambda c: _not_utf8(F.col(c.name), fmt))
-    missing = _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull())
-    reason = (
-        F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), _corrupt_reason(source))
-        .when(bad_utf8 != "", F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "), bad_utf8))
-        .when(missing != "", F.concat(F.lit("missing required field(s): "), missing))
-    )
+    rule = (F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), F.lit(CORRUPT))
+            .when(_any([_not_utf8(F.col(c.name), source.format) for c in strings]), F.lit(NOT_UTF8))
+            .when(missing, F.lit(MISSING)))
     future = _too_far_ahead(plan)
-    if future is not None:
-        et = plan.ingestion.event_time
-        reason = reason.when(future, F.lit(f"event time too far in the future: {et.column} is more than "
-                                           f"{et.max_future} ahead of the processing time"))
-    return reason
+    return rule if future is None else rule.when(future, F.lit(FUTURE))
+
+
+def rejection_text(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
+    """Why a rejected row was rejected, in words: the rule it broke (``_reason``) and
+    which columns broke it."""
+    source = plan.source
+    fmt = source.format
+    rule = F.col(REASON)
+    missing = F.concat(F.lit("missing required field(s): "),
+                       _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull()))
+    if not source.is_files:
+        return F.when(rule == MISSING, missing)
+    strings = [c for c in source.columns if c.type == "string"]
+    text = (F.when(rule == CORRUPT, _corrupt_reason(source))
+            .when(rule == NOT_UTF8, F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "),
+                                             _names_where(strings, lambda c: _not_utf8(F.col(c.name), fmt))))
+            .when(rule == MISSING, missing))
+    et = plan.ingestion.event_time if plan.ingestion else None
+    if et is not None:
+        text = text.when(rule == FUTURE, F.lit(f"event time too far in the future: {et.column} is more than "
+                                               f"{et.max_future} ahead of the processing time"))
+    return text
 
 
 # ---- the streaming part: split, watermark, deduplicate ------------------------------------
 
 
 def decided(plan: StreamPlan, parsed: DataFrame) -> DataFrame:
-    """Parsed rows with their rejection reason, watermarked and deduplicated.
+    """Parsed rows with the rule each broke (``_reason``, null for a valid row),
+    watermarked and deduplicated.
 
     Works on a stream and on a batch (a batch has no watermark; it deduplicates all)."""
-    df = parsed.withColumn(REASON, rejection_reason(plan))
+    df = parsed.withColumn(REASON, rejection(plan))
+    if plan.source.is_files:  # only the quarantine needs it: no path carried along with every valid row
+        df = df.withColumn(SOURCE_FILE_COLUMN, F.when(F.col(REASON).isNotNull(), F.col(SOURCE_FILE_COLUMN)))
     ingestion = plan.ingestion
     if ingestion is None or ingestion.event_time is None:
         return df
@@ -265,19 +299,32 @@ def classify(ingestion: IngestionPlan, rows: DataFrame, references: list[DataFra
     return df.withColumn(KIND, kind)
 
 
-def accepted_rows(ingestion: IngestionPlan, kept: DataFrame) -> DataFrame:
+def with_event_date(ingestion: IngestionPlan, df: DataFrame) -> DataFrame:
+    """``event_date``, the accepted table's partition column, from the event time (if any)."""
+    if ingestion.event_time is None:
+        return df
+    return df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(ingestion.event_time.column)))
+
+
+def by_partition(ingestion: IngestionPlan, df: DataFrame) -> DataFrame:
+    """Rows shuffled so that each value of the accepted table's partition columns is in one
+    task (one file per value per batch); everything in one task if it has none."""
+    return df.repartition(*ingestion.partition_by) if ingestion.partition_by else df.repartition(1)
+
+
+def accepted_rows(ingestion: IngestionPlan, kept: DataFrame, partitioned: bool = False) -> DataFrame:
     """The accepted rows (the rows kept, or the transform's result of them) in the
-    accepted table's columns, one partition per event date."""
+    accepted table's columns, one partition per event date (``partitioned``: ``kept``
+    already is, with its ``event_date``)."""
     assert ingestion.accepted_columns is not None
-    df = kept
-    if ingestion.event_time is not None:
-        df = df.withColumn(EVENT_DATE_COLUMN, F.to_date(F.col(ingestion.event_time.column)))
+    df = kept if partitioned else with_event_date(ingestion, kept)
     df = df.select(*[F.col(name) for name in ingestion.accepted_columns])
-    return df.repartition(*ingestion.partition_by) if ingestion.partition_by else df.coalesce(1)
+    return df if partitioned else by_partition(ingestion, df)
 
 
-def quarantined_rows(source: SourcePlan, classified: DataFrame) -> DataFrame:
+def quarantined_rows(plan: StreamPlan, classified: DataFrame) -> DataFrame:
     """Rejected rows: the raw record, the reason, the file it came from, when."""
+    source = plan.source
     raw = F.to_json(F.struct(*[F.col(c.name) for c in source.columns]))
     if source.is_files:
         raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN), raw)
@@ -285,7 +332,7 @@ def quarantined_rows(source: SourcePlan, classified: DataFrame) -> DataFrame:
     else:
         source_file = F.lit(None).cast("string")
     return classified.where(F.col(KIND) == QUARANTINED).select(
-        raw.alias("raw"), F.col(REASON).alias("reason"), source_file.alias("source_file"),
+        raw.alias("raw"), rejection_text(plan).alias("reason"), source_file.alias("source_file"),
         F.current_timestamp().alias("quarantined_at"),
     ).coalesce(1)
 
@@ -307,12 +354,27 @@ class FileSinkWriter:
         self._sink.addBatch(batch_id, frame._jdf)
 
 
+def computed_once(frame: DataFrame) -> DataFrame:
+    """``frame`` as a DataFrame over the RDD of its physical plan: every job that reads it
+    reuses the output of the plan's last shuffle instead of computing the plan again.
+
+    A micro-batch must not be computed twice: that would parse its files again and run
+    its stateful operators (the deduplication) a second time. Unlike a cache of the
+    batch, this stores nothing more: the shuffle is written anyway."""
+    jdf, session = frame._jdf, frame.sparkSession
+    rdd = jdf.queryExecution().toRdd()
+    return DataFrame(session._jsparkSession.internalCreateDataFrame(rdd, jdf.schema(), False), session)
+
+
 class IngestBatch:
     """The foreachBatch function of the ingestion query.
 
-    A batch is computed once: the accepted write fills a cache of the classified rows,
-    and the counts and the quarantine's write read it. A batch with nothing to quarantine
-    commits an empty quarantine batch without reading the rows again."""
+    A batch is computed once. Its classified rows are shuffled by event date (the
+    accepted table's partitioning), and each job of the batch reads that shuffle's output
+    (``computed_once``): the accepted write, the count of each kind, and the quarantine's
+    write. A batch with nothing to quarantine commits an empty quarantine batch without
+    a job. (Spark's observed metrics could count in the write itself, but they aggregate
+    without generated code: slower than a job of their own.)"""
 
     def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
@@ -326,43 +388,48 @@ class IngestBatch:
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
+        #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
+        self.carried = [*plan.ingestion.input_columns, KIND, REASON]
+        if plan.source.is_files:
+            self.carried += [CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark judges a batch's rows late by the watermark the batch before ran with (its
         # "watermark for late events"; the batch's own one only evicts state), so do the same
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
-        rows = classify(self.ingestion, batch, self.references, watermark).persist()
+        ingestion = self.ingestion
+        classified = classify(ingestion, batch, self.references, watermark).select(*self.carried)
+        rows = computed_once(by_partition(ingestion, with_event_date(ingestion, classified)))
+        kept = rows.where(F.col(KIND) == ACCEPTED)
+        decided = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
         transformed = None
         try:
-            kept = rows.where(F.col(KIND) == ACCEPTED)
-            if self.ingestion.transform is not None:
+            if ingestion.transform is None:
+                self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True))
+            else:  # the user's code: cached, so that what is written is what is counted
                 transformed = self.transform(kept).persist()
-                self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, transformed))
-            else:
-                self.accepted.add_batch(batch_id, accepted_rows(self.ingestion, kept))
-            counts = {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
+                self.accepted.add_batch(batch_id, accepted_rows(ingestion, transformed))
+            counts = {k: 0 for k in decided} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
             total = sum(counts.values())
             if transformed is not None:  # the rows kept went into the transform; what came out is accepted
-                counts[TRANSFORM_IN], counts[ACCEPTED] = counts.get(ACCEPTED, 0), transformed.count()
-            if self.quarantine is not None:
-                rejected = (quarantined_rows(self.plan.source, rows) if counts.get(QUARANTINED)
-                            else self.spark.createDataFrame([], QUARANTINE_SCHEMA))
-                self.quarantine.add_batch(batch_id, rejected)
-            elif counts.get(QUARANTINED):
-                raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
+                counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], transformed.count()
         finally:
-            rows.unpersist()
             if transformed is not None:
                 transformed.unpersist()
+        if self.quarantine is not None:
+            # nothing to quarantine: an empty batch, planned without a job reading the rows
+            rejected = rows if counts[QUARANTINED] else rows.limit(0)
+            self.quarantine.add_batch(batch_id, quarantined_rows(self.plan, rejected))
+        elif counts[QUARANTINED]:
+            raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         if self._query_id is None:
             self._query_id = query_id(self.checkpoint)
-        decided = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
         event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_QUERY,
                  "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
-                 "rows": total, **{k: counts.get(k, 0) for k in decided}}
-        if transformed is not None:
+                 "rows": total, **{k: counts[k] for k in decided}}
+        if ingestion.transform is not None:
             event[TRANSFORM_IN] = counts[TRANSFORM_IN]
-            if not self.ingestion.transform_multiplies:  # it gives at most one row per row it reads
+            if not ingestion.transform_multiplies:  # it gives at most one row per row it reads
                 event[FILTERED] = counts[TRANSFORM_IN] - counts[ACCEPTED]
         log.info("ingested batch %d of %s: %s", batch_id, self.plan.stream,
                  ", ".join(f"{k} {event[k]}" for k in (*decided, TRANSFORM_IN, FILTERED) if k in event))

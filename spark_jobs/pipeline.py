@@ -319,6 +319,26 @@ def compile_for_start(spec: StreamSpec, layout: Layout, transformed: Transformed
     return plan
 
 
+#: Spark runs a batch without data after each batch that moved the watermark, to emit what
+#: it closed. The ingestion emits nothing by the watermark (its deduplication state is
+#: evicted at the next batch with data just as well), so it runs none: half the batches of
+#: a processing-time stream, each with every per-batch cost (commits, the sinks' logs).
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+def _start(spark: SparkSession, planned: PlannedQuery) -> StreamingQuery:
+    """Start one query; the ingestion without batches that have no data (a query runs in a
+    copy of the session made at its start, so the setting stays with it)."""
+    if planned.name != INGEST_QUERY:
+        return planned.writer.start()
+    before = spark.conf.get(NO_DATA_BATCHES)
+    spark.conf.set(NO_DATA_BATCHES, "false")
+    try:
+        return planned.writer.start()
+    finally:
+        spark.conf.set(NO_DATA_BATCHES, before)
+
+
 def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigger | None = None,
           on_batch: Callable[[dict[str, Any]], None] | None = None,
           only: Callable[[str], bool] | None = None, plan: StreamPlan | None = None) -> dict[str, StreamingQuery]:
@@ -330,7 +350,7 @@ def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigge
         for p in plan_queries(spark, plan, trigger, on_batch):
             if only is not None and not only(p.name):
                 continue
-            queries[p.name] = p.writer.start()
+            queries[p.name] = _start(spark, p)
             log.info("started query %s (id %s) checkpoint %s", p.name, queries[p.name].id, p.checkpoint)
     except Exception:
         for q in queries.values():
