@@ -46,10 +46,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from spark_jobs import user_code
 from spark_jobs.checkpoint import batch_watermark_ms, query_id
@@ -276,21 +279,42 @@ def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:
     return df
 
 
-def classify(ingestion: IngestionPlan, rows: DataFrame, references: list[DataFrame],
-             watermark_ms: int | None) -> DataFrame:
+@dataclass(frozen=True)
+class Lookup:
+    """One static join, made once for every batch: the reference rows (the key and the
+    columns the rows lack) with a match marker, broadcast."""
+
+    rows: DataFrame
+    key: list[str]
+    marker: str
+    inner: bool
+
+
+def lookups(plan: StreamPlan, references: list[DataFrame]) -> list[Lookup]:
+    """The stream's joins, in order; a column an earlier one (or the source) has is not taken again."""
+    assert plan.ingestion is not None
+    have = [c.name for c in plan.source.columns]
+    made = []
+    for i, (join, static) in enumerate(zip(plan.ingestion.joins, references, strict=True)):
+        extra = [c.name for c in join.columns if c.name not in join.key and c.name not in have]
+        have += extra
+        marker = f"_matched_{i}"
+        made.append(Lookup(F.broadcast(static.select(*join.key, *extra).withColumn(marker, F.lit(True))),
+                           list(join.key), marker, join.how == "inner"))
+    return made
+
+
+def classify(ingestion: IngestionPlan, rows: DataFrame, joins: list[Lookup], watermark_ms: int | None) -> DataFrame:
     """Rows with ``_kind`` (accepted, quarantined, late, unmatched), enriched by the joins.
 
     Every join is a left join with a match marker, so that a row an inner join would
     drop is counted as unmatched instead of vanishing."""
     df = rows
     unmatched = F.lit(False)
-    for i, (join, static) in enumerate(zip(ingestion.joins, references, strict=True)):
-        extra = [c.name for c in join.columns if c.name not in join.key and c.name not in df.columns]
-        marker = f"_matched_{i}"
-        df = df.join(F.broadcast(static.select(*join.key, *extra).withColumn(marker, F.lit(True))),
-                     on=list(join.key), how="left")
-        if join.how == "inner":
-            unmatched = unmatched | F.col(marker).isNull()
+    for join in joins:
+        df = df.join(join.rows, on=join.key, how="left")
+        if join.inner:
+            unmatched = unmatched | F.col(join.marker).isNull()
     kind = F.when(F.col(REASON).isNotNull(), F.lit(QUARANTINED))
     if ingestion.event_time is not None and watermark_ms is not None and watermark_ms > 0:
         # Spark's rule: a row at or before the watermark is late
@@ -322,8 +346,9 @@ def accepted_rows(ingestion: IngestionPlan, kept: DataFrame, partitioned: bool =
     return df if partitioned else by_partition(ingestion, df)
 
 
-def quarantined_rows(plan: StreamPlan, classified: DataFrame) -> DataFrame:
-    """Rejected rows: the raw record, the reason, the file it came from, when."""
+def quarantine_columns(plan: StreamPlan) -> list:
+    """The quarantine table's columns of a rejected row: the raw record, the reason, the
+    file it came from, when (made once: many columns, each a call into the JVM)."""
     source = plan.source
     raw = F.to_json(F.struct(*[F.col(c.name) for c in source.columns]))
     if source.is_files:
@@ -331,10 +356,13 @@ def quarantined_rows(plan: StreamPlan, classified: DataFrame) -> DataFrame:
         source_file = F.col(SOURCE_FILE_COLUMN)
     else:
         source_file = F.lit(None).cast("string")
-    return classified.where(F.col(KIND) == QUARANTINED).select(
-        raw.alias("raw"), rejection_text(plan).alias("reason"), source_file.alias("source_file"),
-        F.current_timestamp().alias("quarantined_at"),
-    ).coalesce(1)
+    return [raw.alias("raw"), rejection_text(plan).alias("reason"), source_file.alias("source_file"),
+            F.current_timestamp().alias("quarantined_at")]
+
+
+def quarantined_rows(classified: DataFrame, columns: list) -> DataFrame:
+    """The rejected rows of a batch, in the quarantine's ``columns``, into one file."""
+    return classified.where(F.col(KIND) == QUARANTINED).select(*columns).coalesce(1)
 
 
 class FileSinkWriter:
@@ -366,6 +394,26 @@ def computed_once(frame: DataFrame) -> DataFrame:
     return DataFrame(session._jsparkSession.internalCreateDataFrame(rdd, jdf.schema(), False), session)
 
 
+def at_once(session: SparkSession, *jobs: Callable[[], Any]) -> list[Any]:
+    """Run the callables on threads of their own, at once, and return their results.
+
+    The jobs of one micro-batch that read the same shuffle (``computed_once``) share its
+    map stages; after them, a write of one task per event date leaves a core idle that
+    the count and the quarantine's write take. Each thread carries this thread's Spark
+    properties (the streaming query's job group: stopping the query cancels them) and
+    its active session."""
+    jvm_session = session._jsparkSession
+
+    def run(job: Callable[[], Any]) -> Any:  # noqa: ANN401
+        # Spark's physical plans take the thread's active session, which a new thread lacks
+        session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jvm_session)
+        return job()
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(inheritable_thread_target(session)(run), job) for job in jobs]
+        return [f.result() for f in futures]
+
+
 class IngestBatch:
     """The foreachBatch function of the ingestion query.
 
@@ -381,12 +429,13 @@ class IngestBatch:
         assert plan.ingestion is not None
         self.spark, self.plan, self.ingestion, self.on_batch = spark, plan, plan.ingestion, on_batch
         self.checkpoint = plan.ingestion.checkpoint
-        self.references = [reference_frame(spark, j) for j in plan.ingestion.joins]
+        self.joins = lookups(plan, [reference_frame(spark, j) for j in plan.ingestion.joins])
         #: the reference data as views of the micro-batches' session, for the transform
         self._views: tuple[Any, dict[str, DataFrame]] | None = None
         self.accepted = FileSinkWriter(spark, plan.ingestion.accepted, plan.ingestion.partition_by)
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
+        self.quarantine_columns = quarantine_columns(plan)
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
         self.carried = [*plan.ingestion.input_columns, KIND, REASON]
@@ -398,29 +447,37 @@ class IngestBatch:
         # "watermark for late events"; the batch's own one only evicts state), so do the same
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
         ingestion = self.ingestion
-        classified = classify(ingestion, batch, self.references, watermark).select(*self.carried)
+        classified = classify(ingestion, batch, self.joins, watermark).select(*self.carried)
         rows = computed_once(by_partition(ingestion, with_event_date(ingestion, classified)))
-        kept = rows.where(F.col(KIND) == ACCEPTED)
         decided = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
-        transformed = None
-        try:
-            if ingestion.transform is None:
-                self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True))
-            else:  # the user's code: cached, so that what is written is what is counted
-                transformed = self.transform(kept).persist()
+
+        def count() -> dict[str, int]:
+            return {k: 0 for k in decided} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
+
+        def quarantine() -> None:
+            if self.quarantine is not None:
+                self.quarantine.add_batch(batch_id, quarantined_rows(rows, self.quarantine_columns))
+
+        kept = rows.where(F.col(KIND) == ACCEPTED)
+        if ingestion.transform is None:
+            written = None
+            counts, _, _ = at_once(batch.sparkSession, count, quarantine,
+                                lambda: self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True)))
+        else:
+            transformed = self.transform(kept).persist()  # the user's code: what is written is what is counted
+
+            def write() -> int:
                 self.accepted.add_batch(batch_id, accepted_rows(ingestion, transformed))
-            counts = {k: 0 for k in decided} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
-            total = sum(counts.values())
-            if transformed is not None:  # the rows kept went into the transform; what came out is accepted
-                counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], transformed.count()
-        finally:
-            if transformed is not None:
+                return transformed.count()
+
+            try:
+                counts, _, written = at_once(batch.sparkSession, count, quarantine, write)
+            finally:
                 transformed.unpersist()
-        if self.quarantine is not None:
-            # nothing to quarantine: an empty batch, planned without a job reading the rows
-            rejected = rows if counts[QUARANTINED] else rows.limit(0)
-            self.quarantine.add_batch(batch_id, quarantined_rows(self.plan, rejected))
-        elif counts[QUARANTINED]:
+        total = sum(counts[k] for k in decided)  # every row read: kept, rejected, late or unmatched
+        if written is not None:  # the rows kept went into the transform; what came out is accepted
+            counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], written
+        if self.quarantine is None and counts[QUARANTINED]:
             raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         if self._query_id is None:
             self._query_id = query_id(self.checkpoint)
