@@ -19,10 +19,6 @@ decides to two tables, both written through Spark's own file sink (data files pl
                                                           (partitioned by event_date)
            rejected rows, with the reason in words      -> quarantine table
 
-The ingestion runs no micro-batch without data (Spark's batch that only moves the
-watermark): it emits nothing by the watermark, and its deduplication state is evicted at
-the next batch with data just as well.
-
 Every output of the stream reads the accepted-rows table as its streaming source, so all
 outputs see the same accepted rows, across kills and restarts too (a replayed batch
 writes nothing twice: the file sink skips a batch its log already holds). A pass-through

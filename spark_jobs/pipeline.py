@@ -151,7 +151,7 @@ def _foreach_table_batch(frame: DataFrame, stream: str, output: OutputPlan) -> C
                                                                        query_id(output.checkpoint))))
         writer = writers[0]
         names = [c for c, _ in columns]
-        rows = [tuple(r[n] for n in names) for r in batch.select(*names).toLocalIterator()]
+        rows = [tuple(r[n] for n in names) for r in batch.select(*names).collect()]  # one job, every task at once
         fence()  # only while this driver holds the stream (spark_jobs.lease)
         applied = writer.write_batch(batch_id, rows)
         log.info("table %s batch %d: %s %d rows", writer.table, batch_id,
@@ -174,6 +174,8 @@ class PlannedQuery:
     checkpoint: str
     frame: DataFrame
     writer: DataStreamWriter
+    #: runs Spark's batches without data, which only move the watermark (``_start``)
+    no_data_batches: bool = True
 
 
 def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
@@ -205,7 +207,10 @@ def _output_query(spark: SparkSession, plan: StreamPlan, output: OutputPlan, tri
     frame = output_frame(source, plan, output)
     sink = output.sink
     if sink.kind == "parquet":  # one file per partition value per micro-batch
-        frame = frame.repartition(*sink.partition_by) if sink.partition_by else frame.coalesce(1)
+        if sink.partition_by:
+            frame = frame.repartition(*sink.partition_by)
+        else:  # an aggregation's few rows: its stateful tasks stay parallel, one task writes
+            frame = frame.repartition(1) if isinstance(output.query, Aggregation) else frame.coalesce(1)
     writer = frame.writeStream.queryName(output.query_name).outputMode(output.mode)
     writer = writer.option("checkpointLocation", output.checkpoint)
     if sink.kind == "parquet":
@@ -218,7 +223,8 @@ def _output_query(spark: SparkSession, plan: StreamPlan, output: OutputPlan, tri
         writer = writer.format("console").option("truncate", False)
     elif sink.kind == "memory":
         writer = writer.format("memory")
-    return PlannedQuery(output.name, output.checkpoint, frame, _with_trigger(writer, trigger))
+    return PlannedQuery(output.name, output.checkpoint, frame, _with_trigger(writer, trigger),
+                        no_data_batches=output.emits_by_watermark)
 
 
 def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None = None,
@@ -320,16 +326,18 @@ def compile_for_start(spec: StreamSpec, layout: Layout, transformed: Transformed
 
 
 #: Spark runs a batch without data after each batch that moved the watermark, to emit what
-#: it closed. The ingestion emits nothing by the watermark (its deduplication state is
-#: evicted at the next batch with data just as well), so it runs none: half the batches of
-#: a processing-time stream, each with every per-batch cost (commits, the sinks' logs).
+#: the watermark closed and to evict state. An output that emits by the watermark needs it
+#: (``OutputPlan.emits_by_watermark``), and so does the ingestion: its batches record the
+#: watermark that closes the served output's periods for validation and lets the landing
+#: files be archived. The other outputs run none, which saves half the batches of a
+#: processing-time stream, each with every per-batch cost (planning, commits, the sinks' logs).
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
 def _start(spark: SparkSession, planned: PlannedQuery) -> StreamingQuery:
-    """Start one query; the ingestion without batches that have no data (a query runs in a
-    copy of the session made at its start, so the setting stays with it)."""
-    if planned.name != INGEST_QUERY:
+    """Start one query, with or without batches without data (a query runs in a copy of
+    the session made at its start, so the setting stays with it)."""
+    if planned.no_data_batches:
         return planned.writer.start()
     before = spark.conf.get(NO_DATA_BATCHES)
     spark.conf.set(NO_DATA_BATCHES, "false")

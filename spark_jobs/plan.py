@@ -159,6 +159,17 @@ class OutputPlan:
     #: the ingestion writes this output: its sink is the accepted-rows table (StreamSpec.served_output)
     served_by_ingestion: bool = False
 
+    @property
+    def emits_by_watermark(self) -> bool:
+        """Whether its query can emit rows when only its watermark moves, so it needs
+        Spark's batches without data: an append-mode aggregation (a window closes), and
+        SQL or Python (which may hold one). An update- or complete-mode aggregation emits
+        nothing then (a batch without data would only evict state, which the next batch
+        with data does as well); a pass-through holds no state."""
+        if isinstance(self.query, Aggregation):
+            return self.mode == "append"
+        return not isinstance(self.query, Passthrough)
+
 
 @dataclass(frozen=True)
 class StreamPlan:
