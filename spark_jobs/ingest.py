@@ -414,11 +414,10 @@ class IngestBatch:
     """The foreachBatch function of the ingestion query.
 
     A batch is computed once. Its classified rows are shuffled by event date (the
-    accepted table's partitioning), and each job of the batch reads that shuffle's output
-    (``computed_once``): the accepted write, the count of each kind, and the quarantine's
-    write. A batch with nothing to quarantine commits an empty quarantine batch without
-    a job. (Spark's observed metrics could count in the write itself, but they aggregate
-    without generated code: slower than a job of their own.)"""
+    accepted table's partitioning), and three jobs read that shuffle's output
+    (``computed_once``) at once (``at_once``): the accepted write, the count of each
+    kind, and the quarantine's write. (Spark's observed metrics could count in the write
+    itself, but they aggregate without generated code: slower than a job of their own.)"""
 
     def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
@@ -455,20 +454,20 @@ class IngestBatch:
                 self.quarantine.add_batch(batch_id, quarantined_rows(rows, self.quarantine_columns))
 
         kept = rows.where(F.col(KIND) == ACCEPTED)
-        if ingestion.transform is None:
-            written = None
-            counts, _, _ = at_once(batch.sparkSession, count, quarantine,
-                                lambda: self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True)))
-        else:
-            transformed = self.transform(kept).persist()  # the user's code: what is written is what is counted
+        # the user's code, cached: what is written is what is counted
+        transformed = None if ingestion.transform is None else self.transform(kept).persist()
 
-            def write() -> int:
-                self.accepted.add_batch(batch_id, accepted_rows(ingestion, transformed))
-                return transformed.count()
+        def write() -> int | None:
+            if transformed is None:
+                self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True))
+                return None
+            self.accepted.add_batch(batch_id, accepted_rows(ingestion, transformed))
+            return transformed.count()
 
-            try:
-                counts, _, written = at_once(batch.sparkSession, count, quarantine, write)
-            finally:
+        try:
+            counts, _, written = at_once(batch.sparkSession, count, quarantine, write)
+        finally:
+            if transformed is not None:
                 transformed.unpersist()
         total = sum(counts[k] for k in decided)  # every row read: kept, rejected, late or unmatched
         if written is not None:  # the rows kept went into the transform; what came out is accepted
