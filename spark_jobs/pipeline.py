@@ -326,11 +326,12 @@ def compile_for_start(spec: StreamSpec, layout: Layout, transformed: Transformed
 
 
 #: Spark runs a batch without data after each batch that moved the watermark, to emit what
-#: the watermark closed and to evict state. An output that emits by the watermark needs it
-#: (``OutputPlan.emits_by_watermark``), and so does the ingestion: its batches record the
-#: watermark that closes the served output's periods for validation and lets the landing
-#: files be archived. The other outputs run none, which saves half the batches of a
-#: processing-time stream, each with every per-batch cost (planning, commits, the sinks' logs).
+#: the watermark closed and to evict state. An output whose windows the watermark emits
+#: needs it (``OutputPlan.emits_by_watermark``), and so does the ingestion: its
+#: batches record the watermark that closes the served output's periods for validation and
+#: lets the landing files be archived. The other outputs run none, which saves half the
+#: batches of a processing-time stream, each with every per-batch cost (planning, commits,
+#: the sinks' logs).
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 

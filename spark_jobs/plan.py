@@ -161,11 +161,12 @@ class OutputPlan:
 
     @property
     def emits_by_watermark(self) -> bool:
-        """Whether its query can emit rows when only its watermark moves, so it needs
-        Spark's batches without data: an append-mode aggregation (a window closes), and
-        SQL or Python (which may hold one). An update- or complete-mode aggregation emits
-        nothing then (a batch without data would only evict state, which the next batch
-        with data does as well); a pass-through holds no state."""
+        """Whether its query needs Spark's batches without data, which only move its
+        watermark: an append-mode aggregation (a window is emitted when the watermark
+        passes it, and that watermark closes its windows for validation), and SQL or
+        Python (which may hold one). An update- or complete-mode aggregation (into a table,
+        validated whole at each batch) emits nothing then: such a batch would only evict
+        state, which the next batch with data does as well. A pass-through holds no state."""
         if isinstance(self.query, Aggregation):
             return self.mode == "append"
         return not isinstance(self.query, Passthrough)

@@ -14,7 +14,7 @@ from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys
 
 from spark_jobs import pipeline
 from spark_jobs.checkpoint import sink_files, sink_last_batch
-from spark_jobs.ingest import accepted_batch
+from spark_jobs.ingest import accepted_batch, at_once, computed_once
 from spark_jobs.plan import compile_plan
 from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
 from spark_jobs.testdata import verify
@@ -267,3 +267,32 @@ def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_p
     assert arrived["_ingest"] <= 2 * trigger_s + processing("_ingest") + slack, (arrived, processing("_ingest"))
     assert arrived["copy"] <= 2 * trigger_s + processing("_ingest") + processing("copy") + slack, (
         arrived, processing("_ingest"), processing("copy"))
+
+
+def test_a_frame_computed_once_is_not_computed_again_by_the_next_job(spark) -> None:
+    from pyspark.sql import functions as F
+
+    computed = spark.sparkContext.accumulator(0)
+
+    @F.udf("long")
+    def seen(x):  # noqa: ANN001, ANN202 - no type hints: pyspark would read them as a pandas UDF's
+        computed.add(1)
+        return x
+
+    frame = spark.range(100).select(seen("id").alias("id")).repartition(2, "id")
+    once = computed_once(frame)
+    assert once.count() == 100 and once.where("id < 10").count() == 10
+    assert computed.value == 100  # the second job read the first one's shuffle output
+    assert frame.count() == 100 and computed.value == 200  # the frame itself computes it all again
+
+
+def test_jobs_at_once_return_in_order_carry_the_callers_properties_and_raise_its_errors(spark) -> None:
+    context = spark.sparkContext
+    context.setLocalProperty("streams.test.owner", "the batch")
+    try:
+        assert at_once(spark, lambda: context.getLocalProperty("streams.test.owner"),
+                       lambda: spark.range(5).where("id > 1").count()) == ["the batch", 3]
+        with pytest.raises(ZeroDivisionError):
+            at_once(spark, lambda: spark.range(3).count(), lambda: 1 // 0)
+    finally:
+        context.setLocalProperty("streams.test.owner", None)

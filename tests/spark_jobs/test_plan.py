@@ -53,6 +53,20 @@ def test_the_derived_facts_of_the_outputs_and_the_ingestion(clicks_plan) -> None
         clicks_plan.output("nope")
 
 
+def test_only_outputs_that_emit_by_the_watermark_run_batches_without_data(tmp_path: Path, clicks_plan) -> None:
+    sensors = load_spec(SPEC_DIR / "sensors.yaml")
+    plan = compile_plan(sensors, Layout(sensors, tmp_path / "data", SPEC_DIR))
+    emits = {o.name: o.emits_by_watermark for o in [*clicks_plan.outputs, *plan.outputs]}
+    assert emits == {"views_per_minute": True, "page_totals": False,  # append windows; a complete-mode table
+                     "readings": False, "site_temperature_10m": True, "device_status": False}  # pass-through; update
+    windows_updated = parse_spec({**yaml.safe_load((SPEC_DIR / "clicks.yaml").read_text()), "outputs": [
+        {"name": "w", "mode": "update", "sink": {"type": "table", "table": "w"},
+         "query": {"type": "aggregate", "window": {"duration": "1 minute"}, "group_by": ["page"],
+                   "aggregates": [{"name": "n", "fn": "count"}]}}]})
+    plan = compile_plan(windows_updated, Layout(windows_updated, tmp_path / "data", SPEC_DIR))
+    assert not plan.output("w").emits_by_watermark  # updated rows go out with each batch; the table is validated whole
+
+
 def test_a_continuous_stream_has_no_ingestion_and_its_outputs_read_the_source(tmp_path: Path) -> None:
     spec = parse_spec(yaml.safe_load("""
         name: rates
