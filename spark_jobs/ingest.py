@@ -422,7 +422,7 @@ class IngestBatch:
     def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
         assert plan.ingestion is not None
-        self.spark, self.plan, self.ingestion, self.on_batch = spark, plan, plan.ingestion, on_batch
+        self.plan, self.ingestion, self.on_batch = plan, plan.ingestion, on_batch
         self.checkpoint = plan.ingestion.checkpoint
         self.joins = lookups(plan, [reference_frame(spark, j) for j in plan.ingestion.joins])
         #: the reference data as views of the micro-batches' session, for the transform
