@@ -90,38 +90,47 @@ def stop_between_batches(queries: dict[str, StreamingQuery], layout: Layout, gra
                         "on restart", name, planned, time.monotonic() - started)
 
 
-def request_stop(marker: Path, immediate: bool = False, epoch: int | None = None) -> None:
-    """Ask the stream's driver to stop (the marker it polls): between micro-batches, or
-    ``immediate``: at once, without committing more (the way to stop a driver on another
-    machine, where no signal reaches it). ``epoch``: only the driver holding that epoch of
-    the lease (spark_jobs.lease), not one that took the stream over since."""
+def request_stop(marker: Path, epoch: int | None, by: str, immediate: bool = False) -> None:
+    """Ask the stream's driver of ``epoch`` (its lease's, spark_jobs.lease) to stop (the marker it
+    polls): between micro-batches, or ``immediate``: at once, without committing more (the way to
+    stop a driver on another machine, where no signal reaches it). ``by`` says who asked (the stop
+    DAG's run, a killed supervisor's try), for the driver's log. A driver of another epoch, one
+    that took the stream over since, ignores it."""
     marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_name(f".stop.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"mode": "immediate" if immediate else "graceful", "epoch": epoch}))
+    tmp = marker.with_name(f".stop.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps({"mode": "immediate" if immediate else "graceful", "epoch": epoch, "by": by}))
     os.replace(tmp, marker)
 
 
-def stop_asked(marker: Path, epoch: int) -> str | None:
-    """``graceful`` or ``immediate`` if the marker asks the driver holding ``epoch`` to stop, else None.
-    An empty marker (``touch``) asks for a graceful stop."""
+def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] | None:
+    """``(mode, who asked)`` if the marker asks the driver holding ``epoch`` to stop (``graceful`` or
+    ``immediate``), else None. A marker without an epoch (``touch``, by hand) is for the driver that
+    held the stream when it was written: one that took the lease at ``since`` obeys it only if it
+    was written after that."""
     try:
         text = marker.read_text()
+        written = marker.stat().st_mtime
     except FileNotFoundError:
         return None
     try:
         asked = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
         asked = {}
-    if not isinstance(asked, dict) or asked.get("epoch") not in (None, epoch):
+    if not isinstance(asked, dict):
+        asked = {}
+    if asked.get("epoch") is None and written < since:
+        return None  # left from before this driver held the stream
+    if asked.get("epoch") not in (None, epoch):
         return None
-    return "immediate" if asked.get("mode") == "immediate" else "graceful"
+    return ("immediate" if asked.get("mode") == "immediate" else "graceful"), str(asked.get("by") or "by hand")
 
 
 def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, StreamingQuery],
-                      stop_requested: threading.Event, events: EventLog,
-                      grace_seconds: float = GRACE_SECONDS, epoch: int = 0) -> tuple[int, str, bool]:
-    """Wait until the queries finish, one fails, or a stop is asked for (the stop marker or
-    ``stop_requested``): (exit code, cause, stopped). An immediate stop halts the driver."""
+                      stop_requested: threading.Event, events: EventLog, lease: DriverLease,
+                      grace_seconds: float = GRACE_SECONDS) -> tuple[int, str, bool]:
+    """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
+    driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
+    immediate stop halts the driver."""
     marker = layout.stop_marker
     code, cause, stopped = EXIT_OK, "", False
     try:
@@ -136,14 +145,15 @@ def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, Strea
             if all(not q.isActive for q in queries.values()):
                 log.info("queries %s of %s finished", sorted(queries), spec.name)
                 break
-            asked = stop_asked(marker, epoch)
-            if asked == "immediate":
+            asked = stop_asked(marker, lease.epoch, lease.since)
+            if asked and asked[0] == "immediate":
                 marker.unlink(missing_ok=True)
                 events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": EXIT_KILLED,
-                              "immediate": True})
-                halt(f"stream {spec.name}: an immediate stop was asked for", EXIT_KILLED)
+                              "immediate": True, "by": asked[1]})
+                halt(f"stream {spec.name}: an immediate stop was asked for ({asked[1]})", EXIT_KILLED)
             if stop_requested.is_set() or asked:
-                log.info("stop requested for %s: stopping queries between batches", spec.name)
+                log.info("stop requested for %s (%s): stopping queries between batches", spec.name,
+                         asked[1] if asked else "a signal")
                 stop_between_batches(queries, layout, grace_seconds)
                 marker.unlink(missing_ok=True)
                 stopped = True
@@ -156,13 +166,9 @@ def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, Strea
     return code, cause, stopped
 
 
-def prepare_to_stop(layout: Layout) -> threading.Event:
-    """Remove a stop marker an earlier run left, and turn SIGTERM and SIGINT into a stop
-    request: the event :func:`supervise_queries` waits on."""
-    marker = layout.stop_marker
-    if marker.exists():
-        log.warning("removing a stop marker left from an earlier run: %s", marker)
-        marker.unlink(missing_ok=True)
+def prepare_to_stop() -> threading.Event:
+    """Turn SIGTERM and SIGINT into a stop request: the event :func:`supervise_queries` waits on.
+    A stop marker left from an earlier driver is not this one's (:func:`stop_asked`)."""
     stop_requested = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -178,9 +184,9 @@ class SupervisedApp:
     """An application's handle on its supervision (:func:`supervised`)."""
 
     def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, events: EventLog,
-                 stop_requested: threading.Event, grace_seconds: float, epoch: int = 0):
+                 stop_requested: threading.Event, grace_seconds: float, lease: DriverLease):
         assert spec.application is not None
-        self.spark, self.spec, self.layout, self.events, self.epoch = spark, spec, layout, events, epoch
+        self.spark, self.spec, self.layout, self.events, self.lease = spark, spec, layout, events, lease
         self.stop_requested, self.grace_seconds = stop_requested, grace_seconds
         self.queries: dict[str, StreamingQuery] = {}
 
@@ -214,7 +220,7 @@ class SupervisedApp:
             raise ValueError(f"stream {self.spec.name}: declared queries {missing} were not started; start each "
                              "with app.start(name, writer), or name it so (queryName) with app.checkpoint(name)")
         code, cause, _ = supervise_queries(self.spec, self.layout, queries, self.stop_requested, self.events,
-                                           self.grace_seconds, self.epoch)
+                                           self.lease, self.grace_seconds)
         if code != EXIT_OK:
             log.error("stream %s failed: %s", self.spec.name, cause)
             raise SystemExit(code)
@@ -228,11 +234,10 @@ class DriverRefused(Exception):
         self.code = code
 
 
-def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
-          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
-    """What every driver does first: load its stream's spec and take the stream's single-driver
-    lease (release it when done). Refused with exit code 2 for an invalid spec (or, with
-    ``application``, one that is not an application's) and 3 while another live driver holds it."""
+def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
+         application: bool = False) -> tuple[StreamSpec, Layout]:
+    """A driver's stream: its spec and layout. Refused with exit code 2 for an invalid spec (or,
+    with ``application``, one that is not an application's)."""
     try:
         spec = load_spec(spec_path)
     except SpecError as exc:
@@ -241,8 +246,21 @@ def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
     if application and spec.application is None:
         log.error("%s: stream %s is not an application (it has no application:)", spec_path, spec.name)
         raise DriverRefused(EXIT_BAD_SPEC)
-    layout = Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
-    lease = DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
+    return spec, Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
+
+
+def lease_of(spec: StreamSpec, layout: Layout) -> DriverLease:
+    """The stream's single-driver lease, not yet taken."""
+    return DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
+
+
+def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
+          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
+    """What a driver does first: load its stream's spec (:func:`load`) and take the stream's
+    single-driver lease (release it when done); refused with exit code 3 while another live
+    driver holds it."""
+    spec, layout = load(spec_path, data_root, application)
+    lease = lease_of(spec, layout)
     try:
         lease.acquire()
     except LeaseHeld as exc:
@@ -277,11 +295,11 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     listening = False
     try:
-        stop_requested = prepare_to_stop(layout)
+        stop_requested = prepare_to_stop()
         spark.streams.addListener(listener)
         listening = True
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
-        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease.epoch)
+        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease)
         try:
             yield app
         except SystemExit as exc:

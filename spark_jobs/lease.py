@@ -39,17 +39,23 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEARTBEAT_SECONDS = 5.0
 #: A holder whose heartbeat is older than this is presumed dead (the default; each record keeps its own).
 TTL_SECONDS = 30.0
 #: The environment variable naming this machine (a worker) in the lease; default: the host name.
 HOST_ENV = "STREAMS_HOST"
+#: The environment variable in which a supervisor names each driver it launches (``Holder.driver_id``).
+DRIVER_ID_ENV = "STREAMS_DRIVER_ID"
 #: The exit code of a driver that lost its lease (it halts without committing).
 EXIT_LEASE_LOST = 4
 KEEP_RECORDS = 200
+#: The records of the tries of a stream's supervisor task, beside the lease's (``streamops.tenure``).
+SUPERVISORS = "supervisors"
 
 
 class LeaseHeld(RuntimeError):
@@ -89,6 +95,9 @@ class Holder:
     launcher_pid: int = 0
     pid_start: int | None = None
     released_at: float | None = None
+    #: the name its supervisor gave the driver it launched (``$STREAMS_DRIVER_ID``), to tell its own apart
+    driver_id: str = ""
+    launcher_start: int | None = None
 
     def describe(self) -> str:
         age = time.time() - self.heartbeat_at
@@ -110,38 +119,64 @@ class Holder:
         return (now or time.time()) - self.heartbeat_at < self.ttl
 
 
-def _records_dir(control_dir: str | os.PathLike[str]) -> Path:
-    return Path(control_dir) / "lease"
+def _records_dir(control_dir: str | os.PathLike[str], kind: str = "lease") -> Path:
+    return Path(control_dir) / kind
 
 
-def _record_path(control_dir: str | os.PathLike[str], epoch: int) -> Path:
-    return _records_dir(control_dir) / f"{epoch:08d}.json"
+def record_path(control_dir: str | os.PathLike[str], epoch: int, kind: str = "lease") -> Path:
+    return _records_dir(control_dir, kind) / f"{epoch:08d}.json"
 
 
-def _epochs(control_dir: str | os.PathLike[str]) -> list[int]:
+def record_numbers(control_dir: str | os.PathLike[str], kind: str = "lease") -> list[int]:
     try:
-        names = os.listdir(_records_dir(control_dir))
+        names = os.listdir(_records_dir(control_dir, kind))
     except FileNotFoundError:
         return []
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
-def _read(path: Path) -> Holder | None:
+def read_record(path: Path, cls: type[T]) -> T | None:
+    """A numbered record as ``cls`` (a dataclass); None if it is missing or damaged."""
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    known = {f.name for f in fields(Holder)}
+    known = {f.name for f in fields(cls)}
     try:
-        return Holder(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in known})
     except TypeError:
         return None
 
 
+def _read(path: Path) -> Holder | None:
+    return read_record(path, Holder)
+
+
+def create_record(control_dir: str | os.PathLike[str], epoch: int, record: object, kind: str = "lease") -> bool:
+    """Create the record of ``epoch`` whole and exclusively (of two processes trying at once, one
+    gets it): False if it exists already."""
+    path = record_path(control_dir, epoch, kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
+    tmp.write_text(json.dumps(asdict(record)))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def prune_records(control_dir: str | os.PathLike[str], kind: str = "lease", keep: int = 200) -> None:
+    for epoch in record_numbers(control_dir, kind)[:-keep]:
+        record_path(control_dir, epoch, kind).unlink(missing_ok=True)
+
+
 def latest(control_dir: str | os.PathLike[str]) -> Holder | None:
     """The newest epoch's record, released or not."""
-    epochs = _epochs(control_dir)
-    return _read(_record_path(control_dir, epochs[-1])) if epochs else None
+    epochs = record_numbers(control_dir)
+    return _read(record_path(control_dir, epochs[-1])) if epochs else None
 
 
 def read_holder(control_dir: str | os.PathLike[str]) -> Holder | None:
@@ -158,7 +193,7 @@ def holder_alive(control_dir: str | os.PathLike[str]) -> bool:
 
 def history(control_dir: str | os.PathLike[str]) -> list[Holder]:
     """Every kept record, oldest first."""
-    return [h for e in _epochs(control_dir) if (h := _read(_record_path(control_dir, e))) is not None]
+    return [h for e in record_numbers(control_dir) if (h := _read(record_path(control_dir, e))) is not None]
 
 
 def overlaps(records: list[Holder]) -> list[tuple[Holder, Holder]]:
@@ -167,6 +202,32 @@ def overlaps(records: list[Holder]) -> list[tuple[Holder, Holder]]:
     drivers ever held the checkpoint at once."""
     ordered = sorted(records, key=lambda h: h.epoch)
     return [(a, b) for a, b in zip(ordered, ordered[1:], strict=False) if b.started_at <= a.ended_at]
+
+
+def end_launcher(holder: Holder, timeout: float = 10.0) -> None:
+    """Make sure the spark-submit JVM of a dead driver on this host is gone before another driver
+    takes the stream: a Python driver killed by a signal leaves its JVM running for a moment,
+    which may still commit a batch of a query that needs no Python. Kills it (SIGKILL) and
+    waits for it to go."""
+    pid = holder.launcher_pid
+    if holder.host != host_id() or pid <= 1 or holder.launcher_start is None:
+        return
+    if process_start(pid) != holder.launcher_start or not is_spark_submit(pid):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while process_start(pid) == holder.launcher_start and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def is_spark_submit(pid: int) -> bool:
+    try:
+        return b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _write_atomically(path: Path, holder: Holder) -> None:
@@ -181,7 +242,7 @@ def halt(reason: str, code: int = EXIT_LEASE_LOST) -> None:
     print(f"FATAL: {reason}; halting without committing anything more", file=sys.stderr, flush=True)
     parent = os.getppid()
     try:
-        if b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{parent}/cmdline").read_bytes():
+        if is_spark_submit(parent):
             os.kill(parent, signal.SIGKILL)
     except OSError:
         pass
@@ -223,6 +284,11 @@ class DriverLease:
     def epoch(self) -> int:
         return self._holder.epoch if self._holder else 0
 
+    @property
+    def since(self) -> float:
+        """When this driver took the lease (0 while it holds none)."""
+        return self._holder.started_at if self._holder else 0.0
+
     def acquire(self) -> DriverLease:
         global _current
         _records_dir(self.dir).mkdir(parents=True, exist_ok=True)
@@ -236,29 +302,20 @@ class DriverLease:
         now = time.time()
         self._renewed = time.monotonic()
         holder = Holder(host=host_id(), pid=os.getpid(), started_at=now, heartbeat_at=now, stream=self.stream,
-                        epoch=epoch, ttl=self.ttl, launcher_pid=os.getppid(), pid_start=process_start(os.getpid()))
-        path = _record_path(self.dir, epoch)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
-        tmp.write_text(json.dumps(asdict(holder)))
-        try:
-            os.link(tmp, path)  # an exclusive create of the whole record: of two drivers, one gets the epoch
-        except FileExistsError:
+                        epoch=epoch, ttl=self.ttl, launcher_pid=os.getppid(), pid_start=process_start(os.getpid()),
+                        driver_id=os.environ.get(DRIVER_ID_ENV, ""), launcher_start=process_start(os.getppid()))
+        if not create_record(self.dir, epoch, holder):  # of two drivers, one gets the epoch
             raise LeaseHeld(f"checkpoint {self.dir.parent}: another driver took epoch {epoch} of its lease at the "
-                            "same moment; refusing to start a second driver on it") from None
-        finally:
-            tmp.unlink(missing_ok=True)
+                            "same moment; refusing to start a second driver on it")
         if previous is not None and previous.released_at is None:
             log.warning("taking over the checkpoint lease of a dead driver: %s", previous.describe())
         self._holder = holder
-        self._prune()
+        prune_records(self.dir, keep=KEEP_RECORDS)
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()
         _current = self
         return self
 
-    def _prune(self) -> None:
-        for epoch in _epochs(self.dir)[:-KEEP_RECORDS]:
-            _record_path(self.dir, epoch).unlink(missing_ok=True)
 
     def _problem(self) -> str | None:
         """Why the lease is no longer ours, or None while it is."""
@@ -267,8 +324,8 @@ class DriverLease:
         if idle > self.ttl / 2:
             return (f"the lease of stream {self.stream} (epoch {self.epoch}) was last renewed {idle:.0f}s ago, more "
                     f"than half its ttl of {self.ttl:.0f}s (was this process paused or cut off?)")
-        if _record_path(self.dir, self.epoch + 1).exists():
-            newer = _read(_record_path(self.dir, self.epoch + 1))
+        if record_path(self.dir, self.epoch + 1).exists():
+            newer = _read(record_path(self.dir, self.epoch + 1))
             return (f"the lease of stream {self.stream} (epoch {self.epoch}) was taken over by "
                     f"{newer.describe() if newer else 'another driver'}")
         return None
@@ -301,7 +358,7 @@ class DriverLease:
             checked = time.monotonic()  # the next window starts when the lease was last seen ours
             self._holder.heartbeat_at = time.time()
             try:
-                _write_atomically(_record_path(self.dir, self.epoch), self._holder)
+                _write_atomically(record_path(self.dir, self.epoch), self._holder)
             except OSError as exc:
                 log.warning("lease heartbeat failed: %s", exc)
                 continue
@@ -314,10 +371,10 @@ class DriverLease:
             self._thread.join()
         if _current is self:
             _current = None
-        if self._holder is not None and self._lost is None and not _record_path(self.dir, self.epoch + 1).exists():
+        if self._holder is not None and self._lost is None and not record_path(self.dir, self.epoch + 1).exists():
             self._holder.released_at = time.time()
             try:
-                _write_atomically(_record_path(self.dir, self.epoch), self._holder)
+                _write_atomically(record_path(self.dir, self.epoch), self._holder)
             except OSError as exc:
                 log.warning("could not mark the lease released (it lapses after %.0fs): %s", self.ttl, exc)
         self._holder = None

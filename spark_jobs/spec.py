@@ -524,6 +524,8 @@ class Supervision(Strict):
     queue: str = Field(default="streams", pattern=r"^[A-Za-z0-9_.-]+$")
     #: the single-driver lease lapses this long after the driver's last heartbeat (spark_jobs.lease)
     lease: Duration = "30 seconds"
+    #: keep a warm standby driver beside the active one, to take the stream over in seconds (spark_jobs.standby)
+    standby: bool = False
     check_sw = field_validator("stall_window", "lag_window", "lease")(_optional(_check_duration))
 
 
@@ -690,6 +692,12 @@ def _semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     if duration_seconds(spec.supervision.lease) < MIN_LEASE_SECONDS:
         add(("supervision.lease", f"must be at least {MIN_LEASE_SECONDS} seconds: the driver renews it every sixth "
                                   "of it and fences itself after half of it without a renewal"))
+    if spec.supervision.standby and spec.application is not None:
+        add(("supervision.standby", "an application of the user's own cannot be kept warm as a standby (the "
+                                    "platform's standby starts the platform's own queries); remove it"))
+    if spec.supervision.standby and spec.trigger.available_now:
+        add(("supervision.standby", "an available-now stream ends by itself after each run; it has nothing for a "
+                                    "standby to take over"))
     if spec.application is not None:  # the application's own code decides the rest
         return problems
     inputs = spec.input_columns()

@@ -1,14 +1,17 @@
 """The streaming job: ``spark-submit spark_jobs/stream_job.py --spec include/streams/<name>.yaml``.
 
 It validates the spec, takes the single-driver lease on the checkpoint, checks what only
-Spark can tell (its SQL queries, ``spark_jobs.check``), starts the
-stream's ingestion and its output queries in one SparkSession (see spark_jobs.pipeline), writes progress events beside the checkpoint,
-and runs until:
+Spark can tell (its SQL queries, ``spark_jobs.check``), starts the stream's ingestion and
+its output queries in one SparkSession (see spark_jobs.pipeline), writes progress events
+beside the checkpoint, and runs until:
 
-* the stop marker ``<checkpoint>/_control/stop`` appears (or SIGTERM/SIGINT arrives):
-  each query is stopped between micro-batches and the job exits 0;
+* the stop marker ``<checkpoint>/_control/stop`` asks this driver to stop (or SIGTERM/SIGINT
+  arrives): each query is stopped between micro-batches and the job exits 0;
 * every query has finished (available-now trigger): exit 0;
 * a query fails: the others are stopped and the job exits 1, the cause in its last lines.
+
+With ``--standby`` it does everything up to the queries' start, then waits to take the
+stream over (spark_jobs.standby).
 
 Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
@@ -29,15 +32,17 @@ from spark_jobs.driver import (
     EXIT_OK,
     GRACE_SECONDS,
     DriverRefused,
-    claim,
     first_line,
+    lease_of,
+    load,
     prepare_to_stop,
     supervise_queries,
 )
 from spark_jobs.history import History
-from spark_jobs.lease import host_id
+from spark_jobs.lease import DRIVER_ID_ENV, DriverLease, LeaseHeld, host_id
 from spark_jobs.progress import EventLog
 from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger
+from spark_jobs.standby import StandbyRecord, take_over
 
 log = logging.getLogger("stream_job")
 
@@ -54,47 +59,62 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="override the spec's trigger with a processing-time interval, e.g. '1 second'")
     p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
                    help="how long a graceful stop waits for a running batch to finish")
+    p.add_argument("--standby", action="store_true",
+                   help="start warm (Spark session, analysis, plan), then wait to take the stream over when its "
+                        "lease is free (spark_jobs.standby)")
+    p.add_argument("--supervisor", type=int, default=0,
+                   help="with --standby: the supervisor try that launched it; it leaves once that try is superseded")
     return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        spec, layout, lease = claim(args.spec, args.data_root)
+        spec, layout = load(args.spec, args.data_root)
     except DriverRefused as exc:
         return exc.code
+    if spec.application is not None:
+        log.error("%s: stream %s is an application; the supervisor runs %s itself", args.spec, spec.name,
+                  layout.application_file)
+        return EXIT_BAD_SPEC
+    lease = lease_of(spec, layout)
+    if not args.standby:
+        try:
+            lease.acquire()
+        except LeaseHeld as exc:
+            log.error("%s", exc)
+            return EXIT_LEASE_HELD
     try:
-        return _run_with_lease(spec, layout, args, lease.epoch)
+        return _run(spec, layout, args, lease)
     finally:
         lease.release()
 
 
-def _run_with_lease(spec, layout: Layout, args: argparse.Namespace, epoch: int) -> int:  # noqa: ANN001
+def _trigger(args: argparse.Namespace) -> Trigger | None:
+    if args.trigger == "available-now":
+        return Trigger(available_now=True)
+    if args.processing_time:
+        return Trigger(processing_time=args.processing_time)
+    return None
+
+
+def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:  # noqa: ANN001
     from spark_jobs import pipeline
     from spark_jobs.check import check_spec
     from spark_jobs.progress import make_listener
     from spark_jobs.session import build_session
 
-    if spec.application is not None:
-        log.error("%s: stream %s is an application; the supervisor runs %s itself", args.spec, spec.name,
-                  layout.application_file)
-        return EXIT_BAD_SPEC
-    stop_requested = prepare_to_stop(layout)
+    stop_requested = prepare_to_stop()
+    standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
+                            args.supervisor) if args.standby else None
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
-    events = EventLog(layout.events_file, history=History(layout.history_file),
-                      tags={"epoch": epoch, "host": host_id()})
-    trigger = None
-    if args.trigger == "available-now":
-        trigger = Trigger(available_now=True)
-    elif args.processing_time:
-        trigger = Trigger(processing_time=args.processing_time)
-    events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger})
-
+    events = EventLog(layout.events_file, history=History(layout.history_file), tags={"host": host_id()})
+    trigger = _trigger(args)
     # available-now: the ingestion takes what waits, then the outputs take what it committed;
     # otherwise every query runs at once
     phases: list = [None]
     if (trigger or spec.trigger).available_now and spec.has_ingestion:
         phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
-    code, cause = EXIT_OK, ""
+    code, cause, started = EXIT_OK, "", False
     try:
         try:
             transformed = check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
@@ -104,6 +124,12 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace, epoch: int) 
             events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:4000], "invalid_spec": True})
             code = EXIT_BAD_SPEC
             return code
+        if standby is not None and not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
+            return code
+        events.tags["epoch"] = lease.epoch
+        events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
+                      "standby": args.standby})
+        started = True
         try:
             plan = pipeline.compile_for_start(spec, layout, transformed)
         except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
@@ -117,12 +143,15 @@ def _run_with_lease(spec, layout: Layout, args: argparse.Namespace, epoch: int) 
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
-            code, cause, stopped = supervise_queries(spec, layout, queries, stop_requested, events,
-                                                     args.grace_seconds, epoch)
+            code, cause, stopped = supervise_queries(spec, layout, queries, stop_requested, events, lease,
+                                                     args.grace_seconds)
             if code != EXIT_OK or stopped:
                 break
     finally:
-        events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
+        if standby is not None:
+            standby.remove()
+        if started:
+            events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
         spark.stop()
     if code != EXIT_OK:
         log.error("stream %s failed: %s", spec.name, cause)

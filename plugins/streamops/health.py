@@ -4,8 +4,9 @@
 decides what they mean:
 
 =========  ==============================================================================
-starting   a driver holds the lease, and a query with input waiting has committed nothing
-           since it started
+starting   the supervisor launched a driver that has not taken the lease yet (for at most the
+           stall window), or a driver holds the lease, and a query with input waiting has
+           committed nothing since it started
 healthy    a driver is alive and commits batches
 idle       a driver is alive and no input is waiting
 lagging    a driver is alive and commits, but its backlog grew over the lag window and
@@ -33,9 +34,11 @@ from spark_jobs.checkpoint import (
     read_query_checkpoint,
     sink_files,
 )
-from spark_jobs.lease import holder_alive, read_holder
+from spark_jobs.lease import holder_alive, latest, read_holder
 from spark_jobs.progress import read_events
-from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, StreamSpec, duration_seconds
+from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, Restart, StreamSpec, duration_seconds
+from streamops import tenure
+from streamops.restarts import RestartBudget
 
 
 class Status(StrEnum):
@@ -72,6 +75,9 @@ class Snapshot:
     backlog_trend: dict[str, tuple[int | None, int]] = field(default_factory=dict)
     #: per query: when it last started (its ``started`` event), by any driver
     query_started_at: dict[str, float] = field(default_factory=dict)
+    #: when the stream's supervisor last began to start a driver (its try began, or it launched
+    #: one) after the last driver ended; None if it has not since
+    launching_since: float | None = None
 
     @property
     def last_commit_time(self) -> float | None:
@@ -140,6 +146,7 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
         elif event.get("event") == "driver_started":
             driver_started = event.get("logged_at")
     return Snapshot(
+        launching_since=None if alive else _launching_since(layout),
         stream=spec.name, taken_at=taken_at, driver_alive=alive,
         driver_pid=holder.pid if holder and alive else None, driver_host=holder.host if holder and alive else None,
         driver_started_at=(holder.started_at if holder and alive else driver_started), queries=queries,
@@ -148,6 +155,21 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
         query_started_at=query_started,
     )
+
+
+def _launching_since(layout: Layout) -> float | None:
+    """When the supervisor last began to start a driver (its try's start, or a run it recorded as
+    started and not ended) after the last driver's tenure ended."""
+    began = [t.started_at] if (t := tenure.current(layout.lease_dir)) is not None else []
+    try:
+        runs = RestartBudget(layout.runs_file, Restart()).runs()
+    except ValueError:
+        runs = []
+    began += [r.started_at for r in runs[-1:] if r.ended_at is None]
+    newest = max(began, default=None)
+    last = latest(layout.lease_dir)
+    ended = last.ended_at if last is not None else None
+    return newest if newest is not None and (ended is None or newest >= ended) else None
 
 
 def _backlog_at(landed: list, q: QueryCheckpoint, when: float) -> int | None:
@@ -165,6 +187,9 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     if problems:
         return Status.CORRUPT, problems[0]
     if not snap.driver_alive:
+        if snap.launching_since is not None and snap.taken_at - snap.launching_since <= stall_window_seconds:
+            return Status.STARTING, (f"its supervisor began to start a driver {snap.taken_at - snap.launching_since:.0f}s "
+                                     "ago; it has not taken the lease yet")
         return Status.DEAD, "no live driver holds the checkpoint"
     started = snap.driver_started_at or snap.taken_at
     waiting = _waiting(snap)

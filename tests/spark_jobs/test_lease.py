@@ -170,15 +170,20 @@ def test_overlapping_tenures_are_found() -> None:
     assert overlaps([c, a, b]) == [(b, c)]
 
 
-def test_a_stop_marker_may_name_the_epoch_it_is_for(tmp_path: Path) -> None:
+def test_a_stop_marker_is_obeyed_only_by_the_driver_it_is_for(tmp_path: Path) -> None:
     marker = tmp_path / "stop"
     assert stop_asked(marker, 3) is None
-    marker.touch()  # by hand: whoever holds the stream, gracefully
-    assert stop_asked(marker, 3) == "graceful"
-    request_stop(marker, immediate=True, epoch=3)
-    assert (stop_asked(marker, 3), stop_asked(marker, 4)) == ("immediate", None)
-    request_stop(marker)
-    assert stop_asked(marker, 4) == "graceful"
+    request_stop(marker, 3, "stream_x_stop run r1 (immediate)", immediate=True)
+    assert stop_asked(marker, 3) == ("immediate", "stream_x_stop run r1 (immediate)")
+    assert stop_asked(marker, 4) is None  # a driver that took the stream over since
+    request_stop(marker, 4, "its supervisor: stalled")
+    assert stop_asked(marker, 4) == ("graceful", "its supervisor: stalled")
+    # by hand (``touch``): for the driver that held the stream when it was written, not a later one
+    marker.unlink()
+    marker.touch()
+    written = marker.stat().st_mtime
+    assert stop_asked(marker, 4, since=written - 10) == ("graceful", "by hand")
+    assert stop_asked(marker, 5, since=written + 10) is None
 
 
 def test_heartbeat_advances(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from airflow.sdk import BaseHook
 
-from spark_jobs.lease import Holder, holder_alive, host_id, process_start, read_holder
+from spark_jobs.lease import Holder, holder_alive, host_id, is_spark_submit, process_start, read_holder
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
 from streamops.health import Health, assess
 
@@ -77,13 +78,36 @@ class StreamHook(BaseHook):
         holder = read_holder(self.layout.lease_dir)
         return holder if holder is not None and holder.host == host_id() and self.driver_alive() else None
 
-    def request_stop(self, immediate: bool = False, epoch: int | None = None) -> Path:
-        """Ask the driver to stop (it polls this marker): between micro-batches, or at once;
-        ``epoch``: only the driver holding that epoch of the lease."""
+    def request_stop(self, epoch: int, by: str, immediate: bool = False) -> Path:
+        """Ask the driver holding ``epoch`` of the lease to stop (it polls this marker): between
+        micro-batches, or at once; ``by``: who asks (for the driver's log)."""
         from spark_jobs.driver import request_stop
 
-        request_stop(self.layout.stop_marker, immediate, epoch)
+        request_stop(self.layout.stop_marker, epoch, by, immediate)
         return self.layout.stop_marker
+
+    def hold(self, by: str) -> None:
+        """Mark the stream stopped on purpose (the stop DAG): no supervisor restarts it and no
+        standby takes it over until it is deployed again; ``by``: who asked."""
+        marker = self.layout.hold_marker
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"by": by, "at": time.time()}))
+        os.replace(tmp, marker)
+
+    def held_by(self) -> str | None:
+        """Who stopped the stream on purpose, or None if nobody did."""
+        try:
+            text = self.layout.hold_marker.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return str(json.loads(text).get("by") or "an operator")
+        except (ValueError, AttributeError):
+            return "an operator"
+
+    def release_hold(self) -> None:
+        self.layout.hold_marker.unlink(missing_ok=True)
 
     def lapsed_here(self, epoch: int) -> bool:
         """Has the lease of the driver of ``epoch`` lapsed while that driver's process still
@@ -109,24 +133,24 @@ class StreamHook(BaseHook):
             time.sleep(poll)
         return True
 
-    def kill_driver(self, sig: int = signal.SIGKILL, epoch: int | None = None) -> int | None:
+    def kill_driver(self, sig: int = signal.SIGKILL, epoch: int | None = None, by: str = "") -> int | None:
         """Signal the driver holding the lease, and the spark-submit JVM that launched it; the
         driver's pid, or None if there was none. ``epoch``: only the driver of that epoch, even
         one whose lease has lapsed while it still exists here (a frozen driver). A driver on
         another machine, where no signal reaches, is asked to stop immediately (``SIGKILL``)
-        through its marker."""
+        through its marker (``by``: who asks)."""
         holder = read_holder(self.layout.lease_dir)
         if holder is None or epoch not in (None, holder.epoch) or (epoch is None and not self.driver_alive()):
             return None
         if holder.host != host_id():
             if sig != signal.SIGKILL:
                 return None
-            self.request_stop(immediate=True, epoch=holder.epoch)
+            self.request_stop(holder.epoch, by, immediate=True)
             return holder.pid
         if holder.pid_start is not None and process_start(holder.pid) != holder.pid_start:
             return None  # gone (the pid may be another process's by now)
         targets = [holder.pid]
-        if holder.launcher_pid > 1 and _is_spark_submit(holder.launcher_pid):
+        if holder.launcher_pid > 1 and is_spark_submit(holder.launcher_pid):
             targets.append(holder.launcher_pid)
         for target in targets:
             try:
@@ -134,10 +158,3 @@ class StreamHook(BaseHook):
             except ProcessLookupError:
                 continue
         return holder.pid
-
-
-def _is_spark_submit(pid: int) -> bool:
-    try:
-        return b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False

@@ -6,6 +6,7 @@ import inspect
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from spark_jobs.lease import read_holder
+from spark_jobs.lease import DRIVER_ID_ENV, read_holder
 from spark_jobs.spec import default_spec_dir
+from streamops import tenure
 from streamops.health import RUNNING, Status
 from streamops.hooks.stream import StreamHook
 from streamops.restarts import RestartBudget
@@ -40,6 +42,11 @@ _SUBMIT_DEFAULTS = {name: param.default for name, param in inspect.signature(Spa
 #: Left of Airflow's cleanup time when the supervisor is killed, to kill the driver and
 #: spark-submit after a graceful stop that did not finish.
 KILL_MARGIN_SECONDS = 2.0
+#: How long a standby may take to hold the lease once the active driver ended (it takes a free
+#: lease within a second; a lease still alive, held elsewhere, lapses after its ttl).
+STANDBY_TAKEOVER_SECONDS = 30.0
+#: A standby that ended is replaced no more often than this.
+STANDBY_RELAUNCH_SECONDS = 10.0
 
 
 def killed_task_cleanup_seconds() -> float:
@@ -60,10 +67,6 @@ def killed_task_cleanup_seconds() -> float:
     except (ImportError, AttributeError, KeyError, TypeError, ValueError):
         return configured
     return min(configured, escalation)
-
-
-def _hold_marker(hook: StreamHook) -> Path:
-    return hook.layout.hold_marker
 
 
 class StreamSupervisorOperator(SparkSubmitOperator):
@@ -129,11 +132,16 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.stalled_grace_seconds = stalled_grace_seconds
         self.archive_every_seconds = archive_every_seconds
         self._stream_hook: StreamHook | None = None
-        self.submit_hook: SparkSubmitHook | None = None  # of the driver run last (on_kill kills its spark-submit)
+        #: the driver this task runs, and its standby (``supervision.standby``)
+        self.active: Launch | None = None
+        self.standby: Launch | None = None
         self.adopted_pid: int | None = None
         #: the lease epoch of the driver this task runs or adopted (spark_jobs.lease)
         self.supervised_epoch: int | None = None
-        self._launched_at = 0.0
+        #: this try's hold on the stream's supervision (streamops.tenure)
+        self.tenure: tenure.Tenure | None = None
+        self._left = False
+        self._standby_ended = float("-inf")
 
     @property
     def stream_hook(self) -> StreamHook:
@@ -141,15 +149,20 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             self._stream_hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         return self._stream_hook
 
-    def spark_submit_hook(self) -> SparkSubmitHook:
+    def spark_submit_hook(self, **overrides: Any) -> SparkSubmitHook:
         """A new hook for one run of the driver, built as SparkSubmitOperator builds its own: from
-        this task's arguments, the templated ones as rendered (and ``env_vars`` as execute sets them)."""
-        return SparkSubmitHook(**self._submit_args, **{name: getattr(self, name) for name in TEMPLATED_SUBMIT_ARGS})
+        this task's arguments, the templated ones as rendered (and ``env_vars`` as execute sets
+        them), then ``overrides``."""
+        return SparkSubmitHook(**self._submit_args,
+                               **{name: getattr(self, name) for name in TEMPLATED_SUBMIT_ARGS} | overrides)
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = self.stream_hook
+        ti = context.get("ti")
+        self.tenure = tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
+                                                          f"try {getattr(ti, 'try_number', '?')}")
         budget = RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart)
-        _hold_marker(hook).unlink(missing_ok=True)
+        hook.release_hold()
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         app = hook.spec.application
         if app is not None:  # the application itself, told where its spec is (spark_jobs.driver)
@@ -160,118 +173,182 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             if self.data_root:
                 self.env_vars["STREAMS_DATA_DIR"] = str(self.data_root)
         runs = 0
-        while True:
-            health = hook.health()
-            self.log.info("%s", health.summary())
-            if health.status == Status.CORRUPT:
-                raise AirflowFailException(_corrupt_message(health.problems, hook))
-            if _hold_marker(hook).exists():
-                self.log.info("stream %s was stopped on purpose; not restarting it", self.stream)
-                return health.to_dict()
-            if hook.driver_alive():
-                holder = read_holder(hook.layout.lease_dir)
-                self.adopted_pid = holder.pid if holder else None
-                self.supervised_epoch = holder.epoch if holder else None
-                self.log.warning("a driver (%s) already runs stream %s, left by an earlier try: adopting it instead of "
-                                 "starting a second one", holder.describe() if holder else "unknown", self.stream)
-                reason, forced = self._supervise(None)
-                code, reason = None, f"adopted driver: {reason}"
-            else:
-                policy = hook.spec.supervision.restart
-                if budget.exhausted(time.time()):
+        try:
+            while True:
+                if self._superseded():
+                    return {}
+                health = hook.health()
+                self.log.info("%s", health.summary())
+                if health.status == Status.CORRUPT:
+                    raise AirflowFailException(_corrupt_message(health.problems, hook))
+                if (by := hook.held_by()) is not None:
+                    self.log.info("stream %s was stopped on purpose (%s); not restarting it", self.stream, by)
+                    return health.to_dict()
+                code: int | None
+                if self.active is None and hook.driver_alive():
+                    holder = read_holder(hook.layout.lease_dir)
+                    self.adopted_pid = holder.pid if holder else None
+                    self.supervised_epoch = holder.epoch if holder else None
+                    self.log.warning("a driver (%s) already runs stream %s, left by an earlier try: adopting it instead "
+                                     "of starting a second one", holder.describe() if holder else "unknown", self.stream)
+                    reason, forced = self._supervise()
+                    code, reason = None, f"adopted driver: {reason}"
+                else:
+                    if self.active is None:
+                        if budget.exhausted(time.time()):
+                            raise AirflowFailException(_budget_spent(hook, budget))
+                        delay = budget.next_delay()
+                        if delay:
+                            self.log.warning("restarting stream %s in %.0fs (backoff after %d failed run(s))",
+                                             self.stream, delay, budget.consecutive_failures())
+                            time.sleep(delay)  # the backoff itself
+                        if self._superseded():
+                            return {}
+                        self.active = self._launch(standby=False)
+                    budget.record_start(time.time())
+                    runs += 1
+                    self.log.info("supervising stream %s (run %d of this task)", self.stream, runs)
+                    reason, forced = self._supervise()
+                    if self._superseded():  # its own driver halts by itself: the lease is another's
+                        return {}
+                    code, error = self.active.result()
+                    reason = error or reason
+                    self.active = None
+                if self._superseded():  # a try Airflow no longer runs records nothing
+                    return {}
+                by = hook.held_by()
+                invalid = None if by is not None or code in (0, None) else _invalid_spec(hook, budget)
+                if invalid:
+                    budget.record_end(time.time(), code, "invalid spec", forced=forced, requested=False)
                     raise AirflowFailException(
-                        f"stream {self.stream}: {budget.failures_in_period(time.time())} failed runs within "
-                        f"{policy.period_minutes:g} minutes, the restart budget ({policy.max_attempts}) is spent; "
-                        f"the stream stays stopped. {_last_failure(hook, budget)}Look at the driver logs above, "
-                        f"fix the cause, then trigger this DAG again.")
-                delay = budget.next_delay()
-                if delay:
-                    self.log.warning("restarting stream %s in %.0fs (backoff after %d failed run(s))",
-                                     self.stream, delay, budget.consecutive_failures())
-                    time.sleep(delay)  # the backoff itself
-                budget.record_start(time.time())
-                runs += 1
-                self.log.info("starting stream %s (run %d of this task)", self.stream, runs)
-                code, reason, forced = self._run_driver()
-            # the stop DAG ended it: an immediate stop kills the driver, which then exits non-zero
-            # without having failed; recorded as requested, so it spends none of the restart budget
-            requested = _hold_marker(hook).exists()
-            invalid = None if requested or code in (0, None) else _invalid_spec(hook, budget)
-            if invalid:
-                budget.record_end(time.time(), code, "invalid spec", forced=forced, requested=False)
-                raise AirflowFailException(
-                    f"stream {self.stream}: its driver found the spec invalid and started nothing; a restart would "
-                    f"fail alike, so the stream stays stopped. Fix the spec, then trigger this DAG again.\n{invalid}")
-            if requested and (code != 0 or forced):
-                reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped on request)"
-            budget.record_end(time.time(), code, reason, forced=forced, requested=requested)
-            if (code == 0 and not forced) or requested:
-                self.log.info("stream %s stopped: %s", self.stream, reason)
-                return hook.health().to_dict()
-            self.log.warning("stream %s driver ended (%s, exit %s)", self.stream, reason, code)
+                        f"stream {self.stream}: its driver found the spec invalid and started nothing; a restart "
+                        f"would fail alike, so the stream stays stopped. Fix the spec, then trigger this DAG "
+                        f"again.\n{invalid}")
+                finished = code == 0 and not forced and hook.spec.trigger.available_now
+                if by is not None:
+                    reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped by {by})"
+                elif code == 0 and not forced and not finished:
+                    reason = "the driver exited without being asked to stop"
+                budget.record_end(time.time(), code, reason, forced=forced, requested=by is not None)
+                if by is not None or finished:
+                    self.log.info("stream %s stopped: %s", self.stream, reason)
+                    return hook.health().to_dict()
+                self.log.warning("stream %s driver ended (%s, exit %s)", self.stream, reason, code)
+                if budget.exhausted(time.time()):  # nor does a standby take it over
+                    self._end_standby()
+                    raise AirflowFailException(_budget_spent(hook, budget))
+                self.active = self._take_over()
+        finally:
+            if self.standby is not None:
+                self.standby.kill()
 
-    def _run_driver(self) -> tuple[int | None, str, bool]:
-        """Submit the driver and supervise it until it exits: exit code, why, and whether this
-        supervisor stopped it (a stalled driver: restarted, and counted as a failed run)."""
-        spark_submit = self.submit_hook = self.spark_submit_hook()
-        outcome: dict[str, Any] = {}
-        self.supervised_epoch, self._launched_at = None, time.time()
+    def _superseded(self) -> bool:
+        """Is a newer try of this task the stream's supervisor now (this try's worker was cut off,
+        and Airflow retried the task elsewhere)? Then this one leaves the stream alone: it adopts
+        nothing, stops nothing and records no run."""
+        newer = tenure.superseded_by(self.stream_hook.layout.lease_dir, self.tenure) if self.tenure else None
+        if newer is None:
+            return False
+        if not self._left:
+            self._left = True
+            self.log.warning("stream %s: %s supervises it now; this try (%s) leaves it alone", self.stream,
+                             newer.describe(), self.tenure.describe())
+            from spark_jobs.progress import EventLog
 
-        def submit() -> None:
-            try:
-                spark_submit.submit(self.application)
-                outcome["code"] = 0
-            except AirflowException as exc:
-                outcome["code"], outcome["error"] = 1, str(exc)
-            except Exception as exc:  # noqa: BLE001 - reported as a failed run
-                outcome["code"], outcome["error"] = 1, f"{type(exc).__name__}: {exc}"
+            EventLog(self.stream_hook.layout.events_file).write({
+                "event": "supervisor_superseded", "stream": self.stream, "supervisor": self.tenure.task,
+                "by": newer.task, "host": self.tenure.host})
+        if self.standby is not None:
+            self.standby.kill()
+            self.standby = None
+        return True
 
-        thread = threading.Thread(target=submit, name=f"spark-submit:{self.stream}", daemon=True)
-        thread.start()
-        reason, forced = self._supervise(thread)
-        thread.join()
-        if "error" in outcome:
-            self.log.error("spark-submit failed: %s", outcome["error"])
-        return outcome.get("code"), outcome.get("error", reason) if outcome.get("code") else reason, forced
+    def _launch(self, standby: bool) -> Launch:
+        """Submit a driver (``standby``: a warm standby that waits to take the stream over)."""
+        extra = ["--standby", "--supervisor", str(self.tenure.number if self.tenure else 0)] if standby else []
+        env = {**(self.env_vars or {}), DRIVER_ID_ENV: f"{self.stream}-{uuid.uuid4().hex[:12]}"}
+        launch = Launch(self.spark_submit_hook(env_vars=env, application_args=[*(self.application_args or []), *extra]),
+                        self.application, env[DRIVER_ID_ENV], self.stream_hook.layout.lease_dir)
+        self.log.info("stream %s: %s driver %s launched", self.stream, "standby" if standby else "active",
+                      launch.driver_id)
+        return launch
 
-    def _supervise(self, thread: threading.Thread | None) -> tuple[str, bool]:
-        """Watch the running driver until it exits; stop it if it stalls. Why it ended, and
-        whether this supervisor stopped it."""
+    def _end_standby(self) -> None:
+        """End the standby, and the driver it became if it has taken the stream over already."""
+        standby, self.standby = self.standby, None
+        if standby is None:
+            return
+        holder = read_holder(self.stream_hook.layout.lease_dir)
+        if holder is not None and holder.driver_id == standby.driver_id:
+            self.stream_hook.kill_driver(epoch=holder.epoch, by=f"its supervisor ({self.tenure_name})")
+        standby.kill()
+
+    def _take_over(self) -> Launch | None:
+        """After the active driver ended: the standby, once it holds the lease (it takes it within a
+        second of finding it free), else None (the standby is killed; a driver is started cold)."""
+        standby, self.standby = self.standby, None
+        if standby is None:
+            return None
+        deadline = time.monotonic() + STANDBY_TAKEOVER_SECONDS
+        while standby.alive() and time.monotonic() < deadline:
+            holder = read_holder(self.stream_hook.layout.lease_dir)
+            if holder is not None and holder.driver_id == standby.driver_id and holder.alive():
+                self.log.info("stream %s: the standby %s took over (epoch %d, %.1fs after it was launched)",
+                              self.stream, standby.driver_id, holder.epoch, time.time() - standby.launched_at)
+                return standby
+            time.sleep(0.1)
+        self.log.warning("stream %s: the standby %s did not take over (%s); starting a driver", self.stream,
+                         standby.driver_id, "it ended" if not standby.alive() else "it did not within "
+                         f"{STANDBY_TAKEOVER_SECONDS:.0f}s")
+        standby.kill()
+        return None
+
+    def _supervise(self) -> tuple[str, bool]:
+        """Watch the active driver (``self.active``, or an adopted one) until it exits; stop it if it
+        stalls; keep a standby ready if the spec asks for one. Why it ended, and whether this
+        supervisor stopped it."""
         hook = self.stream_hook
+        active = self.active
         last_status = None
         stopping_since: float | None = None
         reason = "driver exited"
         archived_at = time.monotonic()
-        while thread.is_alive() if thread is not None else hook.driver_alive():
-            if thread is not None:
-                thread.join(self.poll_seconds)
+        self.supervised_epoch = None if active is not None else self.supervised_epoch
+        while active.alive() if active is not None else hook.holds(self.supervised_epoch):
+            if active is not None:
+                active.thread.join(self.poll_seconds)
             else:
-                hook.wait_for_exit(self.poll_seconds)
-            if self.supervised_epoch is None and (here := hook.driver_here()) is not None \
-                    and here.started_at >= self._launched_at:
-                self.supervised_epoch = here.epoch  # the driver this task started took the lease
-                self.log.info("stream %s: driver pid %s on %s holds epoch %d of the lease", self.stream, here.pid,
-                              here.host, here.epoch)
+                hook.wait_for_exit(self.poll_seconds, epoch=self.supervised_epoch)
+            if self._superseded():
+                return "this try was superseded", False
+            holder = read_holder(hook.layout.lease_dir)
+            if active is not None and self.supervised_epoch is None and holder is not None \
+                    and holder.driver_id == active.driver_id:
+                self.supervised_epoch = holder.epoch  # the driver this task started took the lease
+                self.log.info("stream %s: driver pid %s on %s holds epoch %d of the lease", self.stream, holder.pid,
+                              holder.host, holder.epoch)
+            self._keep_standby(stopping_since is None)
             health = hook.health()
             hook.record_backlog(health)
             if health.status != last_status:
                 self.log.info("%s", health.summary())
                 last_status = health.status
-            if stopping_since is None and health.status in (Status.STALLED, Status.CORRUPT):
+            if stopping_since is None and self.supervised_epoch is not None \
+                    and health.status in (Status.STALLED, Status.CORRUPT):
                 self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
-                hook.request_stop(epoch=self.supervised_epoch)
+                hook.request_stop(self.supervised_epoch, f"its supervisor ({self.tenure_name}): {health.status}")
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
-            elif (stopping_since is None and thread is not None and self.supervised_epoch is not None
+            elif (stopping_since is None and active is not None and self.supervised_epoch is not None
                   and health.status == Status.DEAD and hook.lapsed_here(self.supervised_epoch)):
                 # the driver this task started still exists, but its lease lapsed: frozen, or it
                 # could not renew it; it fences itself if it ever runs again, so end it now
                 self.log.warning("stream %s: the lease of its driver (epoch %d) lapsed while the driver still runs; "
                                  "stopping it", self.stream, self.supervised_epoch)
-                hook.request_stop(epoch=self.supervised_epoch)
+                hook.request_stop(self.supervised_epoch, f"its supervisor ({self.tenure_name}): lease lapsed")
                 stopping_since, reason = time.monotonic(), "stopped because its lease lapsed"
             grace = min(self.grace_seconds, self.stalled_grace_seconds)
             if stopping_since is not None and time.monotonic() - stopping_since > grace:
-                pid = hook.kill_driver(epoch=self.supervised_epoch)
+                pid = hook.kill_driver(epoch=self.supervised_epoch, by=f"its supervisor ({self.tenure_name})")
                 if pid is not None:
                     self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", grace, pid)
                 stopping_since = float("inf")
@@ -280,6 +357,24 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 archived_at = time.monotonic()
                 self._archive(hook)
         return reason, stopping_since is not None
+
+    def _keep_standby(self, wanted: bool) -> None:
+        """Launch a standby if the spec asks for one and none runs (one that ended is replaced, at
+        most every ``STANDBY_RELAUNCH_SECONDS``)."""
+        if not self.stream_hook.spec.supervision.standby:
+            return
+        if self.standby is not None and not self.standby.alive():
+            code, error = self.standby.result()
+            self.log.warning("stream %s: standby %s ended (exit %s%s)", self.stream, self.standby.driver_id, code,
+                             f": {error.splitlines()[0]}" if error else "")
+            self.standby = None
+        if wanted and self.standby is None and time.monotonic() - self._standby_ended >= STANDBY_RELAUNCH_SECONDS:
+            self._standby_ended = time.monotonic()
+            self.standby = self._launch(standby=True)
+
+    @property
+    def tenure_name(self) -> str:
+        return self.tenure.task if self.tenure else "a supervisor"
 
     def _archive(self, hook: StreamHook) -> None:
         """Move committed input out of the landing directory; a failure is logged, never fatal."""
@@ -304,20 +399,69 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def on_kill(self) -> None:
         """Stop the driver this task runs gracefully, then hard if it does not stop before
-        Airflow's cleanup time runs out. A driver that has taken the stream over since (this
-        worker was cut off, and the stream moved on) is not this task's to stop."""
+        Airflow's cleanup time runs out; end its standby first, so that it takes nothing over. A
+        driver that has taken the stream over since (this worker was cut off, and the stream moved
+        on), or any driver at all once a newer try supervises the stream, is not this task's to stop."""
         hook = self.stream_hook
+        if self.standby is not None:
+            self.standby.kill()
         epoch = self.supervised_epoch
-        if epoch is not None and hook.holds(epoch):
-            hook.request_stop(epoch=epoch)
+        if epoch is not None and hook.holds(epoch) and not self._superseded():
+            hook.request_stop(epoch, f"{self.tenure_name}, killed")
             grace = self.kill_grace()
             if not hook.wait_for_exit(grace, epoch=epoch):
-                pid = hook.kill_driver(epoch=epoch)
+                pid = hook.kill_driver(epoch=epoch, by=f"{self.tenure_name}, killed")
                 if pid is not None:
                     self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
                                      grace, pid)
-        if self.submit_hook is not None:
-            self.submit_hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
+        if self.active is not None:
+            self.active.hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
+
+
+class Launch:
+    """One driver a supervisor submitted: spark-submit on a thread of its own, and how it ended."""
+
+    def __init__(self, hook: SparkSubmitHook, application: str, driver_id: str, control_dir: Path):
+        self.hook, self.driver_id, self.control_dir = hook, driver_id, control_dir
+        self.launched_at = time.time()
+        self.outcome: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._submit, args=(application,), name=f"spark-submit:{driver_id}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _submit(self, application: str) -> None:
+        try:
+            self.hook.submit(application)
+            self.outcome["code"] = 0
+        except AirflowException as exc:
+            self.outcome["code"], self.outcome["error"] = 1, str(exc)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed run
+            self.outcome["code"], self.outcome["error"] = 1, f"{type(exc).__name__}: {exc}"
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def result(self) -> tuple[int | None, str]:
+        """Its exit code (0 or 1, as spark-submit reports it) and error, once it ended."""
+        self.thread.join()
+        return self.outcome.get("code"), self.outcome.get("error", "")
+
+    def kill(self) -> None:
+        """End it (a standby holds nothing: this loses nothing): spark-submit, and a standby's Python
+        driver, which would otherwise notice only within a poll that its JVM is gone."""
+        from spark_jobs.standby import end_standby
+
+        self.hook.on_kill()
+        end_standby(self.control_dir, self.driver_id)
+        self.thread.join(30)
+
+
+def _budget_spent(hook: StreamHook, budget: RestartBudget) -> str:
+    policy = hook.spec.supervision.restart
+    return (f"stream {hook.stream}: {budget.failures_in_period(time.time())} failed runs within "
+            f"{policy.period_minutes:g} minutes, the restart budget ({policy.max_attempts}) is spent; the stream stays "
+            f"stopped. {_last_failure(hook, budget)}Look at the driver logs above, fix the cause, then trigger this "
+            f"DAG again.")
 
 
 def _last_failure(hook: StreamHook, budget: RestartBudget) -> str:
@@ -387,27 +531,34 @@ class StopStreamOperator(BaseOperator):
         if self.mode not in ("graceful", "immediate"):
             raise AirflowFailException(f"mode must be graceful or immediate, not {self.mode!r}")
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
-        hold = _hold_marker(hook)
-        hold.parent.mkdir(parents=True, exist_ok=True)
-        hold.touch()
+        ti = context.get("ti")
+        by = f"{getattr(ti, 'dag_id', 'the stop DAG')} run {getattr(ti, 'run_id', '?')} ({self.mode})"
+        hook.hold(by)  # first: no supervisor restarts it, no standby takes it over
         started = time.monotonic()
-        pid = hook.driver_pid()
-        if pid is None:
+        pids = []
+        deadline = started + self.grace_seconds
+        # the driver holding the stream, and any that took it over in between (a standby that had
+        # found the lease free just before the hold)
+        while (holder := read_holder(hook.layout.lease_dir)) is not None and hook.holds(holder.epoch):
+            pids.append(holder.pid)
+            if self.mode == "graceful" and time.monotonic() < deadline:
+                hook.request_stop(holder.epoch, by)
+                self.log.info("asked driver pid %s (epoch %d) to stop between micro-batches", holder.pid, holder.epoch)
+                if not hook.wait_for_exit(max(0.0, deadline - time.monotonic()), epoch=holder.epoch):
+                    self.log.warning("driver pid %s did not stop within %.0fs: killing it", holder.pid,
+                                     self.grace_seconds)
+                    hook.kill_driver(epoch=holder.epoch, by=by)
+            else:
+                hook.kill_driver(epoch=holder.epoch, by=by)
+            if not hook.wait_for_exit(60, epoch=holder.epoch):
+                raise AirflowException(f"driver pid {holder.pid} of stream {self.stream} is still alive")
+        if not pids:
             self.log.info("stream %s has no running driver; it is marked stopped", self.stream)
             return {"stream": self.stream, "stopped": True, "driver_pid": None, "seconds": 0.0, "stopped_at": time.time()}
-        if self.mode == "graceful":
-            hook.request_stop()
-            self.log.info("asked driver pid %s to stop between micro-batches", pid)
-            if not hook.wait_for_exit(self.grace_seconds):
-                self.log.warning("driver pid %s did not stop within %.0fs: killing it", pid, self.grace_seconds)
-                hook.kill_driver()
-        else:
-            hook.kill_driver()
-        if not hook.wait_for_exit(60):
-            raise AirflowException(f"driver pid {pid} of stream {self.stream} is still alive")
         seconds = time.monotonic() - started
-        self.log.info("stream %s stopped: driver pid %s exited after %.1fs (%s)", self.stream, pid, seconds, self.mode)
-        return {"stream": self.stream, "stopped": True, "driver_pid": pid, "seconds": round(seconds, 1),
+        self.log.info("stream %s stopped: driver pid %s exited after %.1fs (%s)", self.stream, pids[-1], seconds,
+                      self.mode)
+        return {"stream": self.stream, "stopped": True, "driver_pid": pids[0], "seconds": round(seconds, 1),
                 "stopped_at": time.time()}
 
 
@@ -421,7 +572,7 @@ class ResumeStreamOperator(BaseOperator):
         self.stream, self.spec_dir, self.data_root = stream, spec_dir, data_root
 
     def execute(self, context: Context) -> None:
-        _hold_marker(StreamHook(self.stream, self.spec_dir, self.data_root)).unlink(missing_ok=True)
+        StreamHook(self.stream, self.spec_dir, self.data_root).release_hold()
 
 
 class BackfillOperator(SparkSubmitOperator):

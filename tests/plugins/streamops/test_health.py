@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.checkpoint import QueryCheckpoint, last_batch
+from spark_jobs.lease import DriverLease
 from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from streamops import tenure
 from streamops.health import Snapshot, Status, assess, classify
 
 SPEC = default_spec_dir() / "sensors.yaml"
@@ -74,6 +76,21 @@ def test_no_driver_is_dead(stream) -> None:
     assert health.status == Status.DEAD
     assert health.backlog_files == 0
     assert all(b is not None for b in health.last_committed.values())
+
+
+def test_a_stream_whose_supervisor_is_starting_a_driver_is_starting_not_dead(stream) -> None:
+    """Just deployed: the supervisor's try began (and launched a driver), no driver holds the lease
+    yet. Starting for at most the stall window; dead after, and dead once a driver held the lease
+    after that launch and died."""
+    spec, layout = stream
+    began = tenure.begin(layout.lease_dir, "stream_sensors run manual try 1")
+    health = assess(spec, layout)
+    assert health.status == Status.STARTING, health.reason
+    assert "has not taken the lease yet" in health.reason
+    assert assess(spec, layout, now=began.started_at + STALL + 1).status == Status.DEAD
+    lease = DriverLease(layout.lease_dir, stream="sensors").acquire()
+    lease.release()  # a driver started after the launch, and ended
+    assert assess(spec, layout).status == Status.DEAD
 
 
 def test_live_driver_without_input_is_idle(stream, driver) -> None:

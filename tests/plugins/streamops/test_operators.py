@@ -22,7 +22,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.checkpoint import last_batch
-from spark_jobs.lease import holder_alive
+from spark_jobs.lease import DRIVER_ID_ENV, holder_alive, read_holder
 from spark_jobs.spec import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
@@ -174,8 +174,9 @@ def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: P
     op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
                                   data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
                                   grace_seconds=1)
+    op.supervised_epoch = read_holder(stream.layout.lease_dir).epoch  # as when it adopts the driver
     try:
-        reason, forced = op._supervise(None)
+        reason, forced = op._supervise()
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -197,14 +198,15 @@ def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Pa
                                   data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
                                   archive_every_seconds=0)
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(ended=op._supervise(None)))
+    op.supervised_epoch = read_holder(stream.layout.lease_dir).epoch
+    thread = threading.Thread(target=lambda: result.update(ended=op._supervise()))
     thread.start()
     try:
         deadline = time.monotonic() + 60
         while not (archive_dir.exists() and any(archive_dir.iterdir())):  # condition wait: files archived
             assert thread.is_alive() and time.monotonic() < deadline, "nothing was archived"
             time.sleep(0.05)
-        stream.request_stop()
+        stream.request_stop(op.supervised_epoch, "the test")
         thread.join(60)
     finally:
         driver.kill()
@@ -270,11 +272,14 @@ def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operato
                                   data_root=str(tmp_path), poll_seconds=0, default_args={"deploy_mode": "client",
                                                                                          "conn_id": "overridden"},
                                   **SUBMIT_ARGUMENTS)
-    code, reason, forced = op._run_driver()
-    assert (code, reason, forced) == (0, "driver exited", False)
+    launch = op._launch(standby=False)
+    assert launch.result() == (0, "")
     (ours,) = RecordingSubmitHook.built
-    assert op.submit_hook is ours
+    assert launch.hook is ours
     assert ours.calls == [("submit", op.application)] and op.application.endswith("spark_jobs/stream_job.py")
+    # each driver is named, so that the supervisor knows its own in the lease
+    assert ours.kwargs["env_vars"] == {**SUBMIT_ARGUMENTS["env_vars"], DRIVER_ID_ENV: launch.driver_id}
+    ours.kwargs["env_vars"] = SUBMIT_ARGUMENTS["env_vars"]
     assert {k: ours.kwargs[k] for k in (*SUBMIT_ARGUMENTS, "deploy_mode", "archives", "spark_binary")} == {
         **SUBMIT_ARGUMENTS, "deploy_mode": "client", "archives": None, "spark_binary": None}
     # every argument SparkSubmitHook takes, with the value SparkSubmitOperator itself would give it
@@ -289,6 +294,13 @@ def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operato
     assert op.spark_submit_hook().kwargs["env_vars"] == {"PYSPARK_PYTHON": "/opt/python", "EXTRA": "1"}
 
 
+class Launched:
+    """A driver the supervisor launched, as on_kill sees it."""
+
+    def __init__(self, hook: RecordingSubmitHook) -> None:
+        self.hook = hook
+
+
 class FakeDriver:
     """The StreamHook calls on_kill makes, recorded: a driver that never stops by itself."""
 
@@ -301,14 +313,14 @@ class FakeDriver:
     def holds(self, epoch: int | None) -> bool:
         return epoch == 7  # the driver of epoch 7 holds the stream
 
-    def request_stop(self, immediate: bool = False, epoch: int | None = None) -> None:
+    def request_stop(self, epoch: int, by: str, immediate: bool = False) -> None:
         self.calls.append(("request_stop", epoch))
 
     def wait_for_exit(self, timeout: float, poll: float = 0.5, epoch: int | None = None) -> bool:
         self.calls.append(("wait_for_exit", timeout, epoch))  # returns at once: the wait's length is what is checked
         return False
 
-    def kill_driver(self, epoch: int | None = None) -> int:
+    def kill_driver(self, epoch: int | None = None, by: str = "") -> int:
         self.calls.append(("kill_driver", epoch))
         return 4242
 
@@ -330,11 +342,11 @@ def test_on_kill_waits_for_the_graceful_stop_no_longer_than_airflow_lets_a_kille
                                   kill_grace_seconds=kill_grace_seconds)
     calls: list = []
     op._stream_hook = FakeDriver(calls)
-    op.submit_hook = RecordingSubmitHook()
+    op.active = Launched(RecordingSubmitHook())
     op.supervised_epoch = 7
     op.on_kill()
     assert calls == [("request_stop", 7), ("wait_for_exit", waited, 7), ("kill_driver", 7)]
-    assert op.submit_hook.calls == [("on_kill",)]  # then spark-submit, through the hook's public on_kill
+    assert op.active.hook.calls == [("on_kill",)]  # then spark-submit, through the hook's public on_kill
 
 
 def test_on_kill_leaves_alone_a_driver_that_took_the_stream_over_since(tmp_path: Path) -> None:
@@ -344,11 +356,11 @@ def test_on_kill_leaves_alone_a_driver_that_took_the_stream_over_since(tmp_path:
                                   data_root=str(tmp_path), conn_id="spark_streams")
     calls: list = []
     op._stream_hook = FakeDriver(calls)
-    op.submit_hook = RecordingSubmitHook()
+    op.active = Launched(RecordingSubmitHook())
     op.supervised_epoch = 6
     op.on_kill()
     assert calls == []
-    assert op.submit_hook.calls == [("on_kill",)]
+    assert op.active.hook.calls == [("on_kill",)]
 
 
 def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_supervisors_sigkill_delay(
@@ -439,3 +451,71 @@ def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_
     runs = json.loads(app.layout.runs_file.read_text())
     assert len(runs) == 2 and runs[0]["exit_code"] not in (0, None)  # the crash, then the run stopped on request
     assert list((data_root / "sinks" / "rate_counts").glob("*.parquet"))
+
+
+def fake_spark_submit(tmp_path: Path, monkeypatch, script: str, *args: str) -> None:  # noqa: ANN001
+    """"spark-submit" on PATH runs ``script`` (a driver of the test's) with ``args``, under the
+    environment the supervisor gives the driver it launches."""
+    driver = tmp_path / "fake_driver.py"
+    driver.write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "spark-submit").write_text(f"#!/bin/sh\nexec {sys.executable} {driver} {' '.join(args)}\n")
+    (bin_dir / "spark-submit").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_a_clean_exit_nobody_asked_for_is_a_failure_to_restart_from(data_root: Path, tmp_path: Path,
+                                                                     monkeypatch) -> None:  # noqa: ANN001
+    """Only an operator stops a stream for good: a driver that exits 0 by itself is restarted."""
+    specs = stalling_specs(tmp_path, max_attempts=2)
+    stream = StreamHook("sensors", str(specs), str(data_root))
+    quits = ("import sys\nfrom spark_jobs.lease import DriverLease\n"
+             "DriverLease(sys.argv[1], stream='sensors').acquire().release()\n")
+    fake_spark_submit(tmp_path, monkeypatch, quits, str(stream.layout.lease_dir))
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.1)
+    with pytest.raises(AirflowFailException, match="2 failed runs within 60 minutes"):
+        op.execute({})
+    runs = json.loads(stream.layout.runs_file.read_text())
+    assert [(r["exit_code"], r["requested"], r["reason"]) for r in runs] == \
+        [(0, False, "the driver exited without being asked to stop")] * 2
+
+
+def test_a_superseded_try_never_adopts_stops_or_counts_the_driver_that_moved_on(data_root: Path, tmp_path: Path,
+                                                                                 monkeypatch) -> None:  # noqa: ANN001
+    """A worker cut off and back: its try's driver lost the lease, and a newer try on another worker
+    runs the stream with a driver of a newer epoch. The old try leaves that driver alone, in its
+    loop and when Airflow kills it, and records no run."""
+    from streamops import tenure
+
+    stream = hook(data_root)
+    fake_spark_submit(tmp_path, monkeypatch, DRIVER, str(stream.layout.lease_dir), "honour")
+    op = supervisor(data_root)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(op.execute({"ti": None})))
+    thread.start()
+    newer = None
+    try:
+        deadline = time.monotonic() + 60
+        while op.supervised_epoch is None:  # condition wait: its own driver holds the lease
+            assert thread.is_alive() and time.monotonic() < deadline, "the supervisor's driver never held the lease"
+            time.sleep(0.05)
+        old = read_holder(stream.layout.lease_dir)
+        tenure.begin(stream.layout.lease_dir, "stream_sensors run r try 2")  # Airflow retried the task elsewhere
+        os.kill(old.pid, signal.SIGKILL)  # the old driver halts: its lease is lost
+        newer = start_driver(data_root, "honour")  # the newer try's driver, epoch 2
+        thread.join(60)
+        assert not thread.is_alive() and result == {}
+        op.on_kill()  # Airflow kills the old try
+        holder = read_holder(stream.layout.lease_dir)
+        assert holder.pid == newer.pid and holder.epoch == old.epoch + 1 and newer.poll() is None
+        assert not stream.layout.stop_marker.exists()
+        runs = json.loads(stream.layout.runs_file.read_text())
+        assert [r["ended_at"] for r in runs] == [None]  # its run is left to the current try to close
+        events = [json.loads(line) for line in stream.layout.events_file.read_text().splitlines()]
+        assert [e["by"] for e in events if e["event"] == "supervisor_superseded"] == ["stream_sensors run r try 2"]
+    finally:
+        if newer is not None:
+            newer.kill()
+            newer.wait()
