@@ -354,9 +354,16 @@ def start(spark: SparkSession, spec: StreamSpec, layout: Layout, trigger: Trigge
     """Start the queries (``only``: those whose name it accepts); if one cannot start, stop
     the ones already started. ``plan``: the spec's plan, if already compiled."""
     plan = plan or compile_for_start(spec, layout, _transformed(spark, spec, layout))
+    return start_planned(spark, plan_queries(spark, plan, trigger, on_batch), only)
+
+
+def start_planned(spark: SparkSession, planned: list[PlannedQuery],
+                  only: Callable[[str], bool] | None = None) -> dict[str, StreamingQuery]:
+    """Start queries built by :func:`plan_queries` (``only``: those whose name it accepts); if one
+    cannot start, stop the ones already started."""
     queries: dict[str, StreamingQuery] = {}
     try:
-        for p in plan_queries(spark, plan, trigger, on_batch):
+        for p in planned:
             if only is not None and not only(p.name):
                 continue
             queries[p.name] = _start(spark, p)

@@ -124,22 +124,23 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:4000], "invalid_spec": True})
             code = EXIT_BAD_SPEC
             return code
+        try:  # everything up to the queries' start, before a standby waits
+            plan = pipeline.compile_for_start(spec, layout, transformed)
+            planned = pipeline.plan_queries(spark, plan, trigger, on_batch=events.write)
+        except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+            code = _start_failed(spec, layout, events, exc)
+            return code
         if standby is not None and not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
             return code
         events.tags["epoch"] = lease.epoch
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
                       "standby": args.standby})
         started = True
-        try:
-            plan = pipeline.compile_for_start(spec, layout, transformed)
-        except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-            code = _start_failed(spec, layout, events, exc)
-            return code
         plan.write(layout.plan_file)
         spark.streams.addListener(make_listener(events, spec.name, plan.spark_query_names))
         for only in phases:
             try:
-                queries = pipeline.start(spark, spec, layout, trigger, on_batch=events.write, only=only, plan=plan)
+                queries = pipeline.start_planned(spark, planned, only)
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code

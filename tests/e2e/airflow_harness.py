@@ -4,11 +4,13 @@ home, and condition waits (never bare sleeps)."""
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import yaml
 
+from spark_jobs.lease import history, overlaps
+from spark_jobs.progress import read_events
+from spark_jobs.spec import Layout
 from streamops.embedded import BIN, AirflowServices, free_port, json_lines, wait_for  # noqa: F401 - used by the tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,26 +58,22 @@ def stream_drivers() -> list[int]:
     return pids
 
 
-class DriverWatcher:
-    """Counts the stream's driver processes every 0.1 s between start and stop; ``most`` is the highest count."""
-
-    def __init__(self) -> None:
-        self.most = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._done.is_set():
-            self.most = max(self.most, len(stream_drivers()))
-            self._done.wait(0.1)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
+def one_driver_at_a_time(layout: Layout) -> None:
+    """Judge a stream's run by what matters, its lease's history: no two drivers held its checkpoint
+    at once, and none committed after its epoch ended (every committed batch's progress event, of
+    the ingestion, each output and table sink, names its driver's epoch and was written before the
+    next epoch began). Another stream's driver, a standby that waits, or a driver that is dying
+    without its lease, is not a second driver."""
+    records = history(layout.lease_dir)
+    assert records, "no driver ever held the stream"
+    assert overlaps(records) == [], f"two drivers held the checkpoint at once: {records}"
+    starts = {h.epoch: h.started_at for h in records}
+    for event in read_events(layout.events_file):
+        if event.get("epoch") is None:
+            continue  # not written by a driver holding the lease (a standby warming, a supervisor)
+        successor = starts.get(event["epoch"] + 1)
+        assert successor is None or event["logged_at"] < successor, \
+            f"a driver of epoch {event['epoch']} wrote after the next one took over: {event}"
 
 
 def deploy(airflow: Airflow, stream: str) -> None:

@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_harness import Airflow, DriverWatcher, deploy, example_spec, include_with, stream_drivers, wait_for
+from airflow_harness import Airflow, deploy, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
 from spark_jobs.checkpoint import batch_ids
 from spark_jobs.lease import read_holder
 from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
+from spark_jobs.standby import standbys
 from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
@@ -45,6 +46,10 @@ pytestmark = pytest.mark.e2e
 
 KILLS = max(3, int(os.environ.get("STREAMS_FAULT_KILLS", "3")))
 SEED = int(os.environ.get("STREAMS_FAULT_SEED", "11"))
+#: the stream keeps a warm standby driver (``supervision.standby``); STREAMS_FAULT_STANDBY=0: without
+STANDBY = os.environ.get("STREAMS_FAULT_STANDBY", "1") != "0"
+#: with a ready standby, from a SIGKILL of the active driver to the first new committed batch
+STANDBY_RECOVERY_SECONDS = 5.0
 STALL_WINDOW_SECONDS = 30
 #: Share of late events between the watermark's bounds, whose fate the micro-batch boundaries
 #: decide: after a restart, where the watermark lags, each output would decide differently.
@@ -60,7 +65,7 @@ def fault_specs(root: Path) -> Path:
     # every fault below is a failed run within the hour: the budget covers them all, with room to spare
     # a lease longer than the stall window: the frozen driver below is found stalled before its lease
     # lapses (which would end it too, as "its lease lapsed")
-    spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds", "lease": "2 minutes",
+    spec["supervision"] = {"stall_window": f"{STALL_WINDOW_SECONDS} seconds", "lease": "2 minutes", "standby": STANDBY,
                            "restart": {"max_attempts": KILLS + 9, "backoff_initial_seconds": 1,
                                        "backoff_max_seconds": 4, "stable_after_minutes": 10}}
     return include_with(root, spec)
@@ -86,6 +91,9 @@ class Stream:
         holder = read_holder(self.layout.lease_dir)
         assert holder is not None and holder.pid in stream_drivers(), "no live driver holds the lease"
         return holder
+
+    def standby_ready(self) -> bool:
+        return any(s.state == "ready" for s in standbys(self.layout.lease_dir))
 
     def committed_after(self, moment: float) -> bool:
         return any(p.stat().st_mtime > moment for p in (self.readings / "commits").glob("[0-9]*"))
@@ -148,11 +156,9 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
     stream = Stream(spec_dir, data_root)
     stream.feed(10)
     airflow = Airflow(tmp_path / "airflow", data_root, extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
-    watcher = DriverWatcher()
     timings: dict[str, float] = {}
     try:
         airflow.start()
-        watcher.start()
         deploy(airflow, "sensors")
         wait_for(lambda: len(batch_ids(stream.readings, "commits")) >= 2, "2 committed batches", timeout=300)
 
@@ -170,8 +176,26 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
                          timeout=120, every=0.02)
             else:
                 time.sleep(rng.uniform(0.0, 4.0))  # the fault's moment itself, drawn at random
+            if STANDBY:  # the test measures a takeover by a standby that is ready, not one still warming
+                wait_for(stream.standby_ready, "a ready standby", timeout=180, every=0.2)
             pid, killed_at = kill_driver(stream)
             timings[f"kill {n} ({moment})"] = stream.recovered(killed_at, pid, f"SIGKILL {n} {moment}")
+        if STANDBY:
+            kills = [t for what, t in timings.items() if what.startswith("kill ")]
+            assert max(kills) <= STANDBY_RECOVERY_SECONDS, f"a takeover by the standby took longer: {timings}"
+
+            # a SIGKILL of the standby costs the active driver nothing: it keeps its epoch and commits
+            wait_for(stream.standby_ready, "a ready standby", timeout=180, every=0.2)
+            active = stream.driver()
+            (standby,) = [s for s in standbys(stream.layout.lease_dir) if s.state == "ready"]
+            os.kill(standby.pid, signal.SIGKILL)
+            fed_at = time.time()
+            stream.feed(4)
+            wait_for(lambda: stream.committed_after(fed_at), "the active driver to take new input", timeout=60,
+                     every=0.2)
+            assert stream.driver().epoch == active.epoch and stream.driver().pid == active.pid
+            wait_for(lambda: any(s.pid != standby.pid for s in standbys(stream.layout.lease_dir)),
+                     "a new standby", timeout=120, every=0.5)
 
         # 2. a frozen driver (Python and JVM) with input waiting: stalled, stopped, restarted
         holder = stream.driver()
@@ -238,10 +262,10 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         agreement = verify.agreement(spark, stream.spec, stream.layout, report.uncertain)
         assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
 
-        # 6. a crash, then a torn newest offsets file: diagnosed, not restarted
-        pid, _ = kill_driver(stream)
+        # 6. a torn newest offsets file, then a crash: diagnosed, not restarted, nor taken over
         torn = stream.readings / "offsets" / str(batch_ids(stream.readings, "offsets")[-1])
         torn.write_bytes(torn.read_bytes()[: len(torn.read_bytes()) // 2])
+        kill_driver(stream)
         wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors")] == ["failed"],
                  "the supervisor to fail on the torn checkpoint", timeout=240, every=2)
         log = supervise_log(airflow)
@@ -249,9 +273,8 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         assert str(torn) in log and "What you can do" in log
         assert stream_drivers() == []
     finally:
-        watcher.stop()
         airflow.stop()
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
     print("\n".join(f"{what}: {seconds:.1f}s" for what, seconds in timings.items()))
-    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
+    one_driver_at_a_time(stream.layout)

@@ -35,7 +35,16 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from airflow_harness import ROOT, Airflow, DriverWatcher, deploy, example_spec, include_with, stream_drivers, wait_for
+from airflow_harness import (
+    ROOT,
+    Airflow,
+    deploy,
+    example_spec,
+    include_with,
+    one_driver_at_a_time,
+    stream_drivers,
+    wait_for,
+)
 
 from spark_jobs import backfill, pipeline
 from spark_jobs.checkpoint import last_batch
@@ -313,86 +322,81 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
         return -1 if batch is None else batch
 
     before = committed()
-    watcher = DriverWatcher()
-    watcher.start()
-    try:
-        deploy(p.airflow, "sensors")
-        run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_sensors")), None),
-                       "the supervisor run", timeout=60, every=1)
-        wait_for(lambda: committed() >= before + 3, "3 committed batches", timeout=300)
-        wait_for(lambda: p.task_state("stream_sensors", "running", run) == "success", "the deploy to be confirmed",
-                 timeout=120, every=2)
+    deploy(p.airflow, "sensors")
+    run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_sensors")), None),
+                   "the supervisor run", timeout=60, every=1)
+    wait_for(lambda: committed() >= before + 3, "3 committed batches", timeout=300)
+    wait_for(lambda: p.task_state("stream_sensors", "running", run) == "success", "the deploy to be confirmed",
+             timeout=120, every=2)
 
-        # 2a. stop at once: the driver is killed wherever it is, and the stream stays stopped
-        stop = p.trigger("stream_sensors_stop", {"mode": "immediate"})
-        wait_for(lambda: p.state("stream_sensors_stop", stop) in ("success", "failed"), "the stop DAG to end",
-                 timeout=180, every=2)
-        assert p.state("stream_sensors_stop", stop) == "success", p.task_log("stream_sensors_stop", "stop")
-        wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
-        wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
-                 timeout=120, every=2)
-        assert p.state("stream_sensors", run) == "success", p.task_log("stream_sensors", "supervise", run)
-        assert layout.hold_marker.exists() and not holder_alive(layout.lease_dir)
-        assert not wait_until(stream_drivers, 15, every=0.5), "the stream was started again"
-        assert "immediate" in p.task_log("stream_sensors_stop", "stop", stop)
-        # the kill was asked for: it is no failed run, and the next start waits for no backoff
-        last = budget.last_run()
-        assert last is not None and last.requested and last.exit_code != 0, last
-        assert budget.consecutive_failures() == 0 and budget.next_delay() == 0
+    # 2a. stop at once: the driver is killed wherever it is, and the stream stays stopped
+    stop = p.trigger("stream_sensors_stop", {"mode": "immediate"})
+    wait_for(lambda: p.state("stream_sensors_stop", stop) in ("success", "failed"), "the stop DAG to end",
+             timeout=180, every=2)
+    assert p.state("stream_sensors_stop", stop) == "success", p.task_log("stream_sensors_stop", "stop")
+    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
+             timeout=120, every=2)
+    assert p.state("stream_sensors", run) == "success", p.task_log("stream_sensors", "supervise", run)
+    assert layout.hold_marker.exists() and not holder_alive(layout.lease_dir)
+    assert not wait_until(stream_drivers, 15, every=0.5), "the stream was started again"
+    assert "immediate" in p.task_log("stream_sensors_stop", "stop", stop)
+    # the kill was asked for: it is no failed run, and the next start waits for no backoff
+    last = budget.last_run()
+    assert last is not None and last.requested and last.exit_code != 0, last
+    assert budget.consecutive_failures() == 0 and budget.next_delay() == 0
 
-        # 2b. more input arrives while it is stopped; started again, it takes all of it
-        p.feed("sensors", files=6, seed=32)
-        again = p.trigger("stream_sensors")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
-        assert "(backoff after" not in p.task_log("stream_sensors", "supervise", again)
+    # 2b. more input arrives while it is stopped; started again, it takes all of it
+    p.feed("sensors", files=6, seed=32)
+    again = p.trigger("stream_sensors")
+    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
+    assert "(backoff after" not in p.task_log("stream_sensors", "supervise", again)
 
-        # 2c. SIGKILL of the driver with input waiting: the supervisor restarts it from the checkpoint
-        first = read_holder(layout.lease_dir)
-        p.feed("sensors", files=6, seed=33)
-        killed_at = time.time()
-        os.kill(first.pid, signal.SIGKILL)
-        wait_for(lambda: (h := read_holder(layout.lease_dir)) is not None and h.pid != first.pid
-                 and any(c.stat().st_mtime > killed_at for c in (Path(readings) / "commits").glob("[0-9]*")),
-                 "a new driver to commit a batch after the kill", timeout=240, every=0.2)
-        print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    # 2c. SIGKILL of the driver with input waiting: the supervisor restarts it from the checkpoint
+    first = read_holder(layout.lease_dir)
+    p.feed("sensors", files=6, seed=33)
+    killed_at = time.time()
+    os.kill(first.pid, signal.SIGKILL)
+    wait_for(lambda: (h := read_holder(layout.lease_dir)) is not None and h.pid != first.pid
+             and any(c.stat().st_mtime > killed_at for c in (Path(readings) / "commits").glob("[0-9]*")),
+             "a new driver to commit a batch after the kill", timeout=240, every=0.2)
+    print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
+    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
 
-        # 2d. unpaused, the quality DAG validates the closed units of the live sinks, run by their asset
-        # events (the sinks' watchers start with the unpaused DAG); a second event may start a
-        # second run while the first one validates: every run must succeed, and one came from assets
-        p.airflow.cli("dags", "unpause", "stream_sensors_quality")
-        wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors_quality")])
-                 and all(s == "success" for s in states), "the quality DAG to succeed", timeout=300, every=3)
-        assert any(r["run_type"] == "asset_triggered" for r in p.airflow.runs("stream_sensors_quality"))
-        quality = json.loads((layout.quality_dir / "summary.json").read_text())
-        assert quality["ok"], quality
-        windows_validated = quality["outputs"]["site_temperature_10m"]["validated"]
-        balances = {b["output"]: b["status"] for b in quality["accounting"]["balances"]}
-        assert balances["device_status"] in ("balanced", "incomplete"), balances  # incomplete: an event lost in a kill
+    # 2d. unpaused, the quality DAG validates the closed units of the live sinks, run by their asset
+    # events (the sinks' watchers start with the unpaused DAG); a second event may start a
+    # second run while the first one validates: every run must succeed, and one came from assets
+    p.airflow.cli("dags", "unpause", "stream_sensors_quality")
+    wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors_quality")])
+             and all(s == "success" for s in states), "the quality DAG to succeed", timeout=300, every=3)
+    assert any(r["run_type"] == "asset_triggered" for r in p.airflow.runs("stream_sensors_quality"))
+    quality = json.loads((layout.quality_dir / "summary.json").read_text())
+    assert quality["ok"], quality
+    windows_validated = quality["outputs"]["site_temperature_10m"]["validated"]
+    balances = {b["output"]: b["status"] for b in quality["accounting"]["balances"]}
+    assert balances["device_status"] in ("balanced", "incomplete"), balances  # incomplete: an event lost in a kill
 
-        # 2e. the scheduled restart: unpaused, its cron's latest interval runs at once: a graceful
-        # stop, a resume from the checkpoint and a new driver, with the downtime logged
-        before_restart = read_holder(layout.lease_dir)
-        p.airflow.cli("dags", "unpause", "stream_sensors_restart")
-        wait_for(lambda: [r["state"] for r in p.airflow.runs("stream_sensors_restart")] == ["success"],
-                 "the scheduled restart to succeed", timeout=300, every=3)
-        after_restart = read_holder(layout.lease_dir)
-        assert after_restart is not None and after_restart.pid != before_restart.pid
-        restart_run = p.airflow.runs("stream_sensors_restart")[0]["run_id"]
-        assert p.task_state("stream_sensors_restart", "downtime", restart_run) == "success"
+    # 2e. the scheduled restart: unpaused, its cron's latest interval runs at once: a graceful
+    # stop, a resume from the checkpoint and a new driver, with the downtime logged
+    before_restart = read_holder(layout.lease_dir)
+    p.airflow.cli("dags", "unpause", "stream_sensors_restart")
+    wait_for(lambda: [r["state"] for r in p.airflow.runs("stream_sensors_restart")] == ["success"],
+             "the scheduled restart to succeed", timeout=300, every=3)
+    after_restart = read_holder(layout.lease_dir)
+    assert after_restart is not None and after_restart.pid != before_restart.pid
+    restart_run = p.airflow.runs("stream_sensors_restart")[0]["run_id"]
+    assert p.task_state("stream_sensors_restart", "downtime", restart_run) == "success"
 
-        # 2f. then a graceful stop from the stop DAG, which waits for the driver to exit
-        graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
-        wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
-                 timeout=240, every=2)
-        assert p.state("stream_sensors_stop", graceful) == "success", p.task_log("stream_sensors_stop", "stop", graceful)
-        wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
-        wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors")])
-                 and len(states) >= 3 and all(s == "success" for s in states),
-                 "every supervisor run to end", timeout=120, every=2)
-    finally:
-        watcher.stop()
-    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
+    # 2f. then a graceful stop from the stop DAG, which waits for the driver to exit
+    graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
+    wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
+             timeout=240, every=2)
+    assert p.state("stream_sensors_stop", graceful) == "success", p.task_log("stream_sensors_stop", "stop", graceful)
+    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors")])
+             and len(states) >= 3 and all(s == "success" for s in states),
+             "every supervisor run to end", timeout=120, every=2)
+    one_driver_at_a_time(layout)
 
     manifest = json.loads((p.data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)

@@ -18,11 +18,11 @@ import pytest
 from airflow_harness import (
     BIN,
     Airflow,
-    DriverWatcher,
     deploy,
     example_spec,
     free_port,
     include_with,
+    one_driver_at_a_time,
     stream_drivers,
     wait_for,
 )
@@ -139,11 +139,9 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     cluster = SparkCluster(tmp_path / "spark")
     airflow = Airflow(tmp_path / "airflow", data_root, spark_master=cluster.url,
                       extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
-    watcher = DriverWatcher()
     try:
         cluster.start()
         airflow.start()
-        watcher.start()
         deploy(airflow, "sensors")
 
         # the application runs on the cluster, its executors on both workers
@@ -166,13 +164,12 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
                  "the stop DAG to succeed", timeout=180, every=3)
         wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
     finally:
-        watcher.stop()
         airflow.stop()
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
         cluster.stop()
 
-    assert watcher.most == 1, f"{watcher.most} drivers ran at once"
+    one_driver_at_a_time(layout)
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()

@@ -336,6 +336,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             if stopping_since is None and self.supervised_epoch is not None \
                     and health.status in (Status.STALLED, Status.CORRUPT):
                 self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
+                if health.status == Status.CORRUPT:
+                    self._end_standby()  # a corrupt checkpoint is never taken over
                 hook.request_stop(self.supervised_epoch, f"its supervisor ({self.tenure_name}): {health.status}")
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
             elif (stopping_since is None and active is not None and self.supervised_epoch is not None
