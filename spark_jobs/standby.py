@@ -35,6 +35,7 @@ from spark_jobs.lease import (
     latest,
     process_start,
     record_numbers,
+    record_path,
 )
 
 log = logging.getLogger(__name__)
@@ -64,14 +65,19 @@ def _dir(control_dir: str | os.PathLike[str]) -> Path:
 
 
 def standbys(control_dir: str | os.PathLike[str]) -> list[Standby]:
-    """The stream's standby drivers whose processes still run."""
+    """The stream's standby drivers whose processes still run (the record of one that died on this
+    machine is removed)."""
     found = []
     for path in sorted(_dir(control_dir).glob("*.json")):
         try:
-            found.append(Standby(**json.loads(path.read_text())))
+            standby = Standby(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-    return [s for s in found if s.alive()]
+        if standby.alive():
+            found.append(standby)
+        else:
+            path.unlink(missing_ok=True)
+    return found
 
 
 class StandbyRecord:
@@ -96,9 +102,20 @@ class StandbyRecord:
 
 
 def supervisor_current(control_dir: str | os.PathLike[str], supervisor: int) -> bool:
-    """Is the supervisor's try that launched this standby still the stream's current one?"""
+    """Is the supervisor's try that launched this standby still the stream's current one, and (on
+    this machine) does its process still run? A standby nobody supervises never takes over."""
+    if not supervisor:
+        return True
     numbers = record_numbers(control_dir, SUPERVISORS)
-    return not supervisor or not numbers or numbers[-1] <= supervisor
+    if numbers and numbers[-1] > supervisor:
+        return False
+    try:
+        record = json.loads(record_path(control_dir, supervisor, SUPERVISORS).read_text())
+    except (OSError, ValueError):
+        return True
+    if record.get("host") != host_id() or record.get("pid_start") is None:
+        return True
+    return process_start(int(record.get("pid", 0))) == record["pid_start"]
 
 
 def take_over(lease: DriverLease, hold_marker: Path, supervisor: int, stop: threading.Event,

@@ -130,8 +130,10 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
             code = _start_failed(spec, layout, events, exc)
             return code
-        if standby is not None and not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
-            return code
+        if standby is not None:
+            if not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
+                return code
+            standby.remove()  # a standby no more
         events.tags["epoch"] = lease.epoch
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
                       "standby": args.standby})

@@ -46,7 +46,7 @@ from spark_jobs.quality.closing import validation_delays
 from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.spec import Layout, StreamSpec, default_spec_dir, load_specs, project_root
 from spark_jobs.tables import redact
-from streamops import dag_id
+from streamops import dag_id, tenure
 
 BIN = Path(sys.executable).parent
 
@@ -311,6 +311,7 @@ class Platform:
             errors = "\n".join(f"  {e.get('filename')}: {e.get('stack_trace', '')[-300:]}"
                                for e in self.airflow.import_errors())
             raise RuntimeError(f"DAGs not parsed: {sorted(wanted - self.airflow.dag_ids())}\n{errors}")
+        deployed_at = time.time()
         for name in sorted(self.specs):
             for dag in (dag_id(name), dag_id(name, "stop"), dag_id(name, "quality")):
                 self.airflow.unpause(dag)
@@ -324,6 +325,9 @@ class Platform:
                  "--events-per-file", str(self.events_per_file)],
                 stdout=private_log(self.data_root / "logs" / f"generate-{name}.log"),
                 stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE)
+        self.out("==> waiting for the streams' supervisor tasks to start")
+        wait_until(lambda: all((t := tenure.current(layout.lease_dir)) is not None and t.started_at >= deployed_at
+                               for layout in self.layouts.values()), 120, interrupted=self.stopping)
         self.print_where()
 
     def print_where(self) -> None:

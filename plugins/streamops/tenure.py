@@ -21,7 +21,15 @@ import time
 from dataclasses import dataclass
 
 from spark_jobs.lease import SUPERVISORS as KIND
-from spark_jobs.lease import create_record, host_id, prune_records, read_record, record_numbers, record_path
+from spark_jobs.lease import (
+    create_record,
+    host_id,
+    process_start,
+    prune_records,
+    read_record,
+    record_numbers,
+    record_path,
+)
 
 
 @dataclass
@@ -34,6 +42,7 @@ class Tenure:
     started_at: float
     #: the try, as Airflow names it: ``<dag_id> run <run_id> try <n>``
     task: str = ""
+    pid_start: int | None = None
 
     def describe(self) -> str:
         return f"{self.task or 'a supervisor'} (pid {self.pid} on {self.host})"
@@ -50,7 +59,7 @@ def begin(control_dir: str | os.PathLike[str], task: str) -> Tenure:
     while True:
         latest = current(control_dir)
         tenure = Tenure(number=(latest.number if latest else 0) + 1, host=host_id(), pid=os.getpid(),
-                        started_at=time.time(), task=task)
+                        started_at=time.time(), task=task, pid_start=process_start(os.getpid()))
         if create_record(control_dir, tenure.number, tenure, KIND):
             prune_records(control_dir, KIND, keep=50)
             return tenure

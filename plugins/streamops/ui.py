@@ -41,6 +41,7 @@ from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
+from spark_jobs.standby import standbys
 from streamops import DAG_ROLES, dag_id, views
 from streamops.ui_guard import (
     CSRF_FIELD,
@@ -139,6 +140,8 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     except ValueError as exc:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = layout.hold_marker.exists()
+    status["standby"] = [{"host": s.host, "pid": s.pid, "state": s.state, "since": s.since}
+                         for s in standbys(layout.lease_dir)] if spec.supervision.standby else None
     try:
         summary = json.loads((layout.quality_dir / "summary.json").read_text(encoding="utf-8"))
         last = summary.get("last_run") or {}
@@ -174,8 +177,13 @@ def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
 
 def _driver_cell(s: dict[str, Any]) -> str:
     if not s.get("driver_pid"):
-        return "<span class='muted'>none</span>"
-    return f"{escape(str(s.get('driver_host') or '?'))}<br><span class='muted'>pid {int(s['driver_pid'])}</span>"
+        cell = "<span class='muted'>none</span>"
+    else:
+        cell = f"{escape(str(s.get('driver_host') or '?'))}<br><span class='muted'>pid {int(s['driver_pid'])}</span>"
+    if s.get("standby") is not None:  # the spec asks for a warm standby
+        ready = [f"{escape(str(b['host']))}, pid {int(b['pid'])}: {escape(str(b['state']))}" for b in s["standby"]]
+        cell += f"<br><span class='muted'>standby: {'; '.join(ready) if ready else 'none yet'}</span>"
+    return cell
 
 
 def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | None = None) -> str:

@@ -167,6 +167,8 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         rng.shuffle(moments)
         moments += [rng.choice(moments) for _ in range(KILLS - 3)]
         for n, moment in enumerate(moments, start=1):
+            if STANDBY:  # the test measures a takeover by a standby that is ready, not one still warming
+                wait_for(stream.standby_ready, "a ready standby", timeout=180, every=0.2)
             stream.feed(6)
             if moment == "mid-batch":
                 wait_for(stream.in_flight, "a batch in flight", timeout=120, every=0.02)
@@ -176,8 +178,6 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
                          timeout=120, every=0.02)
             else:
                 time.sleep(rng.uniform(0.0, 4.0))  # the fault's moment itself, drawn at random
-            if STANDBY:  # the test measures a takeover by a standby that is ready, not one still warming
-                wait_for(stream.standby_ready, "a ready standby", timeout=180, every=0.2)
             pid, killed_at = kill_driver(stream)
             timings[f"kill {n} ({moment})"] = stream.recovered(killed_at, pid, f"SIGKILL {n} {moment}")
         if STANDBY:

@@ -42,6 +42,8 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         assert proc.poll() is None, out.read_text()[-3000:]
         text = out.read_text()
         assert f"Airflow UI     http://127.0.0.1:{port}" in text
+        first = next(line for line in text.splitlines() if line.startswith("[") and "backlog" in line)
+        assert ": dead" not in first, f"a stream just deployed is starting, not dead: {first}"
         passwords = json.loads((data_root / "airflow" / "passwords.json").read_text())
         assert passwords["admin"] and passwords["admin"] != "admin"  # generated, not a well-known default
         home = data_root / "airflow"

@@ -289,12 +289,13 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         standby, self.standby = self.standby, None
         if standby is None:
             return None
-        deadline = time.monotonic() + STANDBY_TAKEOVER_SECONDS
+        ended = time.monotonic()
+        deadline = ended + STANDBY_TAKEOVER_SECONDS
         while standby.alive() and time.monotonic() < deadline:
             holder = read_holder(self.stream_hook.layout.lease_dir)
             if holder is not None and holder.driver_id == standby.driver_id and holder.alive():
-                self.log.info("stream %s: the standby %s took over (epoch %d, %.1fs after it was launched)",
-                              self.stream, standby.driver_id, holder.epoch, time.time() - standby.launched_at)
+                self.log.info("stream %s: the standby %s holds epoch %d of the lease (%.1fs after this supervisor saw "
+                              "the driver end)", self.stream, standby.driver_id, holder.epoch, time.monotonic() - ended)
                 return standby
             time.sleep(0.1)
         self.log.warning("stream %s: the standby %s did not take over (%s); starting a driver", self.stream,
@@ -327,9 +328,11 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.supervised_epoch = holder.epoch  # the driver this task started took the lease
                 self.log.info("stream %s: driver pid %s on %s holds epoch %d of the lease", self.stream, holder.pid,
                               holder.host, holder.epoch)
-            self._keep_standby(stopping_since is None)
             health = hook.health()
             hook.record_backlog(health)
+            # warmed once the active driver runs as it should: on a small machine, a standby starting
+            # beside a driver that is starting itself slows both
+            self._keep_standby(stopping_since is None and health.status in RUNNING)
             if health.status != last_status:
                 self.log.info("%s", health.summary())
                 last_status = health.status
