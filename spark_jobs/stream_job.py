@@ -45,6 +45,8 @@ from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger
 from spark_jobs.standby import StandbyRecord, take_over
 
 log = logging.getLogger("stream_job")
+#: a standby that took the stream over starts its outputs once the ingestion's first trigger ended, or after this
+TAKEOVER_FIRST_BATCH_SECONDS = 5.0
 
 __all__ = ["EXIT_BAD_SPEC", "EXIT_FAILED", "EXIT_LEASE_HELD", "EXIT_OK", "main", "run"]
 
@@ -142,7 +144,10 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         spark.streams.addListener(make_listener(events, spec.name, plan.spark_query_names))
         for only in phases:
             try:
-                queries = pipeline.start_planned(spark, planned, only)
+                if standby is not None:
+                    queries = pipeline.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
+                else:
+                    queries = pipeline.start_planned(spark, planned, only)
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
