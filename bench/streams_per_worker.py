@@ -17,6 +17,8 @@ Two kinds, each from N = 1:
 
 * ``platform``: ``spark-submit spark_jobs/stream_job.py`` (the lease, the ingestion, the
   outputs, the progress events: what the supervisor task starts);
+* ``standby``: the same, with a warm standby driver beside each (``supervision.standby``;
+  its memory is reported apart, ``peak_pss_mb_per_standby``);
 * ``plain``: the same outputs hand-written the obvious way, one query per output and one
   for the quarantine, each parsing the files (``bench/throughput_plain.py``'s variant b,
   on the spec's processing-time trigger).
@@ -25,7 +27,7 @@ A copy lags when the files waiting for a query that reads the landing folder (la
 in its checkpoint's source log) grew by more than one trigger's worth over the second
 half of the measured minutes, or end above three triggers' worth. Measuring starts once
 every query of every copy has committed a batch. Writes
-``bench/results/streams_per_worker.json``. Every process started is ended by its pid; the
+``bench/results/streams_per_worker.json`` (``--out``). Every process started is ended by its pid; the
 working folder (in the temp dir) is removed unless ``--keep``.
 """
 
@@ -53,7 +55,7 @@ from spark_jobs.spec import INGEST_QUERY, project_root
 from streamops.embedded import wait_until
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
-KINDS = ("plain", "platform")
+KINDS = ("plain", "platform")  # and "standby", on request
 
 
 class Copy:
@@ -66,7 +68,7 @@ class Copy:
         self.layout = self.stream.layout(root)
         self.mfpt = self.stream.spec.source.max_files_per_trigger
         env = child_env()
-        if kind == "platform":
+        if kind in ("platform", "standby"):
             args = [str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
             self.checkpoints = [Path(self.layout.checkpoint(INGEST_QUERY))]
         else:
@@ -89,6 +91,12 @@ class Copy:
             raise
         self.memory = PeakRss(self.driver.pid, every=2.0, measure=pss_bytes)  # a light sampler: the copies need the cores
         self.memory.start()
+        self.standby = self.standby_memory = None
+        if kind == "standby":
+            self.standby = subprocess.Popen([*cmd, "--standby"], stdout=open(logs / f"{kind}-{n}-standby.log", "w"),  # noqa: SIM115
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.standby_memory = PeakRss(self.standby.pid, every=2.0, measure=pss_bytes)
+            self.standby_memory.start()
 
     def committed(self) -> bool:
         return all((c / "commits" / "0").exists() for c in self.checkpoints)
@@ -106,6 +114,11 @@ class Copy:
         kill_tree(self.driver.pid)
         self.driver.wait()
         kill_pids(self.memory.seen)
+        if self.standby is not None:
+            memory["standby_peak_rss_mb"] = self.standby_memory.stop()["peak_rss_mb"]
+            kill_tree(self.standby.pid)
+            self.standby.wait()
+            kill_pids(self.standby_memory.seen)
         return memory
 
 
@@ -136,7 +149,10 @@ def run(kind: str, n: int, args: argparse.Namespace, work: Path) -> dict[str, An
                         backlog_end=samples[-1], backlog_max=[max(s[i] for s in samples) for i in range(n)],
                         exit_codes=[c.driver.poll() for c in copies])
     finally:
-        step["peak_pss_mb_per_driver"] = [round(c.stop()["peak_rss_mb"]) for c in copies]
+        stopped = [c.stop() for c in copies]
+        step["peak_pss_mb_per_driver"] = [round(m["peak_rss_mb"]) for m in stopped]
+        if kind == "standby":
+            step["peak_pss_mb_per_standby"] = [round(m["standby_peak_rss_mb"]) for m in stopped]
     return step
 
 
@@ -148,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events-per-file", type=int, default=40)
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--keep", action="store_true", help="keep the working folder (in the temp dir)")
+    p.add_argument("--out", default=str(RESULTS / "streams_per_worker.json"), help="where the JSON results go")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="streams-per-worker-"))
     steps: list[dict[str, Any]] = []
@@ -170,14 +187,16 @@ def main(argv: list[str] | None = None) -> int:
               "steps": steps}
     if "plain" in held and "platform" in held and held["plain"]:
         result["platform_over_plain"] = held["platform"] / held["plain"]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "streams_per_worker.json").write_text(json.dumps(result, indent=2))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"streams one worker holds ({os.cpu_count()} cores, {args.rate} files/s of {args.events_per_file} events "
           f"each): " + ", ".join(f"{k} {v}" for k, v in held.items())
           + (f"; platform/plain {result['platform_over_plain']:.2f}" if "platform_over_plain" in result else ""))
     for step in steps:
         print(f"  {step['kind']:<8} {step['streams']} stream(s): lagging {step['lagging']}, memory per driver "
-              f"{step.get('peak_pss_mb_per_driver')} MB, files waiting at the end {step.get('backlog_end')}")
+              f"{step.get('peak_pss_mb_per_driver')} MB"
+              + (f" (and per standby {step['peak_pss_mb_per_standby']} MB)" if "peak_pss_mb_per_standby" in step else "")
+              + f", files waiting at the end {step.get('backlog_end')}")
     return 0
 
 
