@@ -1,8 +1,11 @@
 """Faults under the real platform (Airflow's scheduler, DAG processor, triggerer and API
 server; the stream deployed through its DAG), one after another on one live stream:
 
-1. SIGKILL of the driver at three kinds of moment (mid-batch, right after a commit, at a
-   random time), then more as ``STREAMS_FAULT_KILLS`` asks (the soak);
+1. SIGKILL of the active driver at three kinds of moment (mid-batch, right after a commit, at
+   a random time), then more as ``STREAMS_FAULT_KILLS`` asks (the soak); with the stream's
+   warm standby (``STREAMS_FAULT_STANDBY=0``: without one) each takeover reaches its first
+   commit within ``STANDBY_RECOVERY_SECONDS``, and a SIGKILL of the standby costs the active
+   driver nothing;
 2. SIGSTOP of the driver (and its JVM) past the stall window: detected as stalled,
    stopped (graceful first, then hard) and restarted;
 3. SIGKILL of the Airflow task process that supervises the driver: the retried task
@@ -16,11 +19,12 @@ after which every sink equals the ground truth exactly, and every output agrees 
 over the accepted rows, with late events generated at the watermark's edge throughout (the
 ingestion decides them once; every output follows that decision), and
 
-6. a crash followed by a torn newest offsets file: the supervisor does not restart the
-   stream; its task fails saying what is wrong and what to do.
+6. a torn newest offsets file, then a crash: the supervisor neither restarts the stream nor
+   lets the standby take it over; its task fails saying what is wrong and what to do.
 
-Never two drivers at once, throughout. The times from each fault to the first new
-committed batch are printed.
+Never two drivers at once, throughout, judged by the lease's history
+(``one_driver_at_a_time``). The times from each fault to the first new committed batch are
+printed.
 """
 
 from __future__ import annotations

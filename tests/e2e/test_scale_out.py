@@ -42,6 +42,7 @@ from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
 from spark_jobs.testdata import generate, verify
 from streamops.embedded import PRIVATE, private_log, wait_until
 from streamops.health import Status, assess
+from streamops.restarts import RestartBudget
 
 pytestmark = pytest.mark.e2e
 
@@ -253,6 +254,9 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                 holder = read_holder(s.layout.lease_dir)
                 assert (holder.epoch, holder.pid) == (moved[name].epoch, moved[name].pid), \
                     f"{name}: its driver on worker-c was replaced after the partition healed: {holder.describe()}"
+                # the run of worker C's supervisor is still open: no old try recorded its own driver's end onto it
+                last = RestartBudget(s.layout.runs_file, s.spec.supervision.restart).last_run()
+                assert last is not None and last.ended_at is None, f"{name}: an old try recorded a run: {last}"
 
         # 4. caught up on worker C: every sink exact; never two drivers at once
         for s in streams.values():
