@@ -2,11 +2,11 @@
 
 Every driver run of a stream is recorded in ``<checkpoint>/_control/runs.json`` (start,
 end, exit code, why it ended), so the policy holds across task retries, DAG runs and
-scheduler restarts. A run counts as a failure unless it exited 0 (a requested stop or a
-finished available-now run; not a stalled driver the supervisor stopped), was ended by
-an operator's stop (an immediate stop kills the driver: it exits non-zero, yet it did not
-fail), or lasted at least ``stable_after_minutes``; a stable run
-resets the count. The backoff doubles with every failure since the last stable run; the
+scheduler restarts. A run counts as a failure unless an operator stopped it (the stop DAG,
+whatever its exit code: an immediate stop kills the driver), it finished (an available-now
+run that took what was waiting), or it lasted at least ``stable_after_minutes``; a stable
+run resets the count. A driver that exits 0 without being asked to, or that its supervisor
+stopped because it stalled, failed. The backoff doubles with every failure since the last stable run; the
 budget is spent when ``max_attempts`` of those failures ended within the last
 ``period_minutes``.
 """
@@ -31,6 +31,7 @@ class Run:
     reason: str = ""
     forced: bool = False  # the supervisor stopped it (it stalled): a failure, whatever its exit code
     requested: bool = False  # an operator stopped it (the stop DAG): not a failure, whatever its exit code
+    finished: bool = False  # an available-now run that ended by itself, as it should
 
 
 class RestartBudget:
@@ -60,10 +61,11 @@ class RestartBudget:
         self._save(runs)
 
     def record_end(self, now: float, exit_code: int | None, reason: str, forced: bool = False,
-                   requested: bool = False) -> None:
+                   requested: bool = False, finished: bool = False) -> None:
         runs = self.runs() or [Run(started_at=now)]
         last = runs[-1]
-        last.ended_at, last.exit_code, last.reason, last.forced, last.requested = now, exit_code, reason, forced, requested
+        last.ended_at, last.exit_code, last.reason, last.forced = now, exit_code, reason, forced
+        last.requested, last.finished = requested, finished
         self._save(runs)
 
     def last_run(self) -> Run | None:
@@ -71,7 +73,7 @@ class RestartBudget:
         return runs[-1] if runs else None
 
     def _stable(self, run: Run) -> bool:
-        if run.requested or (run.exit_code == 0 and not run.forced):
+        if run.requested or run.finished:
             return True
         end = run.ended_at if run.ended_at is not None else run.started_at
         return end - run.started_at >= self.policy.stable_after_minutes * 60

@@ -229,7 +229,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                     reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped by {by})"
                 elif code == 0 and not forced and not finished:
                     reason = "the driver exited without being asked to stop"
-                budget.record_end(time.time(), code, reason, forced=forced, requested=by is not None)
+                budget.record_end(time.time(), code, reason, forced=forced, requested=by is not None, finished=finished)
                 if by is not None or finished:
                     self.log.info("stream %s stopped: %s", self.stream, reason)
                     return hook.health().to_dict()

@@ -48,12 +48,24 @@ def test_a_stable_run_resets_the_count(tmp_path: Path) -> None:
     assert budget.consecutive_failures() == 1
 
 
-def test_a_requested_stop_is_not_a_failure(tmp_path: Path) -> None:
+def test_a_requested_stop_and_a_finished_run_are_not_failures(tmp_path: Path) -> None:
     budget = RestartBudget(tmp_path / "runs.json", POLICY)
     fail(budget, 0)
     budget.record_start(100)
-    budget.record_end(110, 0, "stopped on request")
+    budget.record_end(110, 0, "stopped on request", requested=True)
     assert budget.consecutive_failures() == 0
+    fail(budget, 200)
+    budget.record_start(300)
+    budget.record_end(310, 0, "took what was waiting", finished=True)
+    assert budget.consecutive_failures() == 0
+
+
+def test_a_clean_exit_nobody_asked_for_is_a_failure(tmp_path: Path) -> None:
+    budget = RestartBudget(tmp_path / "runs.json", POLICY)
+    for at in (0, 100, 200):
+        budget.record_start(at)
+        budget.record_end(at + 5, 0, "the driver exited without being asked to stop")
+    assert budget.consecutive_failures() == 3 and budget.next_delay() == 25 and budget.exhausted(205)
 
 
 def test_a_run_an_operator_stopped_is_not_a_failure_whatever_its_exit_code(tmp_path: Path) -> None:
