@@ -64,7 +64,7 @@ def test_stream_job_exits_2_without_the_lease_or_spark(tmp_path: Path, monkeypat
         raise AssertionError("a bad spec must neither take the lease nor start Spark")
 
     monkeypatch.setattr(driver, "DriverLease", forbidden)
-    monkeypatch.setattr(stream_job, "_run_with_lease", forbidden)
+    monkeypatch.setattr(stream_job, "_run", forbidden)
     monkeypatch.setattr("pyspark.sql.SparkSession.Builder.getOrCreate", forbidden)
     data_root = tmp_path / "data"
     with caplog.at_level("ERROR"):
