@@ -23,7 +23,9 @@ it had in flight is replayed by the new holder from the checkpoint. Clocks of th
 workers must agree within half the ``ttl`` (NTP does far better).
 
 The records stay as the lease's history (the newest ``KEEP_RECORDS``): who held the
-checkpoint when, which :func:`overlaps` checks.
+checkpoint when, which :func:`overlaps` checks. The same numbered, exclusively created
+records (:func:`create_record`) name the current try of the stream's supervisor task, in
+``<checkpoint root>/_control/supervisors/`` (``streamops.tenure``).
 """
 
 from __future__ import annotations

@@ -81,8 +81,12 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     ``restart.period_minutes`` (the count resets after a stable run); then the task fails
     and its failure callback alerts. A corrupt checkpoint is never touched: the task fails
     with a diagnosis. A driver left running by an earlier try of this task (a killed
-    worker) is adopted, never doubled. The task ends successfully when the stream is
-    stopped on purpose. A stream that is an application of the user's own (``application:``
+    worker) is adopted, never doubled. The task ends successfully only when an operator
+    stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
+    other exit of the driver is a failed run. A try that a newer try of this task has
+    replaced (``streamops.tenure``) leaves the stream alone. With ``supervision.standby``
+    it keeps a warm standby driver (``spark_jobs.standby``) that takes over when the
+    active driver dies, and then launches the next. A stream that is an application of the user's own (``application:``
     in its spec) is submitted as that application, with its arguments and the spec's path
     in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.driver`), and supervised alike.
 
