@@ -307,3 +307,14 @@ def test_a_streams_page_draws_its_charts_and_flow_from_its_own_json(client) -> N
     assert {t["stream"] for t in client.get("/streams/api/trends").json()} == {"sensors", "clicks"}
     assert client.get("/streams/sensors/row").text.startswith("<tr data-stream='sensors' data-row-url='row'>")
     assert "class='trend' data-stream='sensors'" in client.get("/streams/").text
+
+
+def test_the_driver_cell_shows_the_standby_and_its_state() -> None:
+    from streamops.ui import _driver_cell
+
+    status = {"driver_pid": 4242, "driver_host": "worker-7",
+              "standby": [{"host": "worker-7", "pid": 4343, "state": "ready", "since": 0.0}]}
+    assert _driver_cell(status) == ("worker-7<br><span class='muted'>pid 4242</span>"
+                                    "<br><span class='muted'>standby: worker-7, pid 4343: ready</span>")
+    assert "standby: none yet" in _driver_cell({**status, "standby": []})  # asked for, not launched yet
+    assert "standby" not in _driver_cell({**status, "standby": None})  # not asked for
