@@ -19,8 +19,10 @@ USER airflow
 WORKDIR /opt/streams
 # the project's pinned stack first (a layer that changes only with pyproject.toml)...
 COPY --chown=airflow:0 pyproject.toml README.md ./
-RUN mkdir -p spark_jobs/quality spark_jobs/testdata plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors \
-             plugins/streamops/triggers \
+# (every package folder the project lists must exist for the editable install)
+RUN mkdir -p runner spark_jobs/spec spark_jobs/runtime spark_jobs/sinks spark_jobs/flows spark_jobs/quality spark_jobs/testdata \
+             plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors plugins/streamops/triggers \
+             plugins/streamops/static plugins/streamops/templates spark_jobs/quality/templates \
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check
 # ...then the code: Spark jobs, DAGs, the Airflow plugin, specs, rules and reference data
 COPY --chown=airflow:0 spark_jobs spark_jobs

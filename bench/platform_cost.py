@@ -53,24 +53,39 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 from processes import PeakRss, cmdline, descendants, kill_pids
 
-from spark_jobs.checkpoint import batch_ids, file_name, processed_files, sink_files
-from spark_jobs.lease import holder_alive, read_holder
-from spark_jobs.progress import read_events
-from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec, project_root
+from runner.airflow import AirflowClient, AirflowServices
+from runner.processes import wait_for, wait_until
+from spark_jobs.plan import compile_plan, written_by_ingestion
+from spark_jobs.runtime.checkpoint import (
+    batch_ids,
+    file_name,
+    processed_files,
+    sink_files,
+)
+from spark_jobs.runtime.clock import parse_iso
+from spark_jobs.runtime.lease import (
+    holder_alive,
+    read_holder,
+)
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.spec.layout import (
+    Layout,
+    project_root,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    StreamSpec,
+)
 from spark_jobs.testdata import generate
 from spark_jobs.testdata.demo import spark_submit
-from streamops.embedded import AirflowServices, wait_for, wait_until
 from streamops.health import Status, assess
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -131,7 +146,8 @@ class Stream:
         self.spec_path, self.data_root = spec_path, data_root
         self.spec: StreamSpec = load_spec(spec_path)
         self.layout = Layout(self.spec, data_root, spec_path.parent)
-        self.readings = Path(self.layout.checkpoint(INGEST_QUERY))
+        self.plan = compile_plan(self.spec, self.layout)
+        self.readings = Path(self.plan.checkpoint(INGEST_QUERY))
         self.seed = 1000
 
     def landing_files(self) -> set[str]:
@@ -144,14 +160,14 @@ class Stream:
         return sorted(Path(self.layout.landing) / n for n in self.landing_files() - before)
 
     def taken(self, query: str, through_batch: int) -> set[str]:
-        paths = processed_files(self.layout.checkpoint(query), through_batch=through_batch)
+        paths = processed_files(self.plan.checkpoint(query), through_batch=through_batch)
         return {file_name(p) for p in paths}
 
     def taking_batch(self, query: str, names: set[str]) -> int | None:
         """The committed batch of ``query`` by which every file in ``names`` was taken (the first
         such batch), or None while it is not committed."""
         found = None
-        for batch in reversed(batch_ids(self.layout.checkpoint(query), "commits")):
+        for batch in reversed(batch_ids(self.plan.checkpoint(query), "commits")):
             if not names <= self.taken(query, batch):
                 break
             found = batch
@@ -160,7 +176,7 @@ class Stream:
     def writer_of(self, output: str) -> str:
         """The query that commits an output: ``_ingest`` for the output the ingestion serves
         (its sink is the accepted-rows table), else the output's own."""
-        served = self.spec.served_output
+        served = written_by_ingestion(self.spec)
         return INGEST_QUERY if served is not None and served.name == output else output
 
     def output_taking_batch(self, output: str, landed: set[str]) -> int | None:
@@ -170,11 +186,11 @@ class Stream:
         ingested = self.taking_batch(INGEST_QUERY, landed)
         if ingested is None or output == INGEST_QUERY:
             return ingested
-        accepted = {file_name(p) for p in sink_files(self.layout.accepted, through_batch=ingested)}
+        accepted = {file_name(p) for p in sink_files(self.plan.accepted, through_batch=ingested)}
         return self.taking_batch(output, accepted)
 
     def commit_time(self, query: str, batch: int) -> float:
-        return (Path(self.layout.checkpoint(query)) / "commits" / str(batch)).stat().st_mtime
+        return (Path(self.plan.checkpoint(query)) / "commits" / str(batch)).stat().st_mtime
 
     def commits_after(self, moment: float, checkpoint: Path | None = None) -> list[float]:
         times = []
@@ -223,7 +239,7 @@ class Stream:
 
 
 def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    return parse_iso(iso).timestamp()
 
 
 def copy_input(source: Path, data_root: Path) -> None:
@@ -301,17 +317,8 @@ class Platform:
         self.stream = Stream(spec_path, data_root)
         self.airflow = AirflowServices(work / "airflow", data_root, spark_master=MASTER, all_admins=True,
                                        extra_env={"STREAMS_SPEC_DIR": str(spec_path.parent)})
+        self.api = AirflowClient(self.airflow.url, timeout=60)  # no login: every request is an admin
         self.deployed: str | None = None
-
-    def api(self, method: str, path: str, body: dict | None = None) -> dict:
-        request = urllib.request.Request(f"{self.airflow.url}/api/v2/{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
 
     def start(self) -> None:
         self.airflow.start()
@@ -319,36 +326,27 @@ class Platform:
         wait_for(lambda: set(self.DAGS) <= self.airflow.dag_ids(), "the DAG processor to parse the DAGs", 300,
                  every=3)
         for dag in self.DAGS:
-            self.api("PATCH", f"dags/{dag}", {"is_paused": False})
+            self.api.unpause(dag)
         # the quality DAG's schedule is @once: its one scheduled run comes on unpausing; let it end first
-        wait_until(lambda: (runs := self.runs(self.DAGS[2])) and all(r["state"] in ("success", "failed") for r in runs),
+        wait_until(lambda: (runs := self.api.runs(self.DAGS[2])) and all(r["state"] in ("success", "failed") for r in runs),
                    300, every=2)
-
-    def runs(self, dag: str) -> list[dict]:
-        return self.api("GET", f"dags/{dag}/dagRuns")["dag_runs"]
-
-    def trigger(self, dag: str, conf: dict | None = None) -> str:
-        return self.api("POST", f"dags/{dag}/dagRuns", {"logical_date": None, "conf": conf or {}})["dag_run_id"]
-
-    def run(self, dag: str, run_id: str) -> dict:
-        return self.api("GET", f"dags/{dag}/dagRuns/{urllib.parse.quote(run_id, safe='')}")
 
     def wait_run(self, dag: str, run_id: str, timeout: float, every: float = 0.5) -> dict:
         def ended() -> dict | None:
             if self.airflow.dead_services():
                 raise RuntimeError(f"Airflow service(s) ended: {self.airflow.dead_services()}")
-            run = self.run(dag, run_id)
+            run = self.api.run(dag, run_id)
             return run if run["state"] in ("success", "failed") else None
 
         return wait_for(ended, f"{dag} run {run_id} to end", timeout, every)
 
     def deploy(self) -> float:
         triggered = time.time()
-        self.deployed = self.trigger(self.DAGS[0])
+        self.deployed = self.api.trigger(self.DAGS[0])
         return triggered
 
     def stop_stream(self) -> None:
-        stop = self.trigger(self.DAGS[1], {"mode": "graceful"})
+        stop = self.api.trigger(self.DAGS[1], {"mode": "graceful"})
         state = self.wait_run(self.DAGS[1], stop, 300, every=1)["state"]
         if state != "success":
             raise RuntimeError(f"the stop DAG ended {state}; see {self.airflow.home}/logs")
@@ -412,7 +410,7 @@ def freshness(p: Platform, events_per_file: int) -> dict:
                      f"{landed.name} to be committed in the readings sink", 300, every=0.1)[0]
     in_sink = stream.commit_time(readings, batch)
     triggered = time.time()
-    run = p.wait_run(p.DAGS[2], p.trigger(p.DAGS[2]), 900, every=0.5)
+    run = p.wait_run(p.DAGS[2], p.api.trigger(p.DAGS[2]), 900, every=0.5)
     validated = _epoch(run["end_date"])
     return {"in_sink_s": in_sink - landed_at, "validated_s": validated - landed_at, "quality_state": run["state"],
             "quality_run_s": validated - _epoch(run["start_date"]), "quality_queued_s": _epoch(run["start_date"]) - triggered,
@@ -488,8 +486,8 @@ def restart_time(stream: Stream) -> dict:
 def restart_cases(spec_path: Path, root: Path, sizes: list[int], repeats: int,
                   note: Callable[[str], None]) -> tuple[dict, dict]:
     """Restart times after each number of processed files with every file still in the landing
-    directory, then after the largest with the committed files archived (``spark_jobs.archive``)."""
-    from spark_jobs.archive import archive
+    directory, then after the largest with the committed files archived (``spark_jobs.runtime.archive``)."""
+    from spark_jobs.runtime.archive import archive
 
     stream = Stream(spec_path, root)
     full: dict[int, list[dict]] = {}

@@ -16,62 +16,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.spec import project_root
+import psutil
+
+from spark_jobs.spec.layout import project_root
 
 MASTER = "local[2]"
 
 
 
-def _ppids() -> dict[int, int]:
-    ppids = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    ppids[int(entry.name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    return ppids
-
-
 def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _ppids().items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """The pids of every process descended from ``root``; none if it is gone."""
+    try:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except (psutil.Error, ValueError):
+        return []
 
 
 def cmdline(pid: int) -> bytes:
+    """The process's arguments, separated by NUL bytes; empty if it is gone (or a zombie)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return b"\0".join(map(os.fsencode, psutil.Process(pid).cmdline()))
+    except (psutil.Error, ValueError):
         return b""
 
 
-def _kib_field(path: str, field: str) -> int:
-    """Bytes of a ``<field>: <n> kB`` line of a /proc file, 0 if the process is gone."""
-    try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def rss_bytes(pid: int) -> int:
-    return _kib_field(f"/proc/{pid}/status", "VmRSS:")
+    """The process's resident memory, 0 if it is gone."""
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.Error, ValueError):
+        return 0
 
 
 def pss_bytes(pid: int) -> int:
     """The process's proportional share of the memory it maps: pages shared with other processes
-    (forked Python workers, a JVM's shared libraries) count once across them, so sums hold."""
-    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss:")
+    (forked Python workers, a JVM's shared libraries) count once across them, so sums hold.
+    0 if it is gone."""
+    try:
+        return psutil.Process(pid).memory_full_info().pss
+    except (psutil.Error, ValueError):
+        return 0
 
 
 def kill_pids(pids: dict[int, bytes]) -> None:

@@ -34,11 +34,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spark_jobs import pipeline
+from spark_jobs import analysis
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, expected_schema, iso
-from spark_jobs.session import build_session
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.runtime.session import build_session
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(spec, work, default_spec_dir())
     rules = load_rules(spec, default_spec_dir())
     target = next(t for t in targets(spec, rules)[0] if t.output.name == "readings")
-    schema = expected_schema(spark, pipeline.resolve_plan(spark, spec, layout), target.output.name)
+    schema = expected_schema(spark, analysis.resolve_plan(spark, spec, layout), target.output.name)
     results = []
     try:
         v = Validator(spark, spec, layout, rules, run_id="bench")

@@ -50,9 +50,15 @@ from processes import MASTER, PeakRss, child_env, kill_pids, kill_tree, pss_byte
 from throughput import PLAIN_JOB, RESULTS, STREAM_JOB
 from throughput import Stream as BenchStream
 
-from spark_jobs.checkpoint import landed_files, landing_backlog, read_query_checkpoint
-from spark_jobs.spec import INGEST_QUERY, project_root
-from streamops.embedded import wait_until
+from runner.processes import wait_until
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import (
+    landed_files,
+    landing_backlog,
+    read_query_checkpoint,
+)
+from spark_jobs.spec.layout import project_root
+from spark_jobs.spec.models import INGEST_QUERY
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 KINDS = ("plain", "platform")  # and "standby", on request
@@ -70,7 +76,7 @@ class Copy:
         env = child_env()
         if kind in ("platform", "standby"):
             args = [str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
-            self.checkpoints = [Path(self.layout.checkpoint(INGEST_QUERY))]
+            self.checkpoints = [Path(compile_plan(self.stream.spec, self.layout).checkpoint(INGEST_QUERY))]
         else:
             job = self.stream.plain_job("b", root)
             job["processing_time"] = self.stream.spec.trigger.processing_time

@@ -6,7 +6,7 @@ For each stream, one input is generated (``spark_jobs.testdata.generate``: about
 events over ``--files`` files, with its default shares of malformed records, duplicates,
 late events and one empty file), and three variants process exactly those landing files
 with ``spark-submit --master local[2]``, the available-now trigger and the same session
-settings (``spark_jobs.session.SESSION_CONF``, the spec's shuffle partitions and
+settings (``spark_jobs.runtime.session.SESSION_CONF``, the spec's shuffle partitions and
 ``spark.conf``; the plain scripts also keep every query's progress in memory):
 
 a. ``bench/throughput_plain.py`` variant ``parse``: ONE plain Spark query parsing the
@@ -78,29 +78,34 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 from processes import MASTER, descendants, kill_tree, spark_submit
 
-from spark_jobs.checkpoint import batch_ids, sink_files
-from spark_jobs.plan import compile_plan
-from spark_jobs.progress import read_events
-from spark_jobs.session import SESSION_CONF
-from spark_jobs.spec import (
+from spark_jobs.plan import compile_plan, result_columns, result_key, written_by_ingestion
+from spark_jobs.runtime.checkpoint import (
+    batch_ids,
+    sink_files,
+)
+from spark_jobs.runtime.clock import parse_iso
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.runtime.session import SESSION_CONF
+from spark_jobs.spec.layout import (
+    Layout,
+    project_root,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
     INGEST_QUERY,
     SPARK_TYPES,
     Aggregation,
     FileSource,
-    Layout,
     ParquetSink,
     Passthrough,
     StreamSpec,
     TableSink,
-    load_spec,
-    project_root,
 )
 from spark_jobs.testdata import generate
 
@@ -200,7 +205,7 @@ class Stream:
             q, sink = o.query, o.sink
             out: dict[str, Any] = {"name": o.name, "mode": o.mode}
             if isinstance(q, Passthrough):
-                out.update(query="passthrough", columns=spec.result_columns(o))
+                out.update(query="passthrough", columns=result_columns(spec, o))
             else:
                 assert isinstance(q, Aggregation)
                 out.update(query="aggregate", group_by=q.group_by,
@@ -214,7 +219,7 @@ class Stream:
                 if not url.startswith("sqlite:///"):
                     raise ValueError(f"{self.name}.{o.name}: the benchmark writes tables to SQLite only, not {url}")
                 out["sink"] = {"type": "table", "db": url.removeprefix("sqlite:///"), "table": sink.table,
-                               "key": spec.result_key(o)}
+                               "key": result_key(spec, o)}
             outputs.append(out)
         et = spec.event_time
         conf = {**self.session_conf(), "spark.sql.streaming.numRecentProgressUpdates": 100_000}
@@ -242,10 +247,10 @@ class Stream:
         layout = self.layout(root)
         if variant == "a":
             return {"parse": str(root / "sinks" / "parse")}
-        sinks = {"accepted": layout.accepted} if variant == "c" else {}
+        sinks = {"accepted": compile_plan(self.spec, layout).accepted} if variant == "c" else {}
         if self.spec.quarantine:
             sinks["quarantine"] = layout.data(self.spec.quarantine.path)
-        served = self.spec.served_output
+        served = written_by_ingestion(self.spec)
         for o in self.spec.outputs:
             if variant == "c" and served is not None and o.name == served.name:
                 continue  # its sink is the accepted-rows table, counted once as "accepted"
@@ -270,7 +275,7 @@ class Stream:
 
 
 def _epoch(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    return parse_iso(iso).timestamp()
 
 
 def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bool]:
@@ -282,7 +287,7 @@ def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bo
                   "end": _epoch(e["timestamp"]) + (e.get("duration_ms") or {}).get("triggerExecution", 0) / 1000,
                   "input_rows": e.get("input_rows", 0)}
                  for e in read_events(layout.events_file) if e.get("event") == "progress"]
-        checkpoints = {q: layout.checkpoint(q) for q in stream.spec.query_names()}
+        checkpoints = compile_plan(stream.spec, layout).checkpoints
     else:
         result = json.loads((root / "result.json").read_text())
         found = [{"query": b["query"], "batch_id": b["batch_id"], "start": _epoch(b["timestamp"]),
@@ -412,7 +417,7 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # n
                 elif (b[o.name] is None) != (c[o.name] is None):
                     problems.append(f"b and c: {o.name} is empty in one only")
                 continue
-            key = stream.spec.result_key(o)
+            key = result_key(stream.spec, o)
 
             def rows(value: Any) -> list[dict]:
                 if value is None:
@@ -610,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
                     elif not args.keep:
                         shutil.rmtree(root, ignore_errors=True)
 
-        from spark_jobs.session import build_session
+        from spark_jobs.runtime.session import build_session
 
         spark = build_session("bench-check", master=MASTER, extra={"spark.ui.enabled": False,
                                                                    "spark.ui.showConsoleProgress": False})

@@ -26,8 +26,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.checkpoint import sink_last_batch
-from spark_jobs.spec import Layout, SpecError, StreamSpec, load_spec
+from spark_jobs.plan import has_ingestion
+from spark_jobs.runtime.checkpoint import sink_last_batch
+from spark_jobs.runtime.clock import compact, parse_iso
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
+    SpecError,
+    StreamSpec,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,19 +49,16 @@ class BackfillError(ValueError):
 
 def parse_range(start: str, end: str) -> tuple[datetime, datetime]:
     try:
-        lo = datetime.fromisoformat(start.replace("Z", "+00:00"))
-        hi = datetime.fromisoformat(end.replace("Z", "+00:00"))
+        lo, hi = parse_iso(start), parse_iso(end)
     except ValueError as exc:
         raise BackfillError(f"start and end must be ISO-8601 date-times (e.g. 2026-01-01T00:00:00Z): {exc}") from None
-    lo = lo if lo.tzinfo else lo.replace(tzinfo=UTC)
-    hi = hi if hi.tzinfo else hi.replace(tzinfo=UTC)
     if hi <= lo:
         raise BackfillError(f"end ({hi.isoformat()}) must be after start ({lo.isoformat()})")
     return lo.astimezone(UTC), hi.astimezone(UTC)
 
 
 def range_label(lo: datetime, hi: datetime) -> str:
-    return f"range={lo.strftime('%Y%m%dT%H%M%SZ')}_{hi.strftime('%Y%m%dT%H%M%SZ')}"
+    return f"range={compact(lo)}_{compact(hi)}"
 
 
 def output_dir(spec: StreamSpec, layout: Layout, output: str, lo: datetime, hi: datetime) -> Path:
@@ -65,24 +69,24 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     """Write every output for the range; rows written per output."""
     from pyspark.sql import functions as F
 
-    from spark_jobs import ingest, pipeline
+    from spark_jobs import analysis, frames
 
-    if not spec.has_ingestion or spec.event_time is None:
+    if not has_ingestion(spec) or spec.event_time is None:
         raise BackfillError(f"stream {spec.name} cannot be backfilled: it needs accepted rows and event_time")
     lo, hi = parse_range(start, end)
-    if sink_last_batch(layout.accepted) is None:
-        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({layout.accepted} holds no committed batch)")
-    ts = F.col(spec.event_time.column)
-    plan = pipeline.resolve_plan(spark, spec, layout)
+    plan = analysis.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
-    accepted = ingest.accepted_batch(spark, plan.ingestion)
+    if sink_last_batch(plan.accepted) is None:
+        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({plan.accepted} holds no committed batch)")
+    ts = F.col(spec.event_time.column)
+    accepted = frames.accepted_batch(spark, plan.ingestion)
     in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()
     if in_range.limit(1).count() == 0:
         raise BackfillError(f"stream {spec.name} has no accepted rows with {spec.event_time.column} in "
                             f"[{lo.isoformat()}, {hi.isoformat()})")
     written: dict[str, int] = {}
     for output in spec.outputs:
-        frame = pipeline.output_frame(in_range, plan, plan.output(output.name))
+        frame = frames.output_frame(in_range, plan, plan.output(output.name))
         target = output_dir(spec, layout, output.name, lo, hi)
         staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         writer = frame.write.mode("overwrite")
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, BackfillError) as exc:
         log.error("%s", exc)
         return 2
-    from spark_jobs.session import build_session
+    from spark_jobs.runtime.session import build_session
 
     spark = build_session(f"backfill:{spec.name}", spec)
     try:

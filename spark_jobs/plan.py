@@ -1,20 +1,23 @@
-"""A stream's plan: its spec compiled once into everything the job needs.
+"""A stream's plan: its spec compiled into everything the platform needs to know of it.
 
     spec (include/streams/<name>.yaml) + layout (data root, spec folder)
       -> StreamPlan
-           source     what to read and how (format, schema, options, landing path)
-           ingestion  the rules of the one parse (required columns, event time,
-                      deduplication, joins, the stream's transform) and where its two
-                      tables and checkpoint are
-           outputs    per output: its query, result columns and key, mode, trigger,
-                      checkpoint and sink, every path and URL resolved; the output the
-                      ingestion serves (``served_by_ingestion``: its sink is the
-                      accepted-rows table) has no query and no checkpoint
+           source       what to read and how (format, schema, options, landing path)
+           ingestion    the rules of the one parse (required columns, event time,
+                        deduplication, joins, the stream's transform) and where its two
+                        tables (accepted rows, quarantine) and checkpoint are
+           outputs      per output: its query, result columns and key, mode, trigger,
+                        checkpoint and sink, every path and URL resolved; the output the
+                        ingestion writes itself (``written_by_ingestion``: its sink is the
+                        accepted-rows table) has no query and no checkpoint
+           checkpoints  each query's checkpoint; an application's queries
 
-The job (``spark_jobs.pipeline``, ``spark_jobs.ingest``) works from the plan alone, so a
-derived fact is computed in one place. ``stream_job`` writes the plan as JSON beside the
-checkpoint (``_control/plan.json``): what the running job was told, for an operator to read.
-No pyspark here.
+Every fact derived from a spec is derived here, once: the driver works from the plan
+(``spark_jobs.frames``, ``spark_jobs.flows``), and so do the Airflow side (health, the
+Streams page, assets, the DAGs) and the quality jobs. ``spark_jobs.analysis`` completes it
+with what only Spark knows (a transform's result columns). ``stream_job`` writes it as JSON
+beside the checkpoint (``_control/plan.json``): what the running job was told, for an
+operator to read. No pyspark here.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spark_jobs.spec import (
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.spec.models import (
+    CODE_QUERIES,
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
     INGEST_QUERY,
     SPARK_TYPES,
+    WINDOW_END,
+    WINDOW_START,
     Aggregation,
     Column,
     ConsoleSink,
     FileSource,
-    Layout,
     MemorySink,
+    Output,
     ParquetSink,
     Passthrough,
     PythonQuery,
@@ -49,6 +56,9 @@ from spark_jobs.spec import (
     duration_seconds,
 )
 
+if TYPE_CHECKING:
+    from spark_jobs.spec.layout import Layout
+
 
 def ddl(columns: dict[str, str]) -> str:
     """``name: spec type`` pairs as a Spark DDL schema string."""
@@ -58,6 +68,126 @@ def ddl(columns: dict[str, str]) -> str:
 def query_name(stream: str, query: str) -> str:
     """Spark query name; also the memory sink's table name."""
     return f"{stream}__{query.lstrip('_')}"
+
+
+# ---- what a spec implies, known without Spark ------------------------------------------------
+
+
+def input_columns(spec: StreamSpec) -> dict[str, str]:
+    """The source's declared columns: name -> spec type."""
+    return {c.name: c.type for c in spec.source.columns}
+
+
+def joined_columns(spec: StreamSpec) -> dict[str, str]:
+    """The source's columns, then the reference data's: the rows the ingestion keeps
+    (what a transform reads as ``input``)."""
+    cols = input_columns(spec)
+    for e in spec.enrich:
+        for c in e.columns:
+            cols.setdefault(c.name, c.type)
+    return cols
+
+
+def enriched_columns(spec: StreamSpec) -> dict[str, str]:
+    """The accepted rows' columns, known from the spec alone when the stream has no
+    transform (whose result only Spark's analysis knows)."""
+    cols = joined_columns(spec)
+    if spec.event_time is not None:
+        cols[EVENT_DATE_COLUMN] = "date"
+    return cols
+
+
+def trigger_for(spec: StreamSpec, output: Output) -> Trigger:
+    return output.trigger or spec.trigger
+
+
+def has_ingestion(spec: StreamSpec) -> bool:
+    """Every stream parses its input once into its accepted rows, except one whose outputs
+    all run continuously (continuous processing cannot feed a file table) and an application."""
+    return any(trigger_for(spec, o).kind != "continuous" for o in spec.outputs)
+
+
+def written_by_ingestion(spec: StreamSpec) -> Output | None:
+    """The pass-through output the ingestion writes itself, or None.
+
+    An output whose rows are exactly the accepted rows would only copy the accepted-rows
+    table: a pass-through query of every accepted column in their order (``columns``
+    absent or equal to :func:`enriched_columns`), a Parquet sink partitioned like the
+    accepted rows (``[event_date]`` with event_time, else none), and a trigger that is not
+    continuous. Its sink path then *is* the accepted-rows table (:func:`accepted_path`):
+    the ingestion writes every accepted row once, into that sink, and the output has no
+    flow and no checkpoint of its own. Only the first output that qualifies is written so;
+    a second one has a flow of its own.
+    """
+    if not has_ingestion(spec):
+        return None
+    accepted = None if spec.transform is not None else list(enriched_columns(spec))
+    partitioning = [EVENT_DATE_COLUMN] if spec.event_time is not None else []
+    for o in spec.outputs:
+        q, sink = o.query, o.sink
+        if (isinstance(q, Passthrough) and (q.columns is None or list(q.columns) == accepted)
+                and o.mode == "append" and isinstance(sink, ParquetSink)
+                and list(sink.partition_by) == partitioning and trigger_for(spec, o).kind != "continuous"):
+            return o
+    return None
+
+
+def result_columns(spec: StreamSpec, output: Output) -> list[str] | None:
+    """An output's result columns, in order; None for a SQL or Python query, or any query
+    over a transform's result, whose columns only Spark's analysis knows
+    (``spark_jobs.analysis``)."""
+    q = output.query
+    if isinstance(q, CODE_QUERIES):
+        return None
+    if isinstance(q, Passthrough):
+        if spec.transform is not None and q.columns is None:
+            return None
+        return list(q.columns or enriched_columns(spec))
+    cols = [WINDOW_START, WINDOW_END] if q.window else []
+    return cols + list(q.group_by) + [a.name for a in q.aggregates]
+
+
+def result_key(spec: StreamSpec, output: Output) -> list[str]:
+    """The key of an output's result rows: a table's key, else window bounds and group keys."""
+    q = output.query
+    if isinstance(output.sink, TableSink) and output.sink.key:
+        return list(output.sink.key)
+    if isinstance(q, Aggregation):
+        return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
+    if isinstance(q, CODE_QUERIES):
+        return []
+    # a pass-through's rows are unique by the deduplication key, unless a transform made them
+    return list(spec.deduplicate.key) if spec.deduplicate and spec.transform is None else []
+
+
+def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
+    """Checkpoint location (unresolved) of each query the spec starts, and of each output.
+
+    The output the ingestion writes (:func:`written_by_ingestion`) has no query; its entry
+    is where its own query kept its checkpoint before. Nothing is written there, and a
+    stream whose checkpoint still holds it does not start (``spark_jobs.runtime.checkpoint``)."""
+    root = spec.checkpoint.rstrip("/")
+    paths = {o.name: o.checkpoint or f"{root}/{o.name}" for o in spec.outputs}
+    if spec.application is not None:
+        paths |= {q: f"{root}/{q}" for q in spec.application.queries}
+    if has_ingestion(spec):
+        paths[INGEST_QUERY] = f"{root}/{INGEST_QUERY}"
+    return paths
+
+
+def own_accepted_path(stream: str) -> str:
+    """The accepted-rows table of a stream whose ingestion writes no output: ``accepted/<stream>``."""
+    return f"accepted/{stream}"
+
+
+def accepted_path(spec: StreamSpec) -> str:
+    """Where the stream's accepted rows live (unresolved): the sink path of the output the
+    ingestion writes (:func:`written_by_ingestion`), else ``accepted/<stream>``."""
+    written = written_by_ingestion(spec)
+    if written is not None:
+        assert isinstance(written.sink, ParquetSink)
+        return written.sink.path
+    return own_accepted_path(spec.name)
 
 
 @dataclass(frozen=True)
@@ -114,7 +244,7 @@ class IngestionPlan:
     trigger: Trigger
     accepted: str  # the accepted-rows table (Parquet, through its _spark_metadata log)
     #: name -> Spark type: the source's and join columns (or the transform's result), then
-    #: event_date; None for a transform not analyzed yet (``pipeline.resolve_plan``)
+    #: event_date; None for a transform not analyzed yet (``analysis.resolve_plan``)
     accepted_columns: dict[str, str] | None
     partition_by: list[str]
     quarantine: str | None
@@ -151,13 +281,13 @@ class OutputPlan:
     query: Passthrough | Aggregation | SqlQuery | PythonQuery
     mode: str
     trigger: Trigger
-    checkpoint: str | None  # None for the served output: it has no query of its own
+    checkpoint: str | None  # None for the output the ingestion writes: it has no query of its own
     columns: list[str] | None  # the result's columns, in order (None for SQL or Python: Spark's analysis knows them)
     key: list[str]  # the result's key (window bounds and groups, a table's key, the dedup key)
     sink: SinkPlan
     reads_source: bool  # a continuous output reads the source itself (no table between the stages)
-    #: the ingestion writes this output: its sink is the accepted-rows table (StreamSpec.served_output)
-    served_by_ingestion: bool = False
+    #: the ingestion writes this output: its sink is the accepted-rows table (:func:`written_by_ingestion`)
+    written_by_ingestion: bool = False
 
     @property
     def emits_by_watermark(self) -> bool:
@@ -173,14 +303,28 @@ class OutputPlan:
 
 
 @dataclass(frozen=True)
+class ApplicationPlan:
+    """A stream that runs the user's own application: its main file, arguments and queries."""
+
+    file: str
+    args: list[str]
+    queries: list[str]
+
+
+@dataclass(frozen=True)
 class StreamPlan:
     stream: str
     event_time_column: str | None
-    source: SourcePlan
+    source: SourcePlan | None  # None for an application
     ingestion: IngestionPlan | None
     outputs: list[OutputPlan]
     #: the folder of the Python queries' modules (``include/transforms/``), if the stream has one
     transforms_dir: str | None = None
+    #: the stream's checkpoint folder: its queries' checkpoints, lease, events and control files
+    checkpoint_root: str = ""
+    #: each query's checkpoint: the ingestion's, each output's but the one the ingestion writes, an application's
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    application: ApplicationPlan | None = None
 
     def output(self, name: str) -> OutputPlan:
         for o in self.outputs:
@@ -188,14 +332,33 @@ class StreamPlan:
                 return o
         raise KeyError(f"stream {self.stream!r} has no output {name!r}")
 
+    def checkpoint(self, query: str) -> str:
+        """The checkpoint of one of the stream's queries (:attr:`queries`)."""
+        try:
+            return self.checkpoints[query]
+        except KeyError:
+            raise KeyError(f"stream {self.stream!r} has no query {query!r}; it has {self.queries}") from None
+
+    @property
+    def accepted(self) -> str | None:
+        """The accepted-rows table, if the stream has an ingestion."""
+        return self.ingestion.accepted if self.ingestion else None
+
+    @property
+    def output_written_by_ingestion(self) -> OutputPlan | None:
+        return next((o for o in self.outputs if o.written_by_ingestion), None)
+
     @property
     def queried_outputs(self) -> list[OutputPlan]:
-        """The outputs written by a query of their own: all but the served one."""
-        return [o for o in self.outputs if not o.served_by_ingestion]
+        """The outputs written by a query of their own: all but the one the ingestion writes."""
+        return [o for o in self.outputs if not o.written_by_ingestion]
 
     @property
     def queries(self) -> list[str]:
-        """The stream's Spark queries: the ingestion, then one per output it does not serve."""
+        """The stream's Spark queries: the ingestion, then one per output it does not write;
+        an application's own."""
+        if self.application is not None:
+            return list(self.application.queries)
         return ([INGEST_QUERY] if self.ingestion else []) + [o.name for o in self.queried_outputs]
 
     @property
@@ -209,12 +372,7 @@ class StreamPlan:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as JSON (atomically) to ``path``."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(self.to_json() + "\n", encoding="utf-8")
-        os.replace(tmp, target)
-        return target
+        return write_atomically(path, self.to_json() + "\n")
 
 
 def _jsonable(value: Any) -> Any:
@@ -236,56 +394,71 @@ def _sink(layout: Layout, sink: Any) -> SinkPlan:
 
 @dataclass(frozen=True)
 class Transformed:
-    """What Spark's analysis tells of a stream's transform (``spark_jobs.check``)."""
+    """What Spark's analysis tells of a stream's transform (``spark_jobs.analysis``)."""
 
     columns: list[tuple[str, str]]  # its result's (name, Spark type)
     multiplies: bool  # it can give more rows than it reads
+
+
+def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
+    """What the stream reads, and how."""
+    src = spec.source
+    if isinstance(src, FileSource):
+        return SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
+                          landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
+    if isinstance(src, SparkSource):
+        return SourcePlan("spark", columns=list(src.columns), format=src.format, options=dict(src.options),
+                          landing=layout.data(src.path) if src.path else None, reader_schema=src.reader_schema)
+    assert isinstance(src, RateSource)
+    return SourcePlan("rate", columns=list(src.columns), rows_per_second=src.rows_per_second)
 
 
 def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | None = None) -> StreamPlan:
     """The spec's plan: every path, schema, key and name the job needs, resolved once.
     ``transformed``: the stream's transform as Spark analyzed it; without it, the plan of
     a stream with a transform does not know the accepted rows' columns
-    (``pipeline.resolve_plan`` gives it)."""
-    src = spec.source
-    if isinstance(src, FileSource):
-        source = SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
-                            landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
-    elif isinstance(src, SparkSource):
-        source = SourcePlan("spark", columns=list(src.columns), format=src.format, options=dict(src.options),
-                            landing=layout.data(src.path) if src.path else None, reader_schema=src.reader_schema)
-    else:
-        assert isinstance(src, RateSource)
-        source = SourcePlan("rate", columns=list(src.columns), rows_per_second=src.rows_per_second)
+    (``analysis.resolve_plan`` gives it). Without Spark, the Airflow side compiles the same
+    plan for the paths, checkpoints and names it needs."""
+    root = layout.data(spec.checkpoint)
+    paths = checkpoint_paths(spec)
+    app = spec.application
+    if app is not None:
+        return StreamPlan(spec.name, None, None, None, [], checkpoint_root=root,
+                          checkpoints={q: layout.data(paths[q]) for q in app.queries},
+                          application=ApplicationPlan(layout.application_file, list(app.args), list(app.queries)))
+    source = compile_source(spec, layout)
     et = spec.event_time
     event_time = None if et is None else EventTimePlan(
         et.column, et.watermark, et.max_future, round(duration_seconds(et.max_future) * 1_000_000))
     ingestion = None
-    if spec.has_ingestion:
+    if has_ingestion(spec):
         if spec.transform is None:
-            accepted: dict[str, str] | None = {name: SPARK_TYPES[t] for name, t in spec.enriched_columns().items()}
+            accepted: dict[str, str] | None = {name: SPARK_TYPES[t] for name, t in enriched_columns(spec).items()}
         elif transformed is not None:
             accepted = dict(transformed.columns) | ({EVENT_DATE_COLUMN: "date"} if et is not None else {})
         else:
             accepted = None
         ingestion = IngestionPlan(
-            query_name=query_name(spec.name, INGEST_QUERY), checkpoint=layout.checkpoint(INGEST_QUERY),
-            trigger=spec.trigger, accepted=layout.accepted, accepted_columns=accepted,
-            transform=spec.transform, input_columns=list(spec.joined_columns()),
+            query_name=query_name(spec.name, INGEST_QUERY), checkpoint=layout.data(paths[INGEST_QUERY]),
+            trigger=spec.trigger, accepted=layout.data(accepted_path(spec)), accepted_columns=accepted,
+            transform=spec.transform, input_columns=list(joined_columns(spec)),
             transform_multiplies=transformed is not None and transformed.multiplies,
             partition_by=[EVENT_DATE_COLUMN] if et is not None else [],
             quarantine=layout.data(spec.quarantine.path) if spec.quarantine else None,
             joins=[JoinPlan(e.name, layout.reference(e.path), e.format, list(e.columns), list(e.key), e.how)
                    for e in spec.enrich],
             event_time=event_time, deduplicate=list(spec.deduplicate.key) if spec.deduplicate else None)
-    served = spec.served_output.name if spec.served_output else None
+    written = written_by_ingestion(spec)
     outputs = [OutputPlan(
         name=o.name, query_name=query_name(spec.name, o.name), query=o.query, mode=o.mode,
-        trigger=spec.trigger_for(o), checkpoint=None if o.name == served else layout.checkpoint(o.name),
-        columns=spec.result_columns(o), key=spec.result_key(o), sink=_sink(layout, o.sink),
-        reads_source=spec.trigger_for(o).kind == "continuous", served_by_ingestion=o.name == served)
+        trigger=trigger_for(spec, o), checkpoint=None if o is written else layout.data(paths[o.name]),
+        columns=result_columns(spec, o), key=result_key(spec, o), sink=_sink(layout, o.sink),
+        reads_source=trigger_for(spec, o).kind == "continuous", written_by_ingestion=o is written)
         for o in spec.outputs]
     python = (any(isinstance(o.query, PythonQuery) for o in spec.outputs)
               or (spec.transform is not None and spec.transform.python is not None))
+    checkpoints = ({INGEST_QUERY: ingestion.checkpoint} if ingestion else {}) | {
+        o.name: o.checkpoint for o in outputs if o.checkpoint is not None}
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
-                      transforms_dir=str(layout.transforms_dir) if python else None)
+                      transforms_dir=str(layout.transforms_dir) if python else None, checkpoint_root=root,
+                      checkpoints=checkpoints)

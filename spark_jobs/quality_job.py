@@ -17,7 +17,9 @@ import logging
 import sys
 from pathlib import Path
 
-from spark_jobs.spec import Layout, SpecError, load_spec
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import SpecError
 
 log = logging.getLogger("quality_job")
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from spark_jobs.quality.ledger import run_lock
     from spark_jobs.quality.validation import Validator
-    from spark_jobs.session import build_session
+    from spark_jobs.runtime.session import build_session
 
     spark = build_session(f"quality:{spec.name}", spec)
     try:

@@ -1,8 +1,8 @@
 """The streaming job: ``spark-submit spark_jobs/stream_job.py --spec include/streams/<name>.yaml``.
 
 It validates the spec, takes the single-driver lease on the checkpoint, checks what only
-Spark can tell (its SQL queries, ``spark_jobs.check``), starts the stream's ingestion and
-its output queries in one SparkSession (see spark_jobs.pipeline), writes progress events
+Spark can tell (``spark_jobs.analysis``, which gives the stream's plan), starts the stream's
+ingestion and its output queries in one SparkSession (``spark_jobs.flows``), writes progress events
 beside the checkpoint, and runs until:
 
 * the stop marker ``<checkpoint>/_control/stop`` asks this driver to stop (or SIGTERM/SIGINT
@@ -11,7 +11,7 @@ beside the checkpoint, and runs until:
 * a query fails: the others are stopped and the job exits 1, the cause in its last lines.
 
 With ``--standby`` it does everything up to the queries' start, then waits to take the
-stream over (spark_jobs.standby).
+stream over (spark_jobs.runtime.standby).
 
 Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
@@ -25,7 +25,8 @@ import logging
 import os
 import sys
 
-from spark_jobs.driver import (
+from spark_jobs.plan import has_ingestion
+from spark_jobs.runtime.driver import (
     EXIT_BAD_SPEC,
     EXIT_FAILED,
     EXIT_LEASE_HELD,
@@ -38,11 +39,24 @@ from spark_jobs.driver import (
     prepare_to_stop,
     supervise_queries,
 )
-from spark_jobs.history import History
-from spark_jobs.lease import DRIVER_ID_ENV, DriverLease, LeaseHeld, host_id
-from spark_jobs.progress import EventLog
-from spark_jobs.spec import INGEST_QUERY, Layout, SpecError, Trigger
-from spark_jobs.standby import StandbyRecord, take_over
+from spark_jobs.runtime.history import History
+from spark_jobs.runtime.lease import (
+    DRIVER_ID_ENV,
+    DriverLease,
+    LeaseHeld,
+    host_id,
+)
+from spark_jobs.runtime.progress import EventLog
+from spark_jobs.runtime.standby import (
+    StandbyRecord,
+    take_over,
+)
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    SpecError,
+    Trigger,
+)
 
 log = logging.getLogger("stream_job")
 #: a standby that took the stream over starts its outputs once the ingestion's first trigger ended, or after this
@@ -63,7 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how long a graceful stop waits for a running batch to finish")
     p.add_argument("--standby", action="store_true",
                    help="start warm (Spark session, analysis, plan), then wait to take the stream over when its "
-                        "lease is free (spark_jobs.standby)")
+                        "lease is free (spark_jobs.runtime.standby)")
     p.add_argument("--supervisor", type=int, default=0,
                    help="with --standby: the supervisor try that launched it; it leaves once that try is superseded")
     return p.parse_args(argv)
@@ -100,10 +114,11 @@ def _trigger(args: argparse.Namespace) -> Trigger | None:
 
 
 def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:  # noqa: ANN001
-    from spark_jobs import pipeline
-    from spark_jobs.check import check_spec
-    from spark_jobs.progress import make_listener
-    from spark_jobs.session import build_session
+    from spark_jobs.analysis import analyze
+    from spark_jobs.flows import queries
+    from spark_jobs.runtime.checkpoint import refuse_incompatible
+    from spark_jobs.runtime.progress import make_listener
+    from spark_jobs.runtime.session import build_session
 
     stop_requested = prepare_to_stop()
     standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
@@ -114,12 +129,12 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     # available-now: the ingestion takes what waits, then the outputs take what it committed;
     # otherwise every query runs at once
     phases: list = [None]
-    if (trigger or spec.trigger).available_now and spec.has_ingestion:
+    if (trigger or spec.trigger).available_now and has_ingestion(spec):
         phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
     code, cause, started = EXIT_OK, "", False
     try:
         try:
-            transformed = check_spec(spark, spec, args.spec)  # what only Spark can tell: its SQL queries
+            plan = analyze(spark, spec, layout, args.spec)  # the plan, once every check only Spark can make passed
         except SpecError as exc:
             log.error("%s", exc)
             # a restart would fail alike: the supervisor stops on this event instead
@@ -127,8 +142,8 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             code = EXIT_BAD_SPEC
             return code
         try:  # everything up to the queries' start, before a standby waits
-            plan = pipeline.compile_for_start(spec, layout, transformed)
-            planned = pipeline.plan_queries(spark, plan, trigger, on_batch=events.write)
+            refuse_incompatible(plan, layout)
+            planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
         except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
             code = _start_failed(spec, layout, events, exc)
             return code
@@ -145,13 +160,13 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         for only in phases:
             try:
                 if standby is not None:
-                    queries = pipeline.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
+                    started_queries = queries.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
                 else:
-                    queries = pipeline.start_planned(spark, planned, only)
+                    started_queries = queries.start_planned(spark, planned, only)
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
-            code, cause, stopped = supervise_queries(spec, layout, queries, stop_requested, events, lease,
+            code, cause, stopped = supervise_queries(spec, layout, started_queries, stop_requested, events, lease,
                                                      args.grace_seconds)
             if code != EXIT_OK or stopped:
                 break

@@ -35,7 +35,7 @@ os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
-    from spark_jobs.session import build_session
+    from spark_jobs.runtime.session import build_session
 
     session = build_session("unit-tests", master="local[2]", extra={
         "spark.sql.shuffle.partitions": 2, "spark.ui.enabled": False,

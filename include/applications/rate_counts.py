@@ -1,5 +1,5 @@
 """An existing Structured Streaming application, as a team would have written it, plus the
-few lines that let the platform deploy and supervise it (``spark_jobs.driver.supervised``):
+few lines that let the platform deploy and supervise it (``spark_jobs.runtime.driver.supervised``):
 rows of Spark's rate source counted per 5-second window, written to Parquet.
 
 Its spec declares it instead of a source and outputs::
@@ -19,7 +19,7 @@ import argparse
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.driver import supervised
+from spark_jobs.runtime.driver import supervised
 
 
 def main() -> None:

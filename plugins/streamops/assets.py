@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
 
+from spark_jobs.plan import SinkPlan, StreamPlan
 from spark_jobs.quality.rules import QualityRules
-from spark_jobs.spec import Layout, Output, ParquetSink, StreamSpec, TableSink
 from streamops import dag_id
 from streamops.triggers.sink_units import SinkUnitsTrigger
 
@@ -26,26 +26,25 @@ def asset_name(stream: str, output: str) -> str:
     return f"{dag_id(stream)}.{output}"
 
 
-def sink_uri(layout: Layout, output: Output) -> str:
-    sink = output.sink
-    if isinstance(sink, ParquetSink):
-        location = layout.data(sink.path)
-        return location if "://" in location else Path(location).resolve().as_uri()
-    url = urlsplit(layout.table_url(sink))
+def sink_uri(sink: SinkPlan) -> str:
+    if sink.kind == "parquet":
+        return sink.path if "://" in sink.path else Path(sink.path).resolve().as_uri()
+    url = urlsplit(sink.url)
     if url.scheme.startswith("sqlite"):
         return f"sqlite://{url.path}/{sink.table}"
     host = url.hostname or "localhost"
     return f"postgres://{host}:{url.port or 5432}/{url.path.strip('/') or 'postgres'}/public/{sink.table}"
 
 
-def sink_assets(spec: StreamSpec, layout: Layout, paths: dict[str, Any]) -> list[Asset]:
+def sink_assets(plan: StreamPlan, paths: dict[str, Any]) -> list[Asset]:
     """The stream's persisted sinks (Parquet, tables; not console or memory) as assets, each with
     the watcher that fires when its units close."""
-    return [Asset(name=asset_name(spec.name, o.name), uri=sink_uri(layout, o), group="stream sinks",
-                  extra={"stream": spec.name, "output": o.name, "sink": o.sink.type},
-                  watchers=[AssetWatcher(name=f"{asset_name(spec.name, o.name)}.units",
-                                         trigger=SinkUnitsTrigger(stream=spec.name, output=o.name, **paths))])
-            for o in spec.outputs if isinstance(o.sink, ParquetSink | TableSink)]
+    stream = plan.stream
+    return [Asset(name=asset_name(stream, o.name), uri=sink_uri(o.sink), group="stream sinks",
+                  extra={"stream": stream, "output": o.name, "sink": o.sink.kind},
+                  watchers=[AssetWatcher(name=f"{asset_name(stream, o.name)}.units",
+                                         trigger=SinkUnitsTrigger(stream=stream, output=o.name, **paths))])
+            for o in plan.outputs if o.sink.kind in ("parquet", "table")]
 
 
 def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:

@@ -30,8 +30,15 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
+from spark_jobs.spec.layout import (
+    Layout,
+    default_data_root,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import StreamSpec
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, sink_assets
@@ -48,11 +55,10 @@ from streamops.sensors.stream_health import StreamHealthSensor
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never "now"
 
 
-def _doc(spec: StreamSpec, what: str) -> str:
-    served = spec.served_output.name if spec.served_output else None
-    outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.type}"
-                        f"{' (the accepted rows, written by the ingestion)' if o.name == served else ''} |"
-                        for o in spec.outputs)
+def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
+    outputs = "\n".join(f"| `{o.name}` | {o.query.type} | {o.mode} | {o.sink.kind}"
+                        f"{' (the accepted rows, written by the ingestion)' if o.written_by_ingestion else ''} |"
+                        for o in plan.outputs)
     app = spec.application
     table = (f"Application `{app.path}` {' '.join(app.args)}, queries {', '.join(f'`{q}`' for q in app.queries)}"
              if app is not None else f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}")
@@ -87,10 +93,11 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
     spec = load_spec(spec_dir / f"{name}.yaml")
     load_rules(spec, spec_dir)  # an invalid rules file is the DAG file's import error too
     paths = {"spec_dir": str(spec_dir), "data_root": data_root}
+    plan = compile_plan(spec, Layout(spec, data_root or default_data_root(), spec_dir))
     tags = ["stream", spec.name]
     dags: dict[str, DAG] = {}
 
-    with DAG(dag_id(spec.name), doc_md=_doc(spec, "deploy and supervise"), schedule=None, start_date=START,
+    with DAG(dag_id(spec.name), doc_md=_doc(spec, plan, "deploy and supervise"), schedule=None, start_date=START,
              catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
         StreamSupervisorOperator(
             task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
@@ -103,13 +110,13 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
     stop_params = {"mode": Param("graceful", enum=["graceful", "immediate"],
                                  description="graceful: between micro-batches; immediate: kill the driver")}
-    with DAG(dag_id(spec.name, "stop"), doc_md=_doc(spec, "stop (it stays stopped)"), schedule=None,
+    with DAG(dag_id(spec.name, "stop"), doc_md=_doc(spec, plan, "stop (it stays stopped)"), schedule=None,
              start_date=START, catchup=False, max_active_runs=1, tags=tags, params=stop_params,
              default_args={**_default_args(spec), "retries": 0}) as stop_dag:
         StopStreamOperator(task_id="stop", stream=spec.name, mode="{{ params.mode }}", **paths)
     dags[stop_dag.dag_id] = stop_dag
 
-    with DAG(dag_id(spec.name, "restart"), doc_md=_doc(spec, "scheduled restart"),
+    with DAG(dag_id(spec.name, "restart"), doc_md=_doc(spec, plan, "scheduled restart"),
              schedule=spec.supervision.scheduled_restart, start_date=START, catchup=False, max_active_runs=1,
              tags=tags, default_args={**_default_args(spec), "retries": 0}) as restart_dag:
         stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
@@ -131,11 +138,12 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         downtime(stop.output, running.output)
     dags[restart_dag.dag_id] = restart_dag
     if spec.application is None:  # an application's own queries: nothing of the platform's to backfill or validate
-        dags |= _data_dags(spec, spec_dir, paths, tags)
+        dags |= _data_dags(spec, plan, spec_dir, paths, tags)
     return dags
 
 
-def _data_dags(spec: StreamSpec, spec_dir: Path, paths: dict[str, Any], tags: list[str]) -> dict[str, DAG]:
+def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[str, Any],
+               tags: list[str]) -> dict[str, DAG]:
     """The backfill and quality DAGs of a stream the platform runs from a source and outputs."""
     rules = load_rules(spec, spec_dir)
     dags: dict[str, DAG] = {}
@@ -149,7 +157,7 @@ def _data_dags(spec: StreamSpec, spec_dir: Path, paths: dict[str, Any], tags: li
     # each day it is given). Not schedule="@daily": Airflow 3 makes that a trigger timetable,
     # whose runs have an empty data interval (start == end), an empty range
     daily = CronDataIntervalTimetable("@daily", timezone="UTC")
-    with DAG(dag_id(spec.name, "backfill"), doc_md=_doc(spec, "backfill an event-time range"), schedule=daily,
+    with DAG(dag_id(spec.name, "backfill"), doc_md=_doc(spec, plan, "backfill an event-time range"), schedule=daily,
              start_date=START, catchup=False, max_active_runs=1, tags=tags, params=range_params,
              default_args={**_default_args(spec), "retries": 0}) as backfill_dag:
 
@@ -180,12 +188,11 @@ def _data_dags(spec: StreamSpec, spec_dir: Path, paths: dict[str, Any], tags: li
         bounds >> backfill >> validate
     dags[backfill_dag.dag_id] = backfill_dag
 
-    layout = Layout(spec, paths["data_root"] or default_data_root(), spec_dir)
-    assets = sink_assets(spec, layout, paths)
+    assets = sink_assets(plan, paths)
     when = " and ".join(filter(None, [f"when units of its sinks close (assets {', '.join(a.name for a in assets)}; "
                                       f"at most one event per sink per {rules.min_interval})" if rules.on_new_output
                                       else "", f"on `{rules.schedule}`" if rules.schedule else ""])) or "by hand"
-    quality_doc = (f"{_doc(spec, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
+    quality_doc = (f"{_doc(spec, plan, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
                    f"`include/expectations/` (plus the checks derived from the spec). Runs {when}.")
     with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=quality_schedule(rules, assets), start_date=START,
              catchup=False, max_active_runs=1, tags=[*tags, "quality"],

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from spark_jobs.checkpoint import (
+from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.checkpoint import (
     QueryCheckpoint,
     batch_planned_by,
     file_name,
@@ -34,9 +35,21 @@ from spark_jobs.checkpoint import (
     read_query_checkpoint,
     sink_files,
 )
-from spark_jobs.lease import holder_alive, latest, read_holder
-from spark_jobs.progress import read_events
-from spark_jobs.spec import INGEST_QUERY, FileSource, Layout, Restart, StreamSpec, duration_seconds
+from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.lease import (
+    holder_alive,
+    latest,
+    read_holder,
+)
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    FileSource,
+    Restart,
+    StreamSpec,
+    duration_seconds,
+)
 from streamops import tenure
 from streamops.restarts import RestartBudget
 
@@ -91,7 +104,7 @@ class Health:
     status: Status
     reason: str
     driver_pid: int | None
-    #: the machine (worker) the driver runs on, as its lease names it (spark_jobs.lease.host_id)
+    #: the machine (worker) the driver runs on, as its lease names it (spark_jobs.runtime.lease.host_id)
     driver_host: str | None
     backlog_files: int
     backlog_bytes: int
@@ -110,15 +123,16 @@ class Health:
         return data
 
     def summary(self) -> str:
-        age = "never" if self.last_commit_age_seconds is None else f"{self.last_commit_age_seconds:.0f}s ago"
         return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {self.backlog_files} file(s); "
-                f"last commit {age}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
+                f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 
-def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snapshot:
+def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None) -> Snapshot:
+    """What the stream's files say now. ``plan``: the stream's plan, if compiled already."""
     taken_at = time.time() if now is None else now
+    plan = plan or compile_plan(spec, layout)
     lag_window = duration_seconds(spec.supervision.lag_window)
-    queries = {name: read_query_checkpoint(layout.checkpoint(name)) for name in spec.query_names()}
+    queries = {name: read_query_checkpoint(plan.checkpoint(name)) for name in plan.queries}
     backlog = (0, 0)
     trend: dict[str, tuple[int | None, int]] = {}
     ingestion = queries.get(INGEST_QUERY)
@@ -129,7 +143,7 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None) -> Snap
         trend[INGEST_QUERY] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
     if ingestion is not None:
         # an output's backlog: accepted files the ingestion committed and the output has not taken
-        accepted = {file_name(p) for p in sink_files(layout.accepted)}
+        accepted = {file_name(p) for p in sink_files(plan.accepted)}
         for name, q in queries.items():
             if name != INGEST_QUERY:
                 trend[name] = (None, len(accepted - {file_name(p) for p in q.processed_files}))
@@ -243,8 +257,8 @@ def _lagging(snap: Snapshot) -> str | None:
     return None
 
 
-def assess(spec: StreamSpec, layout: Layout, now: float | None = None) -> Health:
-    snap = snapshot(spec, layout, now)
+def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None) -> Health:
+    snap = snapshot(spec, layout, now, plan)
     status, reason = classify(snap, duration_seconds(spec.supervision.stall_window))
     progress = list(snap.last_progress.values())
     newest = max(progress, key=lambda e: e.get("logged_at", 0), default={})

@@ -18,7 +18,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.spec import Restart
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.spec.models import Restart
 
 MAX_RECORDS = 200
 
@@ -48,10 +49,7 @@ class RestartBudget:
             raise ValueError(f"{self.path} is not a valid run history ({exc}); move it aside to reset it") from None
 
     def _save(self, runs: list[Run]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps([asdict(r) for r in runs[-MAX_RECORDS:]], indent=1))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps([asdict(r) for r in runs[-MAX_RECORDS:]], indent=1))
 
     def record_start(self, now: float) -> None:
         runs = self.runs()

@@ -8,7 +8,7 @@ stream that moved.
 
 Each try that starts supervising a stream creates the next numbered record in
 ``<checkpoint root>/_control/supervisors/`` (exclusively, as the lease's epochs are
-created: :func:`spark_jobs.lease.create_record`), on the storage every worker shares. The
+created: :func:`spark_jobs.runtime.lease.create_record`), on the storage every worker shares. The
 newest record is the current try; every earlier one is superseded and leaves the stream
 alone. A second DAG run cannot start while one runs (``max_active_runs=1``), so a newer
 record always means a newer try of the stream's supervision.
@@ -20,8 +20,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from spark_jobs.lease import SUPERVISORS as KIND
-from spark_jobs.lease import (
+from spark_jobs.runtime.lease import SUPERVISORS as KIND
+from spark_jobs.runtime.lease import (
     create_record,
     host_id,
     process_start,

@@ -33,15 +33,22 @@ from __future__ import annotations
 
 import json
 import time
-from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_specs
-from spark_jobs.standby import standbys
+from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.standby import standbys
+from spark_jobs.spec.layout import (
+    Layout,
+    default_data_root,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_specs
+from spark_jobs.spec.models import StreamSpec
 from streamops import DAG_ROLES, dag_id, views
 from streamops.ui_guard import (
     CSRF_FIELD,
@@ -59,11 +66,11 @@ DAY = 86400.0
 app = FastAPI(title="Streams", description="Status, actions and data quality of the streams",
               docs_url=None, redoc_url=None, openapi_url=None)
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;font-size:.9rem;vertical-align:top}
-.healthy,.idle,.passed{color:#126b12}.lagging,.starting{color:#9a6700}.stalled,.dead,.corrupt,.failed{color:#b00020;font-weight:600}
-form{display:inline-block;margin:0 .6rem .6rem 0;padding:.4rem;border:1px solid #ddd}.muted{color:#666}
-#streams-charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:.5rem}.trend{width:260px;height:70px}table.nodes{margin-top:.5rem}"""
+#: the pages' HTML (``templates/``); every value put in is escaped
+TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                        autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                        undefined=StrictUndefined)
+TEMPLATES.filters["ago"] = ago
 
 
 User = Annotated[object, Depends(current_user)]
@@ -153,72 +160,15 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     return status
 
 
-def _page(title: str, body: str, refresh: bool = False, static: str | None = None) -> str:
-    """A page; ``static``: the relative path to ``/static/`` for a page that draws with Plotly."""
-    meta = "<meta http-equiv='refresh' content='10'>" if refresh else ""
-    scripts = (f"<script src='{static}static/plotly.min.js'></script><script src='{static}static/streams.js'></script>"
-               if static is not None else "")
-    return (f"<!doctype html><html><head><meta charset='utf-8'>{meta}<title>{escape(title)}</title>"
-            f"<style>{STYLE}</style>{scripts}</head><body>{body}</body></html>")
-
-
-def _age(seconds: float | None) -> str:
-    return "never" if seconds is None else f"{seconds:.0f}s ago"
-
-
-def _validation_cell(name: str, v: dict[str, Any] | None, prefix: str) -> str:
-    if not v:
-        return "<span class='muted'>not validated yet</span>"
-    state = "passed" if v["ok"] else "failed"
-    return (f"<span class='{state}'>{state}</span> {escape(str(v['at']))}<br>{v['units']} unit(s), "
-            f"{v['failed_units']} failed; accounting {'balances' if v['accounting_ok'] else 'FAILS'}<br>"
-            f"<a href='{prefix}{name}/quality/'>summary</a> · <a href='{prefix}{name}/quality/docs/index.html'>Data Docs</a>")
-
-
 def _driver_cell(s: dict[str, Any]) -> str:
-    if not s.get("driver_pid"):
-        cell = "<span class='muted'>none</span>"
-    else:
-        cell = f"{escape(str(s.get('driver_host') or '?'))}<br><span class='muted'>pid {int(s['driver_pid'])}</span>"
-    if s.get("standby") is not None:  # the spec asks for a warm standby
-        ready = [f"{escape(str(b['host']))}, pid {int(b['pid'])}: {escape(str(b['state']))}" for b in s["standby"]]
-        cell += f"<br><span class='muted'>standby: {'; '.join(ready) if ready else 'none yet'}</span>"
-    return cell
-
-
-def _row(s: dict[str, Any], prefix: str, trend: bool = False, row_url: str | None = None) -> str:
-    committed = ", ".join(f"{q}: {'-' if b is None else b}" for q, b in (s.get("last_committed") or {}).items())
-    rates = s.get("input_rows_per_second"), s.get("processed_rows_per_second")
-    rate_text = " / ".join("-" if r is None else f"{r:.1f}" for r in rates)
-    stopped = " (stopped on purpose)" if s.get("stopped_on_purpose") else ""
-    name = escape(s["stream"])
-    refresh = f" data-row-url='{escape(row_url)}'" if row_url else ""
-    trend_cell = f"<td><div class='trend' data-stream='{name}'></div></td>" if trend else ""
-    return (f"<tr data-stream='{name}'{refresh}><td><a href='{prefix}{name}/'>{name}</a></td>"
-            f"<td class='status {escape(str(s['status']))}'>{escape(str(s['status']))}{stopped}<br>"
-            f"<span class='muted'>{escape(str(s.get('reason', '')))}</span></td>{trend_cell}"
-            f"<td>{_driver_cell(s)}</td>"
-            f"<td>{escape(committed)}<br>{_age(s.get('last_commit_age_seconds'))}</td><td>{rate_text}</td>"
-            f"<td>{s.get('backlog_files', '-')} file(s)</td><td>{escape(str(s.get('watermark') or '-'))}</td>"
-            f"<td>{s.get('restarts_last_day')}</td><td>{_validation_cell(s['stream'], s.get('validation'), prefix)}</td></tr>")
-
-
-def _head(trend: bool = False) -> str:
-    return ("<tr><th>stream</th><th>status</th>" + ("<th>last 15 min: processed rows/s, files waiting</th>" if trend else "")
-            + "<th>driver (worker)</th><th>last committed batch</th><th>rows/s in / processed</th><th>backlog</th><th>watermark</th>"
-            "<th>restarts (24 h)</th><th>last validation</th></tr>")
-
-
-HEAD = _head()
+    """Where the stream's driver runs, and its standby's state if the spec asks for one."""
+    return str(TEMPLATES.get_template("rows.html").module.driver_cell(s))
 
 
 @app.get("/", response_class=HTMLResponse)
 def index(user: User) -> str:
-    rows = [_row(stream_status(spec), "", trend=True) for spec in _readable(user)]
-    return _page("Streams", f"<h1>Streams</h1><table id='streams-trends' data-url='api/trends'>{_head(trend=True)}"
-                            f"{''.join(rows)}</table>"
-                            "<p class='muted'>Refreshes every 10 s. Open a stream for its charts, flow and actions.</p>",
-                 refresh=True, static="")
+    return TEMPLATES.get_template("index.html").render(
+        statuses=[stream_status(spec) for spec in _readable(user)], refresh=True, static="")
 
 
 @app.get("/api/status")
@@ -272,7 +222,7 @@ def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSON
 @app.get("/{stream}/row", response_class=HTMLResponse)
 def stream_row(stream: str, user: User) -> str:
     """The stream's status row, which its page refreshes."""
-    return _row(stream_status(_spec(stream, user)), "../", row_url="row")
+    return TEMPLATES.get_template("row.html").render(s=stream_status(_spec(stream, user)), prefix="../", row_url="row")
 
 
 @app.get("/dag/{dag}")
@@ -309,30 +259,12 @@ def stream_page(stream: str, request: Request, user: User, triggered: str | None
                 range: str = views.DEFAULT_RANGE) -> str:  # noqa: A002
     spec = _spec(stream, user)
     chosen = _range(range)
-    s = stream_status(spec)
-    note = f"<p class='passed'>Triggered: {escape(triggered)}</p>" if triggered else ""
-    forms = []
-    for action, (role, what) in _actions(spec).items():
-        fields = ""
-        if action == "stop":
-            fields = "<select name='mode'><option>graceful</option><option>immediate</option></select> "
-        if action == "backfill":
-            fields = ("<input name='start' placeholder='start, e.g. 2026-01-01T00:00:00Z' required> "
-                      "<input name='end' placeholder='end (exclusive)' required> ")
-        fields += f"<input type='hidden' name='{CSRF_FIELD}' value='{csrf_token(request)}'>"
-        forms.append(f"<form method='post' action='actions/{action}'>{fields}<button type='submit' "
-                     f"name='action' value='{action}'>{action}</button> <span class='muted'>{what} "
-                     f"(<code>{escape(dag_id(stream, role))}</code>)</span></form>")
-    ranges = " · ".join(f"<b>{key}</b>" if key == chosen else f"<a href='?range={key}'>{key}</a>" for key in views.RANGES)
-    charts = "".join(f"<div class='chart' id='chart-{c}'></div>" for c in CHARTS)
-    return _page(f"Stream {stream}",
-                 f"<p><a href='../'>All streams</a></p><h1>Stream <code>{escape(stream)}</code></h1>"
-                 f"<p>{escape(spec.description)}</p>{note}<table>{HEAD}{_row(s, '../', row_url='row')}</table>"
-                 f"<p>Range: {ranges} <span class='muted'>(the charts, the flow and the status refresh every 15 s)</span></p>"
-                 f"<h2 id='flow'>Flow</h2><div id='streams-flow' data-url='api/flow?range={chosen}'><div class='plot'></div>"
-                 f"<table class='nodes'></table></div>"
-                 f"<h2 id='charts'>History</h2><div id='streams-charts' data-url='api/charts?range={chosen}'>{charts}</div>"
-                 f"<h2>Actions</h2>{''.join(forms)}", static="../")
+    actions = [{"name": action, "what": what, "dag": dag_id(stream, role)}
+               for action, (role, what) in _actions(spec).items()]
+    return TEMPLATES.get_template("stream.html").render(
+        stream=stream, description=spec.description, triggered=triggered, status=stream_status(spec),
+        ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
+        csrf_token=csrf_token(request), refresh=False, static="../")
 
 
 @app.post("/{stream}/actions/{action}")

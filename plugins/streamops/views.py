@@ -1,6 +1,6 @@
 """What the Streams pages draw, as data: a stream's charts over a range, its flow graph, its trend.
 
-All of it is read from files, without Spark: the stream's history (:mod:`spark_jobs.history`,
+All of it is read from files, without Spark: the stream's history (:mod:`spark_jobs.runtime.history`,
 folded from the driver's progress events and the supervisor's backlog samples), its runs
 (``runs.json``: starts, restarts, stops), its quality ledger (validations and their results)
 and the health the checkpoint shows. The pages' script (``static/streams.js``) draws it with
@@ -12,15 +12,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-from spark_jobs.history import MINUTE, STREAM, History, Point
+from spark_jobs.plan import compile_plan
 from spark_jobs.quality.ledger import read_ledger
-from spark_jobs.spec import (
+from spark_jobs.runtime.clock import epoch_seconds, iso
+from spark_jobs.runtime.history import (
+    MINUTE,
+    STREAM,
+    History,
+    Point,
+)
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
     INGEST_QUERY,
     FileSource,
-    Layout,
     Output,
     ParquetSink,
     StreamSpec,
@@ -41,10 +47,6 @@ def range_seconds(key: str) -> float:
     if key not in RANGES:
         raise RangeError(f"range must be one of {', '.join(RANGES)}, not {key!r}")
     return RANGES[key]
-
-
-def iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _label(query: str) -> str:
@@ -72,13 +74,14 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
     data = history.series(since, now, tier=tier)
     per_minute = tier == MINUTE
     queries = _queries(data)
+    ingesting = compile_plan(spec, layout).ingestion is not None
 
     def points(query: str, metric: str) -> list[Point]:
         return data.get((query, metric), [])
 
     rates = []
-    if INGEST_QUERY in queries or not spec.has_ingestion:
-        first = INGEST_QUERY if spec.has_ingestion else (queries[0] if queries else None)
+    if INGEST_QUERY in queries or not ingesting:
+        first = INGEST_QUERY if ingesting else (queries[0] if queries else None)
         if first is not None:
             rates.append(_trace("input", points(first, "input_rows") if per_minute else points(first, "input_rps"),
                                 (lambda p: p.sum / MINUTE) if per_minute else (lambda p: p.last)))
@@ -112,11 +115,11 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
             {"id": "durations", "title": "Batch duration against the trigger interval", "y": "seconds",
              "traces": durations},
             {"id": "backlog", "title": "Backlog: files and rows waiting", "y": "files", "y2": "rows",
-             "traces": backlog if spec.has_ingestion else []},
+             "traces": backlog if ingesting else []},
             {"id": "lag", "title": "Event-time lag (batch time minus watermark)", "y": "seconds", "traces": lag},
             {"id": "state", "title": "State rows", "y": "rows", "traces": state},
             {"id": "quarantine", "title": "Quarantined share of the rows the ingestion classified", "y": "%",
-             "traces": [share] if spec.has_ingestion else []},
+             "traces": [share] if ingesting else []},
         ],
         "markers": markers(layout, since, now),
     }
@@ -143,19 +146,12 @@ def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
                         f"driver ended: {run.get('reason') or 'exit ' + str(run.get('exit_code'))}"})
         previous = run
     for run in read_ledger(layout.quality_dir).get("runs", []):
-        at = _seconds(run.get("at"))
+        at = epoch_seconds(run.get("at"))
         if at is not None and since <= at <= until:
             out.append({"at": run["at"], "kind": "validation" if run.get("ok") else "validation failed",
                         "text": f"validated {run.get('units', 0)} unit(s), {run.get('failed', 0)} failed"
                                 + (f" (backfill {run['backfill']})" if run.get("backfill") else "")})
     return sorted(out, key=lambda m: m["at"])
-
-
-def _seconds(value: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def quality_of(layout: Layout, output: str) -> dict[str, Any] | None:
@@ -181,6 +177,7 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
     now = time.time() if now is None else now
     totals = History(layout.history_file).totals(now - seconds, now)
     committed = health.get("last_committed") or {}
+    plan = compile_plan(spec, layout)
     nodes: list[dict[str, Any]] = []
     links: list[dict[str, Any]] = []
 
@@ -202,28 +199,27 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
         return "no batch committed" if batch is None else f"last committed batch {batch}"
 
     status = str(health.get("status", "unknown"))
-    if spec.has_ingestion:
+    if plan.ingestion is not None:
         source = spec.source
         where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
         backlog = health.get("backlog_files")
         landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
         ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}; "
                       f"{_accounting(layout)}", status, url="#charts")
-        accepted = node("accepted", "accepted rows", f"{layout.accepted} (Parquet, by event date)", status)
+        accepted = node("accepted", "accepted rows", f"{plan.accepted} (Parquet, by event date)", status)
         link(landing, ingest, total(INGEST_QUERY, "input_rows"), "rows read")
         link(ingest, accepted, total(INGEST_QUERY, "accepted"), "accepted")
-        if spec.quarantine is not None:
-            link(ingest, node("quarantine", "quarantine", f"{layout.data(spec.quarantine.path)}"),
+        if plan.ingestion.quarantine is not None:
+            link(ingest, node("quarantine", "quarantine", plan.ingestion.quarantine),
                  total(INGEST_QUERY, "quarantined"), "malformed or invalid")
         link(ingest, node("duplicates", "duplicates", "dropped by the deduplication"),
              total(INGEST_QUERY, "duplicates"), "duplicates")
         link(ingest, node("late", "dropped late", "behind the watermark"), total(INGEST_QUERY, "late"), "late")
-        queried = set(spec.query_names())
         for output in spec.outputs:
-            served = output.name not in queried
+            served = plan.output(output.name).written_by_ingestion
             rows_in = total(INGEST_QUERY, "accepted") if served else total(output.name, "input_rows")
             o = node(f"output:{output.name}", output.name,
-                     "served by the ingestion: its sink is the accepted-rows table" if served else
+                     "written by the ingestion: its sink is the accepted-rows table" if served else
                      f"{output.mode} output; {batch_of(output.name)}",
                      status if served or committed.get(output.name) is not None else "starting")
             link(accepted, o, rows_in, "accepted rows read")
@@ -232,7 +228,7 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
             link(o, sink, rows_in if served or not written else written, "rows written" if written else "rows")
     else:  # an application of the user's own: its queries, as Spark reports them
         app = node("application", spec.name, f"{status}: {health.get('reason', '')}", status, url="#charts")
-        for query in spec.query_names():
+        for query in plan.queries:
             link(app, node(f"output:{query}", query, batch_of(query)), total(query, "input_rows"), "rows read")
     return {"stream": spec.name, "range": range_key, "nodes": nodes, "links": links}
 

@@ -1,6 +1,6 @@
 """Where every input row went, checked in one place.
 
-The stream, from its ingestion (spark_jobs.ingest)::
+The stream, from its ingestion (spark_jobs.flows.ingestion)::
 
     input = accepted + quarantined + duplicates + dropped late + unmatched
 
@@ -47,7 +47,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_jobs.spec import Aggregation, Output, ParquetSink, Passthrough, StreamSpec, TableSink
+from spark_jobs.spec.models import (
+    Aggregation,
+    Output,
+    ParquetSink,
+    Passthrough,
+    StreamSpec,
+    TableSink,
+)
 
 BALANCED, UNBALANCED, PENDING, INCOMPLETE, NOT_CHECKABLE = (
     "balanced", "unbalanced", "pending", "incomplete", "not checkable")
@@ -235,14 +242,14 @@ def output_balance(output: str, totals: Totals, measured: int | None, measured_b
     return _settle(b, "rows lost from or added to the sink")
 
 
-def served_balance(output: str, ingested: Totals, accepted: int, accepted_batch: int | None) -> Balance:
+def written_by_ingestion_balance(output: str, ingested: Totals, accepted: int, accepted_batch: int | None) -> Balance:
     """The output the ingestion serves: the rows the ingestion accepted against the rows
     its sink (the accepted-rows table, holding batches up to ``accepted_batch``) holds.
     Nothing is dropped between the two: they are one write."""
     b = Balance(output, BALANCED, "", ingested.accepted, accepted, batches=ingested.through_batch + 1)
     b = _pending_or_incomplete(b, ingested, {"sink": accepted_batch})
     if b.status == BALANCED and not b.message:
-        b.message = "served by the ingestion: its sink is the accepted-rows table"
+        b.message = "written by the ingestion: its sink is the accepted-rows table"
     return _settle(b, "rows lost from or added to the sink")
 
 

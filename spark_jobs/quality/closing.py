@@ -5,10 +5,10 @@ asset events announce (``streamops.triggers.sink_units``) are the same thing, de
 
 * a window (``window``) is final in its sink once the output's batch whose watermark passed
   the window's end is committed; so is an event-time period of the output the ingestion
-  serves (its sink is the accepted-rows table);
+  writes itself (its sink is the accepted-rows table);
 * a period of any other pass-through output (``period``) once the stream's watermark passed
   it and the output took every row the ingestion accepted before
-  (:func:`~spark_jobs.checkpoint.watermark_seen_by`);
+  (:func:`~spark_jobs.runtime.checkpoint.watermark_seen_by`);
 * a table (``snapshot``) is validated whole, at each newly committed batch.
 
 :func:`validation_delays` measures how soon validation followed: from a unit's closing (the
@@ -18,12 +18,22 @@ commit of the batch that closed it) to its validation (the ledger's ``validated_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-from spark_jobs.checkpoint import batch_ids, batch_watermark_ms, last_batch, watermark_seen_by
+from spark_jobs.plan import StreamPlan
 from spark_jobs.quality.rules import Target
-from spark_jobs.spec import INGEST_QUERY, Aggregation, Layout, Output, StreamSpec, duration_seconds
+from spark_jobs.runtime.checkpoint import (
+    batch_ids,
+    batch_watermark_ms,
+    last_batch,
+    watermark_seen_by,
+)
+from spark_jobs.runtime.clock import epoch_ms, iso
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    Aggregation,
+    duration_seconds,
+)
 
 #: units listed in one announcement at most (a long outage closes many: the rest are counted)
 MAX_LISTED = 100
@@ -41,32 +51,23 @@ class Closed:
     batch: int | None
 
 
-def served(spec: StreamSpec, output: Output) -> bool:
-    s = spec.served_output
-    return s is not None and s.name == output.name
-
-
-def checkpoint_of(spec: StreamSpec, layout: Layout, output: Output) -> str:
+def checkpoint_of(plan: StreamPlan, output: str) -> str:
     """The checkpoint of the query that writes the output: the ingestion's for the output it
-    serves (that output has no query of its own)."""
-    return layout.checkpoint(INGEST_QUERY if served(spec, output) else output.name)
+    writes itself (that output has no query of its own)."""
+    return plan.checkpoint(INGEST_QUERY if plan.output(output).written_by_ingestion else output)
 
 
-def closed(spec: StreamSpec, layout: Layout, target: Target) -> Closed:
+def closed(plan: StreamPlan, target: Target) -> Closed:
     output = target.output
-    checkpoint = checkpoint_of(spec, layout, output)
+    checkpoint = checkpoint_of(plan, output.name)
     batch = last_batch(checkpoint, "commits")
     through = None
     if batch is not None and target.kind != "snapshot":
-        if target.kind == "window" or served(spec, output):
+        if target.kind == "window" or plan.output(output.name).written_by_ingestion:
             through = batch_watermark_ms(checkpoint, batch)
         else:
-            through = watermark_seen_by(layout.checkpoint(INGEST_QUERY), layout.accepted, checkpoint)
+            through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.accepted, checkpoint)
     return Closed(output.name, target.kind, through or None, batch)
-
-
-def _iso(ms: float) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def unit_ends(target: Target, after_ms: int | None, through_ms: int) -> list[int] | None:
@@ -101,20 +102,20 @@ def announcement(target: Target, now: Closed, before: Closed | None) -> dict | N
     ends = unit_ends(target, after, now.through_ms)
     if ends is not None and not ends:
         return None  # the watermark moved on inside a unit: nothing closed
-    event = {"output": now.output, "kind": now.kind, "closed_through": _iso(now.through_ms), "batch": now.batch,
-             "since": None if after is None else _iso(after)}
+    event = {"output": now.output, "kind": now.kind, "closed_through": iso(now.through_ms / 1000), "batch": now.batch,
+             "since": None if after is None else iso(after / 1000)}
     if ends is not None:
-        event["units"] = [_iso(e) for e in ends[-MAX_LISTED:]]
+        event["units"] = [iso(e / 1000) for e in ends[-MAX_LISTED:]]
         event["more_units"] = max(0, len(ends) - MAX_LISTED)
     return event
 
 
-def closed_at(spec: StreamSpec, layout: Layout, output: Output, unit: dict) -> float | None:
+def closed_at(plan: StreamPlan, output: str, unit: dict) -> float | None:
     """When a validated unit (a ledger record) closed: the commit of the output's first batch
     whose watermark passed its end (a window or period), or of the batch it names (a table's
     ``batch N``). None when the checkpoint no longer keeps that batch (Spark keeps the last 100)."""
-    checkpoint = Path(checkpoint_of(spec, layout, output))
-    end = _ms(unit.get("end"))
+    checkpoint = Path(checkpoint_of(plan, output))
+    end = epoch_ms(unit.get("end"))
     name = str(unit.get("unit", ""))
     for batch in batch_ids(checkpoint, "commits"):
         if end is None:
@@ -131,27 +132,20 @@ def closed_at(spec: StreamSpec, layout: Layout, output: Output, unit: dict) -> f
     return None
 
 
-def validation_delays(spec: StreamSpec, layout: Layout, ledger: dict, since: float = 0.0) -> list[float]:
+def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> list[float]:
     """Seconds from each unit's closing to its validation, for the units validated since ``since``:
     how fresh validation follows new output."""
     delays = []
     for name, entry in (ledger.get("outputs") or {}).items():
         try:
-            output = spec.output(name)
+            plan.output(name)
         except KeyError:
             continue
         for unit in (entry.get("units") or {}).values():
-            validated = _ms(unit.get("validated_at"))
+            validated = epoch_ms(unit.get("validated_at"))
             if validated is None or validated / 1000 < since:
                 continue
-            closed_time = closed_at(spec, layout, output, unit)
+            closed_time = closed_at(plan, name, unit)
             if closed_time is not None:
                 delays.append(max(0.0, validated / 1000 - closed_time))
     return delays
-
-
-def _ms(value: object) -> int | None:
-    try:
-        return int(datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None

@@ -18,10 +18,11 @@ import fcntl
 import json
 import logging
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from spark_jobs.runtime.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,7 @@ class Ledger:
         self.data["runs"] = (self.data["runs"] + [summary])[-MAX_RUNS:]
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str), encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.data, indent=1, default=str))
 
 
 def read_ledger(quality_dir: str | os.PathLike[str]) -> dict[str, Any]:

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-from html import escape
 from pathlib import Path
 from typing import Any
 
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
 from spark_jobs.quality.ledger import Ledger
-from spark_jobs.spec import StreamSpec
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.spec.models import StreamSpec
 
 SHOWN_UNITS = 300
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}table{border-collapse:collapse;margin:.5rem 0 1.5rem}
-td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;vertical-align:top;font-size:.9rem}
-.passed{color:#126b12}.failed{color:#b00020;font-weight:600}.muted{color:#666}"""
+#: the page's HTML (``templates/summary.html``); every value put in is escaped
+PAGES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                    autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True,
+                    undefined=StrictUndefined)
 
 
 def summary(spec: StreamSpec, ledger: Ledger) -> dict[str, Any]:
@@ -40,49 +43,17 @@ def summary(spec: StreamSpec, ledger: Ledger) -> dict[str, Any]:
             "ok": bool(last and last["ok"])}
 
 
-def _unit_rows(units: list[dict[str, Any]], docs_prefix: str) -> str:
-    rows = []
-    for u in units[:SHOWN_UNITS]:
-        link = f' <a href="{docs_prefix}{escape(u["docs"])}">result</a>' if u.get("docs") else ""
-        failed = "<br>".join(escape(f) for f in u["failed"]) or '<span class="muted">-</span>'
-        rows.append(f'<tr><td>{escape(u["unit"])}</td><td class="{u["status"]}">{u["status"]}</td>'
-                    f'<td>{u["rows"]}</td><td>{failed}</td><td>{escape(u["validated_at"])}{link}</td></tr>')
-    return "".join(rows)
-
-
 def render(spec: StreamSpec, ledger: Ledger) -> str:
     s = summary(spec, ledger)
-    head = "<tr><th>unit</th><th>result</th><th>rows</th><th>failed checks</th><th>validated</th></tr>"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Data quality: {spec.name}</title>"
-             f"<style>{STYLE}</style></head><body><h1>Data quality of stream <code>{spec.name}</code></h1>",
-             '<p><a href="docs/index.html">Great Expectations Data Docs</a></p>']
-    acc = s["accounting"]
-    if acc:
-        state = "passed" if acc["ok"] else "failed"
-        parts.append(f"<h2>Accounting <span class='{state}'>{'balances' if acc['ok'] else 'FAILS'}</span></h2>"
-                     f"<p>{acc['input']} input rows, {acc['quarantined']} quarantined "
-                     f"({acc['quarantine_rate']:.2%}; threshold {acc['max_quarantine_rate']:.2%})</p><table>"
-                     "<tr><th>output</th><th>status</th><th>input</th><th>accepted</th><th>quarantined</th>"
-                     "<th>duplicates</th><th>dropped late</th><th>note</th></tr>")
-        for b in acc["balances"]:
-            cls = "failed" if b["status"] == "unbalanced" else "passed" if b["status"] == "balanced" else "muted"
-            accepted = "-" if b["accepted"] is None else b["accepted"]
-            parts.append(f"<tr><td>{b['output']}</td><td class='{cls}'>{b['status']}</td><td>{b['input']}</td>"
-                         f"<td>{accepted}</td><td>{b['quarantined']}</td><td>{b['duplicates']}</td>"
-                         f"<td>{b['dropped_late']}</td><td>{escape(b['message'])}</td></tr>")
-        parts.append("</table>")
-    for name, entry in ledger.data["outputs"].items():
-        o = s["outputs"][name]
-        units = sorted(entry["units"].values(), key=lambda u: u["unit"], reverse=True)
-        parts.append(f"<h2>{name}</h2><p>{o['validated']} unit(s) validated: {o['passed']} passed, "
-                     f"<span class='{'failed' if o['failed'] else 'muted'}'>{o['failed']} failed</span>"
-                     f"{f' (newest {SHOWN_UNITS} shown)' if len(units) > SHOWN_UNITS else ''}</p>"
-                     f"<table>{head}{_unit_rows(units, 'docs/')}</table>")
-    for name, ranges in ledger.data["backfills"].items():
-        units = sorted(ranges.values(), key=lambda u: u["unit"], reverse=True)
-        parts.append(f"<h2>{name}: backfills</h2><table>{head}{_unit_rows(units, 'docs/')}</table>")
-    parts.append("</body></html>")
-    return "".join(parts)
+
+    def newest_first(units: Any) -> list[dict[str, Any]]:
+        return sorted(units, key=lambda u: u["unit"], reverse=True)
+
+    outputs = [(name, s["outputs"][name], newest_first(entry["units"].values()))
+               for name, entry in ledger.data["outputs"].items()]
+    backfills = [(name, newest_first(ranges.values())) for name, ranges in ledger.data["backfills"].items()]
+    return PAGES.get_template("summary.html").render(stream=spec.name, accounting=s["accounting"], outputs=outputs,
+                                                     backfills=backfills, shown=SHOWN_UNITS)
 
 
 def write_summary(spec: StreamSpec, ledger: Ledger, directory: Path, docs_index: Path) -> Path:
@@ -93,7 +64,5 @@ def write_summary(spec: StreamSpec, ledger: Ledger, directory: Path, docs_index:
         docs.symlink_to(os.path.relpath(docs_index.parent, directory), target_is_directory=True)
     for name, text in (("index.html", render(spec, ledger)),
                        ("summary.json", json.dumps(summary(spec, ledger), indent=1, default=str))):
-        tmp = directory / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, directory / name)
+        write_atomically(directory / name, text)
     return directory / "index.html"

@@ -34,11 +34,17 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from spark_jobs.spec import (
+from spark_jobs.plan import result_columns, result_key
+from spark_jobs.spec.loading import (
+    load_yaml,
+    yaml_problem,
+)
+from spark_jobs.spec.models import (
     CODE_QUERIES,
     WINDOW_END,
     WINDOW_START,
     Aggregation,
+    Duration,
     Output,
     ParquetSink,
     Passthrough,
@@ -46,10 +52,8 @@ from spark_jobs.spec import (
     StreamSpec,
     Strict,
     TableSink,
-    _check_duration,
-    field_problems,
 )
-from spark_jobs.strict_yaml import load_yaml, yaml_problem
+from spark_jobs.spec.validation import field_problems
 
 EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
 #: Arguments that name columns of the output, checked against its result columns.
@@ -58,14 +62,9 @@ COLUMN_LIST_ARGS = ("column_list", "column_set")
 
 
 class OutputRules(Strict):
-    unit: str | None = None
-    freshness: str | None = None
+    unit: Duration | None = None
+    freshness: Duration | None = None
     expectations: list[dict[str, dict[str, Any]]] = Field(default_factory=list)
-
-    @field_validator("unit", "freshness")
-    @classmethod
-    def _duration(cls, v: str | None) -> str | None:
-        return v if v is None else _check_duration(v)
 
     @field_validator("expectations")
     @classmethod
@@ -81,15 +80,10 @@ class OutputRules(Strict):
 
 class QualityRules(Strict):
     on_new_output: bool = True
-    min_interval: str = "2 minutes"
+    min_interval: Duration = "2 minutes"
     schedule: str | None = None
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
     outputs: dict[str, OutputRules] = Field(default_factory=dict)
-
-    @field_validator("min_interval")
-    @classmethod
-    def _interval(cls, v: str) -> str:
-        return _check_duration(v)
 
     @field_validator("schedule")
     @classmethod
@@ -147,7 +141,7 @@ def parse_rules(data: Any, spec: StreamSpec, source: str | os.PathLike[str] = "<
             problems.append((where, f"stream {spec.name!r} has no output {name!r}; it has {sorted(outputs)}"))
             continue
         output = outputs[name]
-        columns = spec.result_columns(output)  # None for SQL: checked against Spark's schema (spark_jobs.check)
+        columns = result_columns(spec, output)  # None for SQL: checked against Spark's schema (spark_jobs.analysis)
         if out_rules.unit and not isinstance(output.query, Passthrough):
             problems.append((f"{where}.unit", "only a pass-through output has a unit; a windowed output is "
                                               "validated window by window, a table as a whole"))
@@ -196,7 +190,7 @@ def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[
     the result columns of SQL and Python outputs to Parquet, as Spark analyzes them: one
     with ``window_start`` and ``window_end`` is cut into windows, one with the event-time
     column into periods."""
-    from spark_jobs.spec import duration_seconds
+    from spark_jobs.spec.models import duration_seconds
 
     found, skipped = [], []
     for output in spec.outputs:
@@ -235,7 +229,7 @@ def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, di
 
     Column types are added by the validation job from the query's real Spark schema.
     """
-    columns = spec.result_columns(output)
+    columns = result_columns(spec, output)
     q = output.query
     checks: list[tuple[str, dict[str, Any]]] = []
     if columns is not None:  # a SQL or Python query's column set and types come from Spark's schema of it
@@ -249,7 +243,7 @@ def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, di
             not_null.append(et.column)
         checks += [("expect_column_values_to_not_be_null", {"column": c}) for c in not_null]
     if isinstance(q, Aggregation) or columns is None:
-        key = spec.result_key(output)
+        key = result_key(spec, output)
     else:
         key = [k for k in (spec.deduplicate.key if spec.deduplicate else []) if k in columns]
     if len(key) == 1:

@@ -6,7 +6,7 @@ Units (see :class:`~spark_jobs.quality.rules.Target`):
   reaches the sink only when the watermark has passed its end, so it is final);
 * a pass-through output: each event-time period (``unit`` in the rules, default one
   hour) once the stream's watermark has passed its end and the output has taken every
-  row the ingestion accepted before (:func:`~spark_jobs.checkpoint.watermark_seen_by`);
+  row the ingestion accepted before (:func:`~spark_jobs.runtime.checkpoint.watermark_seen_by`);
   the output the ingestion serves (its sink is the accepted-rows table) once the
   watermark of the ingestion's last committed batch has passed it;
 * a table: its whole content, once per newly applied batch.
@@ -34,19 +34,24 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import pipeline
-from spark_jobs.checkpoint import read_query_checkpoint, sink_last_batch
-from spark_jobs.plan import StreamPlan
-from spark_jobs.progress import read_events
+from spark_jobs import analysis, frames
+from spark_jobs.plan import StreamPlan, has_ingestion, result_columns
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality import closing
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
-from spark_jobs.spec import (
+from spark_jobs.runtime.checkpoint import (
+    read_query_checkpoint,
+    sink_last_batch,
+)
+from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.sinks import table as table_sink
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
     CODE_QUERIES,
     INGEST_QUERY,
     WINDOW_START,
-    Layout,
     Output,
     ParquetSink,
     SpecError,
@@ -68,15 +73,6 @@ def docs_index(spec: StreamSpec, layout: Layout) -> Path:
     return layout.quality_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
 
 
-def iso(value: datetime) -> str:
-    value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
 def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
     """A Parquet sink's committed rows, or None if nothing was committed yet."""
     try:
@@ -90,12 +86,12 @@ def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
 
 def expected_schema(spark: SparkSession, plan: StreamPlan, output: str) -> StructType:
     """The schema the output's query produces, from the stream's resolved plan
-    (``pipeline.resolve_plan``) over no rows."""
+    (``analysis.resolve_plan``) over no rows."""
     from pyspark.sql import types as T
 
     assert plan.ingestion is not None
     empty = spark.createDataFrame([], plan.ingestion.accepted_ddl)
-    frame = pipeline.output_frame(empty, plan, plan.output(output))
+    frame = frames.output_frame(empty, plan, plan.output(output))
     return T.StructType(frame.schema.fields)
 
 
@@ -107,7 +103,7 @@ class Validator:
         import great_expectations as gx
 
         self.spark, self.spec, self.layout, self.rules = spark, spec, layout, rules
-        self.run_id = run_id or datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        self.run_id = run_id or f"{compact(datetime.now(UTC))}-{uuid.uuid4().hex[:6]}"
         self.dir = layout.quality_dir
         self.ledger = Ledger(self.dir / "ledger.json")
         self.context = gx.get_context(mode="file", project_root_dir=str(self.dir))
@@ -121,7 +117,7 @@ class Validator:
     @cached_property
     def plan(self) -> StreamPlan:
         """The stream's plan, resolved once per run (a transform is analyzed by Spark)."""
-        return pipeline.resolve_plan(self.spark, self.spec, self.layout)
+        return analysis.resolve_plan(self.spark, self.spec, self.layout)
 
     def schema(self, output: Output) -> StructType:
         if output.name not in self._schemas:
@@ -137,7 +133,7 @@ class Validator:
         made = []
         platform = {"source": "platform (from the stream spec)"}
         checks = [(n, kw, platform, None) for n, kw in target.derived]
-        if self.spec.result_columns(target.output) is None:  # its columns are those of Spark's schema of the query
+        if result_columns(self.spec, target.output) is None:  # its columns are those of Spark's schema of the query
             checks.append(("expect_table_columns_to_match_set",
                            {"column_set": [f.name for f in schema.fields], "exact_match": True}, platform, None))
         checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},
@@ -282,7 +278,7 @@ class Validator:
         if target.kind == "snapshot":
             return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
 
-        wm_ms = closing.closed(self.spec, self.layout, target).through_ms or 0  # how far its units are final
+        wm_ms = closing.closed(self.plan, target).through_ms or 0  # how far its units are final
         prev_ms = entry.get("watermark_ms")
         frame = read_committed(self.spark, self.layout.data(output.sink.path))
         report["watermark"] = iso(from_ms(wm_ms)) if wm_ms else None
@@ -316,8 +312,7 @@ class Validator:
             def unit_of(value: Any) -> str | None:
                 if not isinstance(value, datetime):
                     return None
-                ms = int(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
-                return iso(from_ms(ms // period_ms * period_ms))
+                return iso(from_ms(to_ms(value) // period_ms * period_ms))
 
             def bounds(value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
                 return value, value + timedelta(milliseconds=period_ms)
@@ -359,7 +354,7 @@ class Validator:
         if not target.freshness_seconds or not wm_ms or not entry["units"]:
             return
         newest = max(u["end"] for u in entry["units"].values() if u.get("end"))
-        behind = from_ms(wm_ms) - datetime.fromisoformat(newest.replace("Z", "+00:00"))
+        behind = from_ms(wm_ms) - parse_iso(newest)
         if behind.total_seconds() > target.freshness_seconds:
             report["problems"].append(f"freshness: the newest closed unit ends {newest}, {behind} before the "
                                       f"watermark (allowed: {timedelta(seconds=target.freshness_seconds)})")
@@ -389,9 +384,9 @@ class Validator:
 
     def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
 
-        columns = [(f.name, pipeline.spec_type(f.dataType)) for f in schema.fields]
-        return pipeline.table_writer(columns, self.plan.output(output.name),
-                                     pipeline.table_sink_id(self.spec.name, output.name, query_id))
+        columns = [(f.name, table_sink.spec_type(f.dataType)) for f in schema.fields]
+        return table_sink.table_writer(columns, self.plan.output(output.name),
+                                     table_sink.table_sink_id(self.spec.name, output.name, query_id))
 
     # ---- backfilled ranges ------------------------------------------------------------------
 
@@ -415,40 +410,37 @@ class Validator:
         self.ledger.record_backfill(output.name, units[unit])
         return report
 
-    def _served(self, output: Output) -> bool:
-        return closing.served(self.spec, output)
-
     def _checkpoint_of(self, output: Output) -> str:
-        return closing.checkpoint_of(self.spec, self.layout, output)
+        return closing.checkpoint_of(self.plan, output.name)
 
     # ---- accounting ---------------------------------------------------------------------------
 
     def account(self) -> acc.StreamAccounting | None:
         """The stream's balance from its ingestion, then each output's (see accounting)."""
-        if not self.spec.has_ingestion:
+        if not has_ingestion(self.spec):
             return None
         events = list(read_events(self.layout.events_file))
         totals = self.ledger.data["totals"]
 
         def committed(query: str) -> tuple[acc.Totals, Any]:
-            ck = read_query_checkpoint(self.layout.checkpoint(query), with_files=False)
+            ck = read_query_checkpoint(self.plan.checkpoint(query), with_files=False)
             t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed,
                          ingestion=query == INGEST_QUERY)
             totals[query] = t.to_dict()
             return t, ck
 
         ingested, _ = committed(INGEST_QUERY)
-        accepted = read_committed(self.spark, self.layout.accepted)
-        accepted_rows, accepted_batch = 0 if accepted is None else accepted.count(), sink_last_batch(self.layout.accepted)
-        quarantine_path = self.layout.data(self.spec.quarantine.path) if self.spec.quarantine else None
+        accepted = read_committed(self.spark, self.plan.accepted)
+        accepted_rows, accepted_batch = 0 if accepted is None else accepted.count(), sink_last_batch(self.plan.accepted)
+        quarantine_path = self.plan.ingestion.quarantine if self.plan.ingestion else None
         quarantine = read_committed(self.spark, quarantine_path) if quarantine_path else None
         quarantined = 0 if quarantine is None else quarantine.count()
         balances = [acc.ingestion_balance(
             ingested, accepted_rows, accepted_batch,
             quarantined, sink_last_batch(quarantine_path) if quarantine_path else ingested.through_batch)]
         for output in self.spec.outputs:
-            if self._served(output):
-                balances.append(acc.served_balance(output.name, ingested, accepted_rows, accepted_batch))
+            if self.plan.output(output.name).written_by_ingestion:
+                balances.append(acc.written_by_ingestion_balance(output.name, ingested, accepted_rows, accepted_batch))
                 continue
             t, ck = committed(output.name)
             measure = acc.accepted_measure(self.spec, output)

@@ -19,8 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.spec import Layout, default_data_root, default_spec_dir, load_specs
-from spark_jobs.tables import redact
+from spark_jobs.sinks.table import redact
+from spark_jobs.spec.layout import (
+    Layout,
+    default_data_root,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_specs
 from spark_jobs.testdata import generate
 
 STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         quality[name] = json.loads(result_file.read_text())
 
     from spark_jobs.quality_job import describe
-    from spark_jobs.session import build_session
+    from spark_jobs.runtime.session import build_session
     from spark_jobs.testdata import verify
 
     spark = build_session("demo-verify", master="local[1]", extra={"spark.ui.showConsoleProgress": "false"})

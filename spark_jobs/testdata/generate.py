@@ -48,13 +48,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.spec import (
-    FileSource,
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.spec.layout import (
     Layout,
+    default_data_root,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
+    FileSource,
     SpecError,
     StreamSpec,
-    default_data_root,
-    load_spec,
 )
 from spark_jobs.testdata import groundtruth as gt
 from spark_jobs.testdata.records import RecordMaker
@@ -217,7 +220,7 @@ class Generator:
                                now_ms=None if now is None else round(now * 1000))
         manifest["generator"] = {"landing": str(self.landing), "ledger": str(self.ledger_path),
                                  "format": self.format}
-        _write_json_atomic(self.manifest_path, manifest)
+        write_atomically(self.manifest_path, json.dumps(manifest, indent=1) + "\n", fsync=True)
         return self.manifest_path
 
     # ---- runs -------------------------------------------------------------------------------
@@ -280,7 +283,7 @@ class Generator:
         return state
 
     def _save_state(self, state: dict[str, Any]) -> None:
-        _write_json_atomic(self.state_path, state, indent=None)
+        write_atomically(self.state_path, json.dumps(state) + "\n", fsync=True)
 
     def _check_landing(self, state: dict[str, Any]) -> None:
         """Refuse to reuse a sequence number that is already in the landing directory."""
@@ -336,15 +339,6 @@ class Generator:
         os.utime(dst, ns=(mtime_ns, mtime_ns))
         state["last_mtime_ns"] = mtime_ns
         return dst
-
-def _write_json_atomic(path: Path, data: Any, indent: int | None = 1) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=indent)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 # ---- library entry point and CLI -----------------------------------------------------------------

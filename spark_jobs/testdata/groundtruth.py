@@ -6,7 +6,7 @@ every file has been processed:
     parse -> malformed records, rows with a null required column and rows whose event
              time lies more than event_time.max_future ahead of ``now`` go to quarantine
           -> watermark on the event time -> dropDuplicatesWithinWatermark(deduplicate.key)
-          -> join with each reference file on its key (as spark_jobs.pipeline does; for
+          -> join with each reference file on its key (as spark_jobs.flows.ingestion does; for
              left joins the order makes no difference)
           -> each output's query
 
@@ -51,13 +51,14 @@ from __future__ import annotations
 import bisect
 import csv
 import json
-import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.spec import (
+from spark_jobs.plan import enriched_columns, input_columns, result_columns, result_key
+from spark_jobs.runtime import clock
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
     WINDOW_END,
@@ -66,7 +67,6 @@ from spark_jobs.spec import (
     Aggregation,
     Enrichment,
     FileSource,
-    Layout,
     Output,
     Passthrough,
     StreamSpec,
@@ -74,7 +74,6 @@ from spark_jobs.spec import (
     duration_seconds,
 )
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 LATE_EDGE = "late_edge"
 VALID_KINDS = ("ok", "late_within", "late_beyond", LATE_EDGE, "duplicate")
 MALFORMED = "malformed"
@@ -90,22 +89,17 @@ class GroundTruthError(ValueError):
 
 def parse_ts(text: str) -> int:
     """ISO-8601 timestamp (naive means UTC) -> epoch milliseconds."""
-    dt = datetime.fromisoformat(text)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    delta = dt - EPOCH
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+    return clock.to_ms(clock.parse_iso(text))
 
 
 def format_ts(ms: int) -> str:
     """Epoch milliseconds -> ``2026-01-01T00:00:01.123Z``."""
-    dt = EPOCH + timedelta(milliseconds=ms)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return clock.iso_ms(clock.from_ms(ms))
 
 
 def format_date(ms: int) -> str:
     """Epoch milliseconds -> the UTC date, ``2026-01-01``."""
-    return (EPOCH + timedelta(milliseconds=ms)).date().isoformat()
+    return clock.from_ms(ms).date().isoformat()
 
 
 def seconds_ms(text: str) -> int:
@@ -322,8 +316,8 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     can read them, for ``event_time.max_future``.
     """
     records = sorted(records, key=lambda r: (r.get("file", 0), r.get("line", 0)))
-    input_types = spec.input_columns()
-    types = spec.enriched_columns()
+    input_types = input_columns(spec)
+    types = enriched_columns(spec)
     required = [c.name for c in spec.source.columns if c.required]
     event_col = spec.event_time.column if spec.event_time else None
     delay = watermark_delay_ms(spec)
@@ -336,7 +330,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         references.append((e, index))
 
     ahead = max_future_ms(spec)
-    future_limit = None if ahead is None else (round(time.time() * 1000) if now_ms is None else now_ms) + ahead
+    future_limit = None if ahead is None else (clock.now_ms() if now_ms is None else now_ms) + ahead
 
     counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
               "duplicates": 0, "dropped_late": 0, "accepted": 0, "undecided": 0}
@@ -488,8 +482,8 @@ def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:  # noqa: A
 def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],  # noqa: ANN001
             event_col: str | None, final_watermark: int | None) -> dict[str, Any]:
     q = output.query
-    columns = spec.result_columns(output)
-    key = spec.result_key(output)
+    columns = result_columns(spec, output)
+    key = result_key(spec, output)
     if isinstance(q, Passthrough):
         rows = [{c: _out(r.get(c), types.get(c, "string")) for c in columns} for _, r, _, _ in accepted]
         rows.sort(key=lambda r: (_sort_key(r, key), json.dumps(r, sort_keys=True, default=str)))

@@ -25,7 +25,13 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.spec import Aggregation, Column, Layout, StreamSpec
+from spark_jobs.plan import input_columns
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
+    Aggregation,
+    Column,
+    StreamSpec,
+)
 from spark_jobs.testdata import groundtruth as gt
 
 if TYPE_CHECKING:
@@ -132,7 +138,7 @@ class RecordMaker:
         self.m = spec.source.max_files_per_trigger
         self.margin = min(LATE_MARGIN_MS, self.delay // 4)
         self.key_choices = [(e.key, gt.reference_keys(e, layout)) for e in spec.enrich]
-        types = spec.input_columns()
+        types = input_columns(spec)
         self.unknown = {}
         for key, known in self.key_choices:
             for i, name in enumerate(key):

@@ -27,12 +27,21 @@ from collections import Counter
 from collections.abc import Mapping
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from spark_jobs.spec import CODE_QUERIES, Layout, Output, ParquetSink, StreamSpec, TableSink
+from spark_jobs.plan import input_columns, result_key
+from spark_jobs.runtime.clock import iso_ms
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import (
+    CODE_QUERIES,
+    Output,
+    ParquetSink,
+    StreamSpec,
+    TableSink,
+)
 from spark_jobs.testdata import groundtruth as gt
 
 if TYPE_CHECKING:
@@ -48,9 +57,7 @@ QUARANTINE_COLUMNS = ("raw", "reason", "source_file")
 def normalize(value: Any) -> Any:
     """Sink values in the manifest's representation (ISO-8601 UTC with milliseconds)."""
     if isinstance(value, datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(UTC)
-        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+        return iso_ms(value)
     if isinstance(value, date):
         return value.isoformat()
     return value
@@ -230,7 +237,7 @@ def compare_rows(name: str, expected: dict[str, Any], actual: list[dict[str, Any
 
 # ---- comparing the quarantine -----------------------------------------------------------------------
 
-#: The quarantine's reason text (spark_jobs.pipeline) -> the generator's reason kind.
+#: The quarantine's reason text (spark_jobs.flows.ingestion) -> the generator's reason kind.
 REASON_KINDS = (
     ("not valid UTF-8", "invalid_utf8"),
     ("not a JSON object", "truncated"),
@@ -392,7 +399,7 @@ def compare(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dic
     rows = read_quarantine(spark, spec, layout)
     quarantine = None
     if spec.quarantine is not None and manifest.get("quarantine") is not None:
-        quarantine = compare_quarantine(manifest["quarantine"], rows, spec.input_columns())
+        quarantine = compare_quarantine(manifest["quarantine"], rows, input_columns(spec))
     uncertain = {name: o["uncertain"] for name, o in manifest["outputs"].items() if o.get("uncertain")}
     return StreamReport(spec.name, reports, len(rows), manifest["counts"]["quarantined"], quarantine, uncertain)
 
@@ -403,19 +410,19 @@ def decide_edges(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest
     left any undecided; else the manifest itself."""
     if not manifest["counts"].get("undecided"):
         return manifest
-    from spark_jobs import ingest, pipeline
+    from spark_jobs import analysis, frames
 
     assert spec.deduplicate is not None  # the generator makes late_edge records only for such streams
     records = gt.read_ledger(manifest["generator"]["ledger"])
-    types, key = spec.input_columns(), list(spec.deduplicate.key)
+    types, key = input_columns(spec), list(spec.deduplicate.key)
 
     def internal(values: Any) -> tuple:
         return tuple(gt.convert(normalize(v), types[c]) for c, v in zip(key, values, strict=True))
 
     edges = [internal([r["event"].get(c) for c in key]) for r in records if r.get("kind") == gt.LATE_EDGE]
-    plan = pipeline.resolve_plan(spark, spec, layout)
+    plan = analysis.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
-    accepted = {internal(list(row)) for row in ingest.accepted_batch(spark, plan.ingestion).select(*key).collect()}
+    accepted = {internal(list(row)) for row in frames.accepted_batch(spark, plan.ingestion).select(*key).collect()}
     result = gt.expected(spec, records, layout, files=manifest.get("files"), settings=manifest.get("settings"),
                          decided={e: e in accepted for e in edges})
     return {**result, "generator": manifest["generator"]}
@@ -432,29 +439,35 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
     sink), which costs a read and catches a sink that is not that table. ``uncertain``: per
     output, the keys of windows not compared (:attr:`StreamReport.uncertain`). Reports
     that are not ok say which rows differ."""
-    from spark_jobs import ingest, pipeline
-    from spark_jobs.checkpoint import batch_watermark_ms, last_batch
-    from spark_jobs.spec import WINDOW_END, Aggregation
+    from spark_jobs import analysis, frames
+    from spark_jobs.runtime.checkpoint import (
+        batch_watermark_ms,
+        last_batch,
+    )
+    from spark_jobs.spec.models import (
+        WINDOW_END,
+        Aggregation,
+    )
 
-    plan = pipeline.resolve_plan(spark, spec, layout)
+    plan = analysis.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
-    accepted = ingest.accepted_batch(spark, plan.ingestion)
+    accepted = frames.accepted_batch(spark, plan.ingestion)
     reports = []
     for output in spec.outputs:
         if not isinstance(output.sink, ParquetSink | TableSink) or isinstance(output.query, CODE_QUERIES):
             continue  # a SQL or Python query's closed results cannot be told from its open ones here
-        frame = pipeline.output_frame(accepted, plan, plan.output(output.name))
+        frame = frames.output_frame(accepted, plan, plan.output(output.name))
         q = output.query
         approximate = []
         if isinstance(q, Aggregation):
             approximate = [a.name for a in q.aggregates if a.fn == "approx_count_distinct"]
             if q.window is not None and output.mode == "append":
-                checkpoint = layout.checkpoint(output.name)
+                checkpoint = plan.checkpoint(output.name)
                 last = last_batch(checkpoint, "commits")
                 watermark = batch_watermark_ms(checkpoint, last) if last is not None else None
                 frame = frame.where(frame[WINDOW_END].cast("long") * 1000 <= (watermark or 0))
         rows = [{k: normalize(v) for k, v in r.asDict().items()} for r in frame.collect()]
-        key = spec.result_key(output) or list(frame.columns)
+        key = result_key(spec, output) or list(frame.columns)
         expected = {"key": key, "rows": rows, "columns": list(frame.columns), "approximate": approximate,
                     "uncertain": (uncertain or {}).get(output.name, [])}
         reports.append(compare_rows(output.name, expected, read_output(spark, spec, layout, output)))

@@ -6,12 +6,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import psutil
 import yaml
 
-from spark_jobs.lease import history, overlaps
-from spark_jobs.progress import read_events
-from spark_jobs.spec import Layout
-from streamops.embedded import BIN, AirflowServices, free_port, json_lines, wait_for  # noqa: F401 - used by the tests
+from runner.airflow import AirflowServices
+from runner.processes import BIN, free_port, wait_for  # noqa: F401 - used by the tests
+from spark_jobs.runtime.lease import (
+    history,
+    overlaps,
+)
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.spec.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,15 +51,10 @@ class Airflow(AirflowServices):
 def stream_drivers() -> list[int]:
     """Python driver processes of the stream job on this machine."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[1].endswith(b"stream_job.py") and b"python" in argv[0]:
-            pids.append(int(entry.name))
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if len(argv) > 1 and argv[1].endswith("stream_job.py") and "python" in argv[0]:
+            pids.append(process.pid)
     return pids
 
 

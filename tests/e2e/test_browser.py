@@ -17,8 +17,14 @@ from pathlib import Path
 import pytest
 from airflow_harness import ROOT, Airflow, stream_drivers, wait_for
 
-from spark_jobs.checkpoint import last_batch
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate
 from streamops.health import Status, assess
 
@@ -64,7 +70,7 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
                  timeout=180, every=2)
         airflow.cli("dags", "unpause", "stream_sensors")
         airflow.cli("dags", "trigger", "stream_sensors")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE and last_batch(layout.checkpoint(INGEST_QUERY), "commits") is not None,
+        wait_for(lambda: assess(spec, layout).status == Status.IDLE and last_batch(compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY), "commits") is not None,
                  "the stream to process its first input", timeout=300, every=2)
 
         with pytest.raises(urllib.error.HTTPError) as anonymous:  # no login, no page

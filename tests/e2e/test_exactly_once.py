@@ -20,8 +20,14 @@ from pathlib import Path
 import pytest
 from airflow_harness import example_spec, include_with
 
-from spark_jobs.checkpoint import batch_ids, last_batch
-from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
+from spark_jobs.plan import checkpoint_paths, compile_plan
+from spark_jobs.runtime.checkpoint import (
+    batch_ids,
+    last_batch,
+)
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate, verify
 
 pytestmark = pytest.mark.e2e
@@ -91,7 +97,7 @@ def stream(tmp_path: Path):
 
 def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
     spec_path, spec, layout, data_root, logs, drivers = stream
-    readings = layout.checkpoint(INGEST_QUERY)
+    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
 
     def start(*extra: str) -> Driver:
         drivers.append(Driver(spec_path, data_root, logs, *extra))
@@ -110,21 +116,21 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     plan = json.loads(layout.plan_file.read_text())
     assert plan["ingestion"]["checkpoint"] == readings
     assert [o["name"] for o in plan["outputs"]] == [o.name for o in spec.outputs]
-    # readings is served by the ingestion: its sink is the accepted-rows table, with no query or checkpoint
-    assert [o["name"] for o in plan["outputs"] if o["served_by_ingestion"]] == ["readings"]
+    # readings is written by the ingestion: its sink is the accepted-rows table, with no query or checkpoint
+    assert [o["name"] for o in plan["outputs"] if o["written_by_ingestion"]] == ["readings"]
     assert plan["ingestion"]["accepted"] == layout.data("sinks/sensors/readings")
-    assert not Path(layout.checkpoint("readings")).exists()
+    assert not Path(layout.data(checkpoint_paths(spec)["readings"])).exists()
 
     layout.stop_marker.touch()
     assert first.wait() == 0, first.output()[-3000:]
     assert not layout.stop_marker.exists()
     stopped_at = last_batch(readings, "commits")
     assert stopped_at is not None and stopped_at < LAST_BATCH, "the stream finished before it could be stopped mid-way"
-    for query in spec.query_names():  # stopped between batches: every planned batch is committed
-        assert last_batch(layout.checkpoint(query), "offsets") == last_batch(layout.checkpoint(query), "commits")
+    for checkpoint in compile_plan(spec, layout).checkpoints.values():  # stopped between batches: every planned batch is committed
+        assert last_batch(checkpoint, "offsets") == last_batch(checkpoint, "commits")
 
     # 3. make the table sink's last batch replay: its rows are in the table, its commit is gone
-    status = Path(layout.checkpoint("device_status"))
+    status = Path(compile_plan(layout.spec, layout).checkpoint("device_status"))
     replayed = last_batch(status, "commits")
     (status / "commits" / str(replayed)).unlink()
     (status / "commits" / f".{replayed}.crc").unlink(missing_ok=True)  # as if the commit was never written
@@ -150,9 +156,9 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     assert report.quarantined > 0
 
     # the driver's events tell the story: four starts, a refusal, a graceful stop, a kill (no stop event)
-    from spark_jobs.progress import read_events
+    from spark_jobs.runtime.progress import read_events
 
     events = list(read_events(layout.events_file))
     assert [e["event"] for e in events].count("driver_started") == 3  # the refused driver never got that far
     assert [e.get("exit_code") for e in events if e["event"] == "driver_stopped"] == [0, 0]
-    assert {e["query"] for e in events if e["event"] == "progress"} == set(spec.query_names())
+    assert {e["query"] for e in events if e["event"] == "progress"} == set(compile_plan(spec, layout).queries)

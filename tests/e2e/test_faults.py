@@ -36,13 +36,17 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from airflow_harness import Airflow, deploy, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
-from spark_jobs.checkpoint import batch_ids
-from spark_jobs.lease import read_holder
-from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
-from spark_jobs.standby import standbys
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import batch_ids
+from spark_jobs.runtime.lease import read_holder
+from spark_jobs.runtime.standby import standbys
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
@@ -83,7 +87,7 @@ class Stream:
         self.spec = load_spec(self.spec_path)
         self.layout = Layout(self.spec, data_root, spec_dir)
         self.data_root = data_root
-        self.readings = Path(self.layout.checkpoint(INGEST_QUERY))
+        self.readings = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_QUERY))
         self.seed = SEED
 
     def feed(self, files: int) -> None:
@@ -218,8 +222,8 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
 
         # 3. the Airflow task process supervising the driver dies: the retry adopts the driver
         holder = stream.driver()
-        task_pid = int(Path(f"/proc/{holder.launcher_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        assert Path(f"/proc/{task_pid}/cmdline").read_bytes().startswith(b"airflow worker --"), "not the task process"
+        task_pid = psutil.Process(holder.launcher_pid).ppid()
+        assert " ".join(psutil.Process(task_pid).cmdline()).startswith("airflow worker --"), "not the task process"
         os.kill(task_pid, signal.SIGKILL)
         killed_at = time.time()
         wait_for(lambda: "adopting it instead of starting a second one" in supervise_log(airflow),

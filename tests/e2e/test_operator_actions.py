@@ -46,12 +46,22 @@ from airflow_harness import (
     wait_for,
 )
 
-from spark_jobs import backfill, pipeline
-from spark_jobs.checkpoint import last_batch
-from spark_jobs.lease import holder_alive, read_holder
-from spark_jobs.spec import INGEST_QUERY, Layout, StreamSpec, load_spec
+from runner.processes import wait_until
+from spark_jobs import analysis, backfill
+from spark_jobs.flows import queries as flows
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.lease import (
+    holder_alive,
+    read_holder,
+)
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    StreamSpec,
+)
 from spark_jobs.testdata import generate, verify
-from streamops.embedded import wait_until
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 
@@ -260,7 +270,7 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
     p, dag = platform, "stream_sensors_backfill"
     spec, layout = p.stream("sensors")
     p.feed("sensors", files=8, seed=21)
-    pipeline.run_available_now(spark, spec, layout)  # the accepted rows the backfill reads
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))  # the accepted rows the backfill reads
 
     wait_for(lambda: dag in p.airflow.dag_ids(), f"the DAG processor to parse {dag}", timeout=180, every=2)
     p.airflow.cli("dags", "unpause", dag)  # backfill runs only start on an unpaused DAG
@@ -313,7 +323,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
         platform: Platform, spark) -> None:  # noqa: ANN001
     p = platform
     spec, layout = p.stream("sensors")
-    readings = layout.checkpoint(INGEST_QUERY)
+    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
     budget = RestartBudget(layout.runs_file, spec.supervision.restart)
     p.feed("sensors", files=24, seed=31)
 

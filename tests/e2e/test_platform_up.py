@@ -1,4 +1,4 @@
-"""The README's first command, for real: ``python -m streamops.embedded up`` (what
+"""The README's first command, for real: ``python -m runner up`` (what
 ``./platform up`` runs) starts Airflow with login, deploys and feeds every example stream
 through its DAGs, and on Ctrl-C stops them gracefully, validates what they wrote and
 prints a summary per stream whose sinks equal the generator's ground truth."""
@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 from airflow_harness import free_port, stream_drivers, wait_for
 
-from spark_jobs.checkpoint import batch_ids
-from spark_jobs.spec import Layout, default_spec_dir, load_specs
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import batch_ids
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_specs
 
 pytestmark = pytest.mark.e2e
 
@@ -27,15 +32,15 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
     assert specs and not errors
     port = free_port()
     out = tmp_path / "up.log"
-    proc = subprocess.Popen([sys.executable, "-m", "streamops.embedded", "up", "--port", str(port), "--data-root",
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "up", "--port", str(port), "--data-root",
                              str(data_root), "--rate", "0.5", "--events-per-file", "20", "--minutes", "20"],
                             stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
     try:
         layouts = {name: Layout(spec, data_root, default_spec_dir()) for name, spec in specs.items()}
 
         def every_stream_committed() -> bool:
-            return all(len(batch_ids(layout.checkpoint(spec.query_names()[0]), "commits")) >= 3
-                       for spec, layout in ((specs[n], layouts[n]) for n in specs))
+            plans = [compile_plan(specs[n], layouts[n]) for n in specs]
+            return all(len(batch_ids(plan.checkpoint(plan.queries[0]), "commits")) >= 3 for plan in plans)
 
         wait_for(lambda: every_stream_committed() or proc.poll() is not None,
                  "every stream to commit three batches", timeout=420, every=2)

@@ -32,15 +32,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from airflow_harness import BIN, Airflow, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
-from spark_jobs.checkpoint import batch_ids
-from spark_jobs.lease import HOST_ENV, history, process_start, read_holder
-from spark_jobs.progress import read_events
-from spark_jobs.spec import INGEST_QUERY, Layout, load_spec
+from runner.processes import PRIVATE, private_log, wait_until
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import batch_ids
+from spark_jobs.runtime.lease import (
+    HOST_ENV,
+    history,
+    process_start,
+    read_holder,
+)
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate, verify
-from streamops.embedded import PRIVATE, private_log, wait_until
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 
@@ -86,20 +95,10 @@ def dags_folder(folder: Path) -> Path:
 
 def process_tree(root: int) -> list[int]:
     """``root`` and every process descended from it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
+    try:
+        return [root, *(p.pid for p in psutil.Process(root).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return [root]
 
 
 def signal_tree(root: int, sig: int) -> list[int]:
@@ -145,7 +144,7 @@ class Stream:
     def __post_init__(self) -> None:
         self.spec = load_spec(self.spec_path)
         self.layout = Layout(self.spec, self.data_root, self.spec_path.parent)
-        self.ingestion = Path(self.layout.checkpoint(INGEST_QUERY))
+        self.ingestion = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_QUERY))
 
     def feed(self, files: int) -> None:
         self.seed += 1
@@ -228,8 +227,7 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                      timeout=MOVE_BOUND, every=1)
             timings[f"{name} moved from the paused worker-b"] = time.time() - paused_at
         # the old tries resume before Airflow's side of worker B can kill them
-        tries = {name: int(Path(f"/proc/{h.launcher_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                 for name, h in old.items()}
+        tries = {name: psutil.Process(h.launcher_pid).ppid() for name, h in old.items()}
         for task_pid in tries.values():
             signal_tree(task_pid, signal.SIGCONT)
         wait_for(lambda: all(process_start(h.pid) != h.pid_start for h in old.values()),

@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs import backfill, pipeline
-from spark_jobs.spec import Layout, SpecError, default_spec_dir, load_spec, parse_spec
+from spark_jobs import analysis, backfill
+from spark_jobs.flows import queries as flows
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import (
+    load_spec,
+    parse_spec,
+)
+from spark_jobs.spec.models import SpecError
 from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
@@ -24,7 +33,7 @@ def stream(spark, tmp_path_factory):  # noqa: ANN001
                           "--events-per-file", "30", "--seed", "9"]) == 0
     spec = load_spec(SPEC)
     layout = Layout(spec, root, default_spec_dir())
-    pipeline.run_available_now(spark, spec, layout)  # the accepted rows a backfill reads
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))  # the accepted rows a backfill reads
     return spec, layout, root
 
 
@@ -93,7 +102,7 @@ def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spar
         "c1;u1;/home;2026-01-01T00:01:00Z;120\n"
         "c2;u2;/docs;2026-01-01T00:02:00Z;340\n"
         "c3;u1;/home,x;2026-01-01T00:02:30Z;7\n")  # a comma inside a field: only ';' separates
-    pipeline.run_available_now(spark, spec, layout)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     streamed = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
                       for r in spark.read.parquet(layout.data("sinks/clicks/views")).collect())
     assert len(streamed) == 3 and spark.read.parquet(layout.data(spec.quarantine.path)).count() == 0

@@ -27,8 +27,15 @@ import pytest
 import yaml
 from test_pipeline import T0, Run, at, run
 
-from spark_jobs import pipeline
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.plan import enriched_columns
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate, verify
 
 SPEC_DIR = default_spec_dir()
@@ -319,7 +326,7 @@ def test_sensors_json_corpus(sensors_run: Outcome, kind: Kind) -> None:
 
 
 def test_sensors_corpus_adds_up_in_every_query(sensors_run: Outcome) -> None:
-    check_totals(sensors_run, sensors_run.run.spec.query_names())
+    check_totals(sensors_run, sensors_run.run.plan.queries)
 
 
 def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
@@ -332,7 +339,7 @@ def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
     assert len(rows["ll-ok"]["status"]) == LONG
     assert rows["mr-ok"]["humidity"] is None and rows["mr-ok"]["status"] is None
     # unknown fields are dropped, even ones named like the platform's columns
-    assert set(rows["ex-2"]) == set(sensors_run.run.spec.enriched_columns())
+    assert set(rows["ex-2"]) == set(enriched_columns(sensors_run.run.spec))
     assert rows["ex-2"]["site"] == rows["bl-1"]["site"] == "south"  # from the reference data, not the record
     assert rows["dp-2"]["temperature"] == 20.0  # of two records with one key, the first wins
     long_raw = next(r["raw"] for r in sensors_run.quarantine if "ll-bad" in r["raw"])
@@ -424,7 +431,7 @@ def test_clicks_csv_corpus(clicks_run: Outcome, kind: Kind) -> None:
 
 
 def test_clicks_corpus_adds_up_in_every_query(clicks_run: Outcome) -> None:
-    check_totals(clicks_run, clicks_run.run.spec.query_names())
+    check_totals(clicks_run, clicks_run.run.plan.queries)
     rows = {r["event_id"]: r for r in clicks_run.accepted}
     assert rows["tm-ok"]["user_id"] == "u,1"
     assert rows["cu-ok"]["page"] == "/café"
@@ -479,7 +486,7 @@ def test_generated_future_events_match_the_ground_truth(spark, tmp_path: Path) -
 
     spec = load_spec(spec_path)
     layout = Layout(spec, root, SPEC_DIR)
-    pipeline.run_available_now(spark, spec, layout)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
     reasons = [r["reason"] for r in spark.read.parquet(layout.data(spec.quarantine.path)).collect()]

@@ -12,11 +12,23 @@ from pathlib import Path
 import pytest
 from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
 
-from spark_jobs import pipeline
-from spark_jobs.checkpoint import sink_files, sink_last_batch
-from spark_jobs.ingest import accepted_batch, at_once, computed_once
-from spark_jobs.plan import compile_plan
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.flows.ingestion import at_once, computed_once
+from spark_jobs.frames import accepted_batch
+from spark_jobs.plan import checkpoint_paths, compile_plan, written_by_ingestion
+from spark_jobs.runtime.checkpoint import (
+    refuse_incompatible,
+    sink_files,
+    sink_last_batch,
+)
+from spark_jobs.sinks import table as table_sink
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import parse_spec
+from spark_jobs.spec.models import Trigger
 from spark_jobs.testdata import verify
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
@@ -49,7 +61,7 @@ FILES = [
 def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, WINDOWS, PER_DEVICE]), FILES)
     events: list[dict] = []
-    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    queries = flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     ingested = [e for e in events if e["event"] == "ingested"]
     assert [e["batch_id"] for e in ingested] == [0, 1, 2, 3]
     totals = {k: sum(e[k] for e in ingested) for k in ("rows", "accepted", "quarantined", "late", "unmatched")}
@@ -66,7 +78,7 @@ def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     sink = sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect())
     assert sink == accepted
     assert spark.read.parquet(layout.data("quarantine")).count() == 2
-    table = pipeline.table_writer([("device_id", "string"), ("n", "long")],
+    table = table_sink.table_writer([("device_id", "string"), ("n", "long")],
                                   compile_plan(spec, layout).output("per_device"), "reader").read_all()
     assert [(r["device_id"], r["n"]) for r in table] == [("dev-001", len(accepted))]
 
@@ -86,7 +98,7 @@ def test_without_deduplication_late_rows_are_dropped_by_the_ingestion_and_counte
     del data["deduplicate"]
     spec, layout = setup(tmp_path, data, FILES)
     events: list[dict] = []
-    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    queries = flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     ingested = [e for e in events if e["event"] == "ingested"]
     # batch 3 judges late rows by the watermark batch 2 ran with (00:35 - 10 minutes): e6 (00:05) is late,
     # e5 (00:33) is not
@@ -102,18 +114,18 @@ def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
     data = make_spec([PASSTHROUGH])
     del data["deduplicate"]  # no stateful operator: no trailing no-data batch, the last batch holds rows
     spec, layout = setup(tmp_path, data, FILES[:2])
-    pipeline.run_available_now(spark, spec, layout)
-    before = sink_files(layout.accepted)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    before = sink_files(compile_plan(layout.spec, layout).accepted)
     quarantine_before = sink_files(layout.data("quarantine"))
     # the driver died after the batch wrote its tables, before Spark committed it
-    last = sink_last_batch(layout.accepted)
+    last = sink_last_batch(compile_plan(layout.spec, layout).accepted)
     assert last == 1
     for name in (str(last), f".{last}.crc"):
-        Path(layout.checkpoint("_ingest"), "commits", name).unlink()
+        Path(compile_plan(layout.spec, layout).checkpoint("_ingest"), "commits", name).unlink()
     events: list[dict] = []
-    pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     assert [e["batch_id"] for e in events if e["event"] == "ingested"] == [last]  # replayed
-    assert sink_files(layout.accepted) == before
+    assert sink_files(compile_plan(layout.spec, layout).accepted) == before
     assert sink_files(layout.data("quarantine")) == quarantine_before
     assert accepted_batch(spark, compile_plan(spec, layout).ingestion).count() == 4  # e1, e2, e3, e3
 
@@ -122,9 +134,9 @@ def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: 
     day2 = reading("n1", 60 * 24 + 1)
     copy = {**PASSTHROUGH, "name": "copy", "sink": {**PASSTHROUGH["sink"], "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [[reading("a", 1), reading("b", 2), day2]])
-    pipeline.run_available_now(spark, spec, layout)
-    assert layout.accepted == layout.data("sinks/rows")  # rows is served by the ingestion; copy has its own query
-    for table in (layout.accepted, layout.data("sinks/copy")):
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    assert compile_plan(layout.spec, layout).accepted == layout.data("sinks/rows")  # rows is written by the ingestion; copy has its own query
+    for table in (compile_plan(layout.spec, layout).accepted, layout.data("sinks/copy")):
         files = sorted(Path(p).parent.name for p in sink_files(table))
         assert files == ["event_date=2026-01-01", "event_date=2026-01-02"], table
 
@@ -136,30 +148,31 @@ def test_reference_data_with_a_repeated_key_is_refused(spark, tmp_path: Path) ->
     data["enrich"][0]["path"] = str(ref)
     spec, layout = setup(tmp_path, data, [[reading("a", 1)]])
     with pytest.raises(ValueError, match=r"reference data 'devices' .* has key\(s\) \['device_id'\] more than once"):
-        pipeline.run_available_now(spark, spec, layout)
+        flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
 
 
 def test_a_checkpoint_of_the_per_output_layout_is_refused(spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1)]])
     Path(layout.checkpoint_root, "_quarantine").mkdir(parents=True)
     with pytest.raises(RuntimeError, match="written when every output parsed the input itself"):
-        pipeline.run_available_now(spark, spec, layout)
+        refuse_incompatible(analysis.resolve_plan(spark, spec, layout), layout)
     shutil.rmtree(Path(layout.checkpoint_root, "_quarantine"))
 
 
 def test_a_spec_edit_that_moves_the_accepted_rows_is_refused(spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
-    pipeline.run_available_now(spark, spec, layout)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
-    served_at = layout.accepted
+    served_at = compile_plan(layout.spec, layout).accepted
     # the pass-through output is no longer partitioned by date: the ingestion no longer serves it
     edited = parse_spec(make_spec([WINDOWS, {**PASSTHROUGH, "sink": {"type": "parquet", "path": "sinks/rows"}}]))
     edited_layout = Layout(edited, tmp_path / "data", default_spec_dir())
-    assert edited.served_output is None and edited_layout.accepted != served_at
+    assert written_by_ingestion(edited) is None and compile_plan(edited_layout.spec, edited_layout).accepted != served_at
     with pytest.raises(RuntimeError, match=rf"its accepted rows were written to {served_at} .* would go to "
-                                           rf"{edited_layout.accepted}, while the ingestion resumes"):
-        pipeline.compile_for_start(edited, edited_layout)
-    assert pipeline.compile_for_start(spec, layout).ingestion.accepted == served_at  # the spec as it was starts
+                                           rf"{compile_plan(edited_layout.spec, edited_layout).accepted}, while the ingestion resumes"):
+        refuse_incompatible(compile_plan(edited, edited_layout), edited_layout)
+    refuse_incompatible(compile_plan(spec, layout), layout)  # the spec as it was starts
+    assert compile_plan(spec, layout).ingestion.accepted == served_at
 
 
 def files_per_batch(table: str) -> dict[int, list[str]]:
@@ -178,13 +191,13 @@ def test_a_served_passthrough_output_is_the_accepted_rows_written_once(spark, tm
     files = [[reading("a", 1), reading("b", 2), "not json"], [reading("c", 3), *day2], [reading("d", 4)]]
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), files)
     plan = compile_plan(spec, layout)
-    assert spec.served_output.name == "rows" and plan.output("rows").served_by_ingestion
+    assert written_by_ingestion(spec).name == "rows" and plan.output("rows").written_by_ingestion
     assert plan.queries == ["_ingest", "windows"]
     events: list[dict] = []
-    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
+    queries = flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
 
     assert set(queries) == {"_ingest", "windows"}  # no query for rows ...
-    assert not Path(layout.checkpoint("rows")).exists()  # ... and no checkpoint
+    assert not Path(layout.data(checkpoint_paths(spec)["rows"])).exists()  # ... and no checkpoint
     assert sorted(p.name for p in Path(layout.checkpoint_root).iterdir() if not p.name.startswith("_")) == ["windows"]
     assert not Path(layout.data(f"accepted/{spec.name}")).exists()  # no second table of the same rows
     # the sink holds exactly the accepted rows, each once
@@ -205,21 +218,23 @@ def test_a_served_passthrough_output_is_the_accepted_rows_written_once(spark, tm
 
 def test_a_checkpoint_from_before_the_output_was_served_is_refused(spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [[reading("a", 1)]])
-    own = Path(layout.checkpoint("rows"))
+    own = Path(layout.data(checkpoint_paths(spec)["rows"]))
     (own / "commits").mkdir(parents=True)
     with pytest.raises(RuntimeError, match=r"output rows is now written by the ingestion .* its checkpoint "
                                            rf"{own} from when it had a query of its own exists"):
-        pipeline.run_available_now(spark, spec, layout)
+        refuse_incompatible(analysis.resolve_plan(spark, spec, layout), layout)
     shutil.rmtree(own)
     old = Path(layout.data(f"accepted/{spec.name}"))
     (old / "_spark_metadata").mkdir(parents=True)
     (old / "_spark_metadata" / "0").write_text("v1\n")
     with pytest.raises(RuntimeError, match=rf"the accepted-rows table {old} of the earlier layout holds data"):
-        pipeline.run_available_now(spark, spec, layout)
+        refuse_incompatible(analysis.resolve_plan(spark, spec, layout), layout)
     shutil.rmtree(old)
     old.mkdir()  # an empty folder holds nothing to mix with
-    pipeline.run_available_now(spark, spec, layout)
-    assert [r["event_id"] for r in spark.read.parquet(layout.accepted).collect()] == ["a"]
+    plan = analysis.resolve_plan(spark, spec, layout)
+    refuse_incompatible(plan, layout)
+    flows.run_available_now(spark, plan)
+    assert [r["event_id"] for r in spark.read.parquet(compile_plan(layout.spec, layout).accepted).collect()] == ["a"]
 
 
 def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_processing(spark, tmp_path: Path) -> None:
@@ -229,10 +244,10 @@ def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_p
     columns = {"type": "passthrough", "columns": ["event_id", "device_id", "ts"]}
     copy = {"name": "copy", "mode": "append", "query": columns, "sink": {"type": "parquet", "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [])
-    sinks = {"_ingest": layout.accepted, "copy": layout.data("sinks/copy")}
+    sinks = {"_ingest": compile_plan(layout.spec, layout).accepted, "copy": layout.data("sinks/copy")}
     landing = Path(layout.landing)
     trigger_s = 1.0
-    queries = pipeline.start(spark, spec, layout, Trigger(processing_time="1 second"))
+    queries = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(processing_time="1 second"))
 
     def committed_rows(path: str) -> int:  # read through the sink's commit log
         return 0 if sink_last_batch(path) is None else spark.read.parquet(path).count()

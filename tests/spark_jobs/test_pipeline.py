@@ -21,10 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import pipeline
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
 from spark_jobs.plan import query_name
-from spark_jobs.progress import summarize
-from spark_jobs.spec import Layout, Trigger, default_spec_dir, parse_spec
+from spark_jobs.runtime.progress import summarize
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import parse_spec
+from spark_jobs.spec.models import Trigger
 
 T0 = datetime(2026, 1, 1)
 _names = itertools.count()
@@ -69,8 +75,8 @@ def window_output(name: str, duration: str, slide: str | None = None, mode: str 
 
 
 class Run:
-    def __init__(self, spark, spec, queries):  # noqa: ANN001
-        self.spark, self.spec, self.queries = spark, spec, queries
+    def __init__(self, spark, spec, plan, queries):  # noqa: ANN001
+        self.spark, self.spec, self.plan, self.queries = spark, spec, plan, queries
 
     def rows(self, output: str) -> list[dict]:
         table = query_name(self.spec.name, output)
@@ -100,17 +106,17 @@ def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]], 
     layout = Layout(spec, tmp_path / "data", spec_dir or default_spec_dir())
     landing = Path(layout.landing)
     landing.mkdir(parents=True)
+    plan = analysis.resolve_plan(spark, spec, layout)
     if not rounds:
         for lines in files:
             land(landing, spec.source.format, lines)
-        return Run(spark, spec, {n: q.recentProgress for n, q in pipeline.run_available_now(spark, spec, layout).items()})
+        return Run(spark, spec, plan, {n: q.recentProgress for n, q in flows.run_available_now(spark, plan).items()})
     ingest: list = []
-    outputs = pipeline.start(spark, spec, layout, Trigger(processing_time="100 milliseconds"),
-                             only=lambda name: name != "_ingest")
+    outputs = flows.start(spark, plan, Trigger(processing_time="100 milliseconds"), only=lambda name: name != "_ingest")
     try:
         for lines in files:
             land(landing, spec.source.format, lines)
-            once = pipeline.start(spark, spec, layout, Trigger(available_now=True), only=lambda name: name == "_ingest")
+            once = flows.start(spark, plan, Trigger(available_now=True), only=lambda name: name == "_ingest")
             once["_ingest"].awaitTermination(120)
             ingest.extend(once["_ingest"].recentProgress)
             for q in outputs.values():
@@ -118,7 +124,7 @@ def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]], 
     finally:
         for q in outputs.values():
             q.stop()
-    return Run(spark, spec, {"_ingest": ingest, **{n: q.recentProgress for n, q in outputs.items()}})
+    return Run(spark, spec, plan, {"_ingest": ingest, **{n: q.recentProgress for n, q in outputs.items()}})
 
 
 # file 3 holds one late row within the watermark (00:33) and one beyond it (00:05)
@@ -227,8 +233,9 @@ def ingested(spark, tmp_path: Path, spec_data: dict, files: list[list[str]], spe
     for lines in files:
         land(Path(layout.landing), spec.source.format, lines)
     events: list[dict] = []
-    queries = pipeline.run_available_now(spark, spec, layout, on_batch=events.append)
-    return Run(spark, spec, {n: q.recentProgress for n, q in queries.items()}), events
+    plan = analysis.resolve_plan(spark, spec, layout)
+    queries = flows.run_available_now(spark, plan, on_batch=events.append)
+    return Run(spark, spec, plan, {n: q.recentProgress for n, q in queries.items()}), events
 
 
 def test_a_sql_transform_filters_and_derives_what_the_stream_accepts_and_counts_the_rest(spark, tmp_path: Path) -> None:
@@ -289,7 +296,7 @@ def test_the_structured_streaming_guides_word_count_over_a_local_socket(spark, t
                                          "LATERAL VIEW explode(split(value, ' ')) t AS word GROUP BY word", "complete")],
     })
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    queries = pipeline.start(spark, spec, layout, Trigger(processing_time="200 milliseconds"))
+    queries = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(processing_time="200 milliseconds"))
     expected = [("apache", 1), ("spark", 2), ("streaming", 1)]
     try:
         deadline = time.monotonic() + 120

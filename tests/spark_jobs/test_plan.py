@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs.plan import compile_plan, ddl, query_name
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec, parse_spec
+from spark_jobs.plan import compile_plan, ddl, query_name, written_by_ingestion
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import (
+    load_spec,
+    parse_spec,
+)
+from spark_jobs.spec.models import INGEST_QUERY
 
 SPEC_DIR = default_spec_dir()
 
@@ -133,23 +141,22 @@ def served_spec(**changes):  # noqa: ANN201 - a StreamSpec
     return parse_spec(data)
 
 
-def test_a_passthrough_of_the_accepted_rows_is_served_by_the_ingestion(tmp_path: Path) -> None:
+def test_a_passthrough_of_the_accepted_rows_is_written_by_the_ingestion(tmp_path: Path) -> None:
     spec = served_spec()
-    assert spec.served_output.name == "raw"  # the first that qualifies; copy qualifies too, but only one is served
-    assert spec.query_names() == [INGEST_QUERY, "totals", "copy"]
+    assert written_by_ingestion(spec).name == "raw"  # the first that qualifies; copy qualifies too, but only one is written so
     plan = compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
     data = str((tmp_path / "data").resolve())
     raw = plan.output("raw")
-    assert raw.served_by_ingestion and raw.checkpoint is None
+    assert raw.written_by_ingestion and raw.checkpoint is None
     assert plan.ingestion.accepted == raw.sink.path == f"{data}/sinks/meters/raw"  # written once, by the ingestion
     assert plan.ingestion.partition_by == raw.sink.partition_by == ["event_date"]
-    assert not plan.output("copy").served_by_ingestion and not plan.output("totals").served_by_ingestion
+    assert not plan.output("copy").written_by_ingestion and not plan.output("totals").written_by_ingestion
     assert plan.output("copy").checkpoint == f"{data}/checkpoints/meters/copy"
     assert plan.queries == [INGEST_QUERY, "totals", "copy"]
     assert plan.spark_query_names == {"meters__ingest": INGEST_QUERY, "meters__totals": "totals",
                                       "meters__copy": "copy"}
     shown = json.loads(plan.to_json())
-    assert [(o["name"], o["served_by_ingestion"]) for o in shown["outputs"]] == [
+    assert [(o["name"], o["written_by_ingestion"]) for o in shown["outputs"]] == [
         ("totals", False), ("raw", True), ("copy", False)]
     assert shown["ingestion"]["accepted"] == shown["outputs"][1]["sink"]["path"]
 
@@ -163,22 +170,23 @@ def test_a_passthrough_of_the_accepted_rows_is_served_by_the_ingestion(tmp_path:
 ])
 def test_an_output_that_is_not_exactly_the_accepted_rows_keeps_its_own_query(tmp_path: Path, changes: dict) -> None:
     spec = served_spec(**changes)
-    assert spec.served_output.name == "copy"  # raw no longer qualifies; the next one that does is served
+    assert written_by_ingestion(spec).name == "copy"  # raw no longer qualifies; the next one that does is written so
     plan = compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
     assert plan.queries == [INGEST_QUERY, "totals", "raw"]
     assert plan.output("raw").checkpoint == str((tmp_path / "data" / "checkpoints" / "meters" / "raw").resolve())
 
 
-def test_without_a_served_output_the_accepted_rows_have_their_own_table(tmp_path: Path, clicks_plan) -> None:
+def test_without_an_output_the_ingestion_writes_the_accepted_rows_have_their_own_table(tmp_path: Path, clicks_plan) -> None:
     data = yaml.safe_load(SERVED)
     data["outputs"] = data["outputs"][:1]
     spec = parse_spec(data)
-    assert spec.served_output is None and spec.query_names() == [INGEST_QUERY, "totals"]
-    assert Layout(spec, tmp_path).accepted == str(tmp_path / "accepted" / "meters")
-    assert not any(o.served_by_ingestion for o in clicks_plan.outputs)
+    plan = compile_plan(spec, Layout(spec, tmp_path))
+    assert written_by_ingestion(spec) is None and plan.queries == [INGEST_QUERY, "totals"]
+    assert plan.accepted == str(tmp_path / "accepted" / "meters")
+    assert not any(o.written_by_ingestion for o in clicks_plan.outputs)
 
 
-def test_without_event_time_the_served_output_is_the_unpartitioned_one(tmp_path: Path) -> None:
+def test_without_event_time_the_output_the_ingestion_writes_is_the_unpartitioned_one(tmp_path: Path) -> None:
     data = yaml.safe_load(SERVED)
     del data["event_time"]
     data["outputs"] = [{"name": "dated", "query": {"type": "passthrough"}, "mode": "append",
@@ -186,13 +194,26 @@ def test_without_event_time_the_served_output_is_the_unpartitioned_one(tmp_path:
                        {"name": "plain", "query": {"type": "passthrough"}, "mode": "append",
                         "sink": {"type": "parquet", "path": "sinks/meters/plain"}}]
     spec = parse_spec(data)
-    assert spec.served_output.name == "plain"
+    assert written_by_ingestion(spec).name == "plain"
     assert compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR)).ingestion.partition_by == []
 
 
-def test_the_sensors_readings_are_served_by_the_ingestion(tmp_path: Path) -> None:
+def test_the_sensors_readings_are_written_by_the_ingestion(tmp_path: Path) -> None:
     spec = load_spec(SPEC_DIR / "sensors.yaml")
     plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
-    assert spec.served_output.name == "readings"
-    assert plan.queries == spec.query_names() == [INGEST_QUERY, "site_temperature_10m", "device_status"]
+    assert written_by_ingestion(spec).name == "readings"
+    assert plan.queries == [INGEST_QUERY, "site_temperature_10m", "device_status"]
     assert plan.ingestion.accepted == str(tmp_path / "sinks" / "sensors" / "readings")
+
+
+def test_an_application_s_plan_names_its_queries_and_their_checkpoints(tmp_path: Path) -> None:
+    spec = parse_spec({"name": "counts", "checkpoint": "checkpoints/counts", "application": {
+        "path": "applications/rate_counts.py", "args": ["--output", "sinks/counts"], "queries": ["counts", "totals"]}})
+    plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
+    assert plan.source is None and plan.ingestion is None and plan.outputs == []
+    assert plan.queries == ["counts", "totals"]
+    assert plan.checkpoint("totals") == str(tmp_path / "checkpoints" / "counts" / "totals")
+    assert plan.checkpoint_root == str(tmp_path / "checkpoints" / "counts")
+    assert plan.application.file == str((SPEC_DIR.parent / "applications" / "rate_counts.py").resolve())
+    with pytest.raises(KeyError, match=r"stream 'counts' has no query 'other'; it has \['counts', 'totals'\]"):
+        plan.checkpoint("other")

@@ -11,8 +11,23 @@ from pathlib import Path
 
 from airflow.sdk import BaseHook
 
-from spark_jobs.lease import Holder, holder_alive, host_id, is_spark_submit, process_start, read_holder
-from spark_jobs.spec import Layout, StreamSpec, default_data_root, default_spec_dir, load_spec
+from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.lease import (
+    Holder,
+    holder_alive,
+    host_id,
+    is_spark_submit,
+    process_start,
+    read_holder,
+)
+from spark_jobs.spec.layout import (
+    Layout,
+    default_data_root,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import StreamSpec
 from streamops.health import Health, assess
 
 
@@ -40,15 +55,27 @@ class StreamHook(BaseHook):
     def layout(self) -> Layout:
         return Layout(self.spec, self.data_root, self.spec_dir)
 
+    @cached_property
+    def plan(self) -> StreamPlan:
+        """The stream's plan (``spark_jobs.plan``): its queries, checkpoints and tables."""
+        return compile_plan(self.spec, self.layout)
+
     def health(self, now: float | None = None) -> Health:
-        return assess(self.spec, self.layout, now)
+        return assess(self.spec, self.layout, now, plan=self.plan)
 
     def record_backlog(self, health: Health) -> None:
         """Add the backlog the supervisor sees (files, bytes, rows estimated) to the stream's
-        history, which its charts draw (spark_jobs.history)."""
-        from spark_jobs.checkpoint import estimate_rows, read_query_checkpoint, waiting_files
-        from spark_jobs.history import History
-        from spark_jobs.spec import INGEST_QUERY, FileSource
+        history, which its charts draw (spark_jobs.runtime.history)."""
+        from spark_jobs.runtime.checkpoint import (
+            estimate_rows,
+            read_query_checkpoint,
+            waiting_files,
+        )
+        from spark_jobs.runtime.history import History
+        from spark_jobs.spec.models import (
+            INGEST_QUERY,
+            FileSource,
+        )
 
         source = self.spec.source
         if not isinstance(source, FileSource):
@@ -56,7 +83,7 @@ class StreamHook(BaseHook):
         values: dict[str, float] = {"backlog_files": health.backlog_files, "backlog_bytes": health.backlog_bytes,
                                     "backlog_rows": 0}
         if health.backlog_files:
-            ingestion = read_query_checkpoint(self.layout.checkpoint(INGEST_QUERY))
+            ingestion = read_query_checkpoint(self.plan.checkpoint(INGEST_QUERY))
             waiting = waiting_files(self.layout.landing, ingestion.processed_files)
             rows = estimate_rows(self.layout.landing, waiting, header=source.format == "csv")
             if rows is None:
@@ -81,7 +108,7 @@ class StreamHook(BaseHook):
     def request_stop(self, epoch: int, by: str, immediate: bool = False) -> Path:
         """Ask the driver holding ``epoch`` of the lease to stop (it polls this marker): between
         micro-batches, or at once; ``by``: who asks (for the driver's log)."""
-        from spark_jobs.driver import request_stop
+        from spark_jobs.runtime.driver import request_stop
 
         request_stop(self.layout.stop_marker, epoch, by, immediate)
         return self.layout.stop_marker
@@ -89,11 +116,7 @@ class StreamHook(BaseHook):
     def hold(self, by: str) -> None:
         """Mark the stream stopped on purpose (the stop DAG): no supervisor restarts it and no
         standby takes it over until it is deployed again; ``by``: who asked."""
-        marker = self.layout.hold_marker
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"by": by, "at": time.time()}))
-        os.replace(tmp, marker)
+        write_atomically(self.layout.hold_marker, json.dumps({"by": by, "at": time.time()}))
 
     def held_by(self) -> str | None:
         """Who stopped the stream on purpose, or None if nobody did."""

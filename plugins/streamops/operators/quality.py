@@ -12,7 +12,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from spark_jobs.spec import default_spec_dir
+from spark_jobs.spec.layout import default_spec_dir
 from streamops import STREAMS_URL
 from streamops.hooks.stream import StreamHook
 

@@ -16,8 +16,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from spark_jobs.lease import DRIVER_ID_ENV, read_holder
-from spark_jobs.spec import default_spec_dir
+from spark_jobs.runtime.lease import (
+    DRIVER_ID_ENV,
+    read_holder,
+)
+from spark_jobs.spec.layout import default_spec_dir
 from streamops import tenure
 from streamops.health import RUNNING, Status
 from streamops.hooks.stream import StreamHook
@@ -85,10 +88,10 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
     other exit of the driver is a failed run. A try that a newer try of this task has
     replaced (``streamops.tenure``) leaves the stream alone. With ``supervision.standby``
-    it keeps a warm standby driver (``spark_jobs.standby``) that takes over when the
+    it keeps a warm standby driver (``spark_jobs.runtime.standby``) that takes over when the
     active driver dies, and then launches the next. A stream that is an application of the user's own (``application:``
     in its spec) is submitted as that application, with its arguments and the spec's path
-    in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.driver`), and supervised alike.
+    in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.runtime.driver`), and supervised alike.
 
     :param stream: the stream's name. (templated)
     :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
@@ -104,7 +107,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         nothing for the whole stall window (a frozen or hung driver); default 5.
     :param archive_every_seconds: how often input files every query has committed are moved
         to the spec's ``source.archive_path`` while the stream runs (see
-        :mod:`spark_jobs.archive`); default 60.
+        :mod:`spark_jobs.runtime.archive`); default 60.
     All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs); each
     run of the driver goes through a :class:`SparkSubmitHook` built from them as that operator builds
     its own (:meth:`spark_submit_hook`).
@@ -140,7 +143,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.active: Launch | None = None
         self.standby: Launch | None = None
         self.adopted_pid: int | None = None
-        #: the lease epoch of the driver this task runs or adopted (spark_jobs.lease)
+        #: the lease epoch of the driver this task runs or adopted (spark_jobs.runtime.lease)
         self.supervised_epoch: int | None = None
         #: this try's hold on the stream's supervision (streamops.tenure)
         self.tenure: tenure.Tenure | None = None
@@ -169,8 +172,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         hook.release_hold()
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         app = hook.spec.application
-        if app is not None:  # the application itself, told where its spec is (spark_jobs.driver)
-            from spark_jobs.driver import APP_SPEC_ENV
+        if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
+            from spark_jobs.runtime.driver import APP_SPEC_ENV
 
             self.application, self.application_args = hook.layout.application_file, list(app.args)
             self.env_vars[APP_SPEC_ENV] = str(hook.layout.spec_dir / f"{self.stream}.yaml")
@@ -257,7 +260,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             self._left = True
             self.log.warning("stream %s: %s supervises it now; this try (%s) leaves it alone", self.stream,
                              newer.describe(), self.tenure.describe())
-            from spark_jobs.progress import EventLog
+            from spark_jobs.runtime.progress import EventLog
 
             EventLog(self.stream_hook.layout.events_file).write({
                 "event": "supervisor_superseded", "stream": self.stream, "supervisor": self.tenure.task,
@@ -387,7 +390,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def _archive(self, hook: StreamHook) -> None:
         """Move committed input out of the landing directory; a failure is logged, never fatal."""
-        from spark_jobs.archive import archive
+        from spark_jobs.runtime.archive import archive
 
         try:
             result = archive(hook.spec, hook.layout)
@@ -458,7 +461,7 @@ class Launch:
     def kill(self) -> None:
         """End it (a standby holds nothing: this loses nothing): spark-submit, and a standby's Python
         driver, which would otherwise notice only within a poll that its JVM is gone."""
-        from spark_jobs.standby import end_standby
+        from spark_jobs.runtime.standby import end_standby
 
         self.hook.on_kill()
         end_standby(self.control_dir, self.driver_id)
@@ -476,7 +479,7 @@ def _budget_spent(hook: StreamHook, budget: RestartBudget) -> str:
 def _last_failure(hook: StreamHook, budget: RestartBudget) -> str:
     """What ended the last run, for the message (and the alert) when the budget is spent: its
     exit code and the error its driver reported last (a progress event), else why it ended."""
-    from spark_jobs.progress import read_events
+    from spark_jobs.runtime.progress import read_events
 
     last = budget.last_run()
     if last is None:
@@ -493,7 +496,7 @@ def _last_failure(hook: StreamHook, budget: RestartBudget) -> str:
 def _invalid_spec(hook: StreamHook, budget: RestartBudget) -> str | None:
     """The problems the last run's driver found in the spec (what only Spark can tell, such as
     a SQL query that does not parse), or None if it did not end on an invalid spec."""
-    from spark_jobs.progress import read_events
+    from spark_jobs.runtime.progress import read_events
 
     last = budget.last_run()
     if last is None:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from spark_jobs.runtime.files import write_atomically
 
 
 class SinkUnitsTrigger(BaseEventTrigger):
@@ -45,7 +46,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         from spark_jobs.quality.closing import Closed, announcement, closed
         from spark_jobs.quality.ledger import read_ledger
         from spark_jobs.quality.rules import Target, load_rules, targets
-        from spark_jobs.spec import duration_seconds
+        from spark_jobs.spec.models import duration_seconds
         from streamops.hooks.stream import StreamHook
 
         now = time.time() if now is None else now
@@ -67,12 +68,12 @@ class SinkUnitsTrigger(BaseEventTrigger):
         else:  # nothing announced yet: what the last validation got to
             entry = (read_ledger(layout.quality_dir).get("outputs") or {}).get(self.output) or {}
             before = Closed(self.output, target.kind, entry.get("watermark_ms"), entry.get("snapshot_batch"))
-        current = closed(spec, layout, target)
+        current = closed(hook.plan, target)
         event = announcement(target, current, before)
         if event is None:
             return None
         state[self.output] = {"through_ms": current.through_ms, "batch": current.batch, "at": now}
-        _write(state_file, state)
+        write_atomically(state_file, json.dumps(state, indent=1))
         return {"stream": self.stream, **event, "announced_at": now}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -95,10 +96,3 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)

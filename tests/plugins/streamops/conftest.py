@@ -7,8 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import pipeline
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
 from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
@@ -21,7 +26,7 @@ def pristine(spark, tmp_path_factory) -> Path:
     assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", str(files),
                           "--events-per-file", "30", "--seed", "3"]) == 0
     spec = load_spec(SPEC)
-    pipeline.run_available_now(spark, spec, Layout(spec, root, default_spec_dir()))
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, Layout(spec, root, default_spec_dir())))
     return root
 
 

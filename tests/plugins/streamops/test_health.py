@@ -19,9 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.checkpoint import QueryCheckpoint, last_batch
-from spark_jobs.lease import DriverLease
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import (
+    QueryCheckpoint,
+    last_batch,
+)
+from spark_jobs.runtime.lease import DriverLease
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
 from streamops import tenure
 from streamops.health import Snapshot, Status, assess, classify
 
@@ -30,7 +38,7 @@ STALL = 180  # the spec's stall window, seconds
 
 DRIVER = """
 import sys
-from spark_jobs.lease import DriverLease
+from spark_jobs.runtime.lease import DriverLease
 DriverLease(sys.argv[1], stream="sensors").acquire()
 print("held", flush=True)
 sys.stdin.read()
@@ -65,9 +73,14 @@ def land_files(layout: Layout, n: int) -> None:
         path.write_text(json.dumps({"event_id": f"x{i}"}) + "\n")
 
 
+def checkpoints(layout: Layout) -> dict[str, str]:
+    """Each query's checkpoint, as the stream's plan says."""
+    return compile_plan(layout.spec, layout).checkpoints
+
+
 def newest_commit(layout: Layout) -> float:
-    return max(os.path.getmtime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
-               for q in load_spec(SPEC).query_names())
+    return max(os.path.getmtime(Path(ckpt) / "commits" / str(last_batch(ckpt, "commits")))
+               for ckpt in checkpoints(layout).values())
 
 
 def test_no_driver_is_dead(stream) -> None:
@@ -104,9 +117,9 @@ def test_live_driver_with_waiting_input_is_starting_then_healthy(stream, driver)
     spec, layout = stream
     land_files(layout, 1)
     assert assess(spec, layout).status == Status.STARTING  # nothing committed since this driver started
-    for q in spec.query_names():  # every query commits a batch now
-        commits = Path(layout.checkpoint(q)) / "commits"
-        os.utime(commits / str(last_batch(layout.checkpoint(q), "commits")))
+    for ckpt in checkpoints(layout).values():  # every query commits a batch now
+        commits = Path(ckpt) / "commits"
+        os.utime(commits / str(last_batch(ckpt, "commits")))
     health = assess(spec, layout)
     assert health.status == Status.HEALTHY, health.summary()
     assert health.backlog_files == 1
@@ -115,8 +128,8 @@ def test_live_driver_with_waiting_input_is_starting_then_healthy(stream, driver)
 def test_a_backlog_that_grew_over_the_lag_window_is_lagging(stream, driver) -> None:
     spec, layout = stream
     now = time.time()
-    for q in spec.query_names():  # every batch was planned long ago; the newest commit is fresh
-        ckpt = Path(layout.checkpoint(q))
+    for path in checkpoints(layout).values():  # every batch was planned long ago; the newest commit is fresh
+        ckpt = Path(path)
         for f in (ckpt / "offsets").iterdir():
             os.utime(f, (now - 600, now - 600))
         os.utime(ckpt / "commits" / str(last_batch(ckpt, "commits")))
@@ -183,8 +196,8 @@ def test_a_query_this_driver_started_late_gets_its_own_stall_window() -> None:
 
 def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:
     spec, layout = stream
-    for q in spec.query_names():
-        os.utime(Path(layout.checkpoint(q)) / "commits" / str(last_batch(layout.checkpoint(q), "commits")))
+    for ckpt in checkpoints(layout).values():
+        os.utime(Path(ckpt) / "commits" / str(last_batch(ckpt, "commits")))
     land_files(layout, 1)
     os.kill(driver.pid, signal.SIGSTOP)  # frozen: alive, holds the lease, commits nothing
     later = time.time() + STALL + 5
@@ -196,7 +209,7 @@ def test_frozen_driver_with_waiting_input_is_stalled(stream, driver) -> None:
 
 def test_torn_offsets_file_is_corrupt(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
     newest.write_text(newest.read_text()[:12])
     health = assess(spec, layout)
@@ -206,7 +219,7 @@ def test_torn_offsets_file_is_corrupt(stream) -> None:
 
 def test_commit_missing_in_the_middle_is_noted_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     last = last_batch(ckpt, "commits")
     assert last >= 2
     (ckpt / "commits" / str(last - 1)).unlink()
@@ -217,7 +230,7 @@ def test_commit_missing_in_the_middle_is_noted_not_corruption(stream) -> None:
 
 def test_offsets_lost_behind_a_commit_is_corrupt(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     last = last_batch(ckpt, "offsets")
     (ckpt / "offsets" / str(last)).unlink()
     health = assess(spec, layout)
@@ -227,7 +240,7 @@ def test_offsets_lost_behind_a_commit_is_corrupt(stream) -> None:
 
 def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     last = last_batch(ckpt, "commits")
     (ckpt / "commits" / str(last)).unlink()
     (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
@@ -238,7 +251,7 @@ def test_missing_newest_commit_is_a_batch_to_replay_not_corruption(stream) -> No
 
 def test_lost_newest_commit_behind_a_planned_batch_is_replayed_not_corruption(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     last = last_batch(ckpt, "commits")
     offsets = ckpt / "offsets"
     (offsets / str(last + 1)).write_text((offsets / str(last)).read_text())  # batch last+1 planned (a crash mid-batch)
@@ -250,7 +263,7 @@ def test_lost_newest_commit_behind_a_planned_batch_is_replayed_not_corruption(st
 
 def test_leftover_temp_file_is_harmless_and_noted(stream) -> None:
     spec, layout = stream
-    ckpt = Path(layout.checkpoint("_ingest"))
+    ckpt = Path(checkpoints(layout)["_ingest"])
     (ckpt / "offsets" / f".{last_batch(ckpt, 'offsets') + 1}.0a1b2c3d.tmp").write_text("v1\n{\"batchWat")
     health = assess(spec, layout)
     assert health.status == Status.DEAD

@@ -21,9 +21,13 @@ import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowFailException
 
-from spark_jobs.checkpoint import last_batch
-from spark_jobs.lease import DRIVER_ID_ENV, holder_alive, read_holder
-from spark_jobs.spec import default_spec_dir
+from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.lease import (
+    DRIVER_ID_ENV,
+    holder_alive,
+    read_holder,
+)
+from spark_jobs.spec.layout import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
 from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator, killed_task_cleanup_seconds
@@ -31,7 +35,7 @@ from streamops.operators.stream import StopStreamOperator, StreamSupervisorOpera
 DRIVER = """
 import sys, time
 from pathlib import Path
-from spark_jobs.lease import DriverLease
+from spark_jobs.runtime.lease import DriverLease
 control = Path(sys.argv[1])
 lease = DriverLease(control, stream="sensors").acquire()
 print("held", flush=True)
@@ -61,7 +65,7 @@ def supervisor(data_root: Path) -> StreamSupervisorOperator:
 
 
 def test_supervisor_fails_on_a_corrupt_checkpoint_and_says_what_to_do(data_root: Path) -> None:
-    ckpt = Path(hook(data_root).layout.checkpoint("site_temperature_10m"))
+    ckpt = Path(hook(data_root).plan.checkpoint("site_temperature_10m"))
     newest = ckpt / "offsets" / str(last_batch(ckpt, "offsets"))
     newest.write_text("v1\n{\"batchWaterm")
     with pytest.raises(AirflowFailException) as err:
@@ -108,7 +112,7 @@ def test_supervisor_adopts_a_live_driver_instead_of_starting_a_second(data_root:
 
 def test_a_frozen_drivers_lapsed_lease_is_told_apart_from_a_dead_driver(data_root: Path) -> None:
     """What the supervisor ends as "its lease lapsed": a driver of its own still there, frozen."""
-    script = ("import sys\nfrom spark_jobs.lease import DriverLease\n"
+    script = ("import sys\nfrom spark_jobs.runtime.lease import DriverLease\n"
               "lease = DriverLease(sys.argv[1], stream='sensors', ttl=6).acquire()\nprint(lease.epoch, flush=True)\n"
               "sys.stdin.read()\n")
     h = hook(data_root)
@@ -420,7 +424,7 @@ def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(op.execute({})))
     thread.start()
-    counts = Path(app.layout.checkpoint("counts"))
+    counts = Path(app.plan.checkpoint("counts"))
 
     def commits() -> int:
         return len(list((counts / "commits").glob("[0-9]*")))
@@ -470,7 +474,7 @@ def test_a_clean_exit_nobody_asked_for_is_a_failure_to_restart_from(data_root: P
     """Only an operator stops a stream for good: a driver that exits 0 by itself is restarted."""
     specs = stalling_specs(tmp_path, max_attempts=2)
     stream = StreamHook("sensors", str(specs), str(data_root))
-    quits = ("import sys\nfrom spark_jobs.lease import DriverLease\n"
+    quits = ("import sys\nfrom spark_jobs.runtime.lease import DriverLease\n"
              "DriverLease(sys.argv[1], stream='sensors').acquire().release()\n")
     fake_spark_submit(tmp_path, monkeypatch, quits, str(stream.layout.lease_dir))
     op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),

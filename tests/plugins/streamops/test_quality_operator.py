@@ -11,7 +11,7 @@ import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from spark_jobs.spec import default_spec_dir
+from spark_jobs.spec.layout import default_spec_dir
 from streamops.operators.quality import QUALITY_JOB, ValidateStreamOperator
 
 UNIT = {"unit": "2026-01-01T00:10:00Z", "rows": 3, "status": "passed", "failed": []}

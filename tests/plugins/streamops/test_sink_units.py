@@ -22,7 +22,7 @@ def test_each_sink_announces_what_closed_once(data_root: Path) -> None:
     window = events["site_temperature_10m"]
     assert window["kind"] == "window" and window["units"] and window["since"] is None
     assert window["units"][-1] <= window["closed_through"]
-    assert events["readings"]["kind"] == "period"  # the served output: periods of the accepted rows
+    assert events["readings"]["kind"] == "period"  # the output the ingestion writes: periods of the accepted rows
     announced = json.loads((data_root / "quality" / "sensors" / "announced.json").read_text())
     assert announced["device_status"]["batch"] == table["batch"]
     # nothing closed since: nothing to say, also once the interval has passed (a restarted triggerer reads the file)

@@ -126,7 +126,7 @@ def test_a_user_of_another_team_gets_403(client, monkeypatch) -> None:  # noqa: 
 
 
 def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path) -> None:
-    from spark_jobs.checkpoint import last_batch
+    from spark_jobs.runtime.checkpoint import last_batch
 
     login(client)
     status = {s["stream"]: s for s in client.get("/streams/api/status").json()}
@@ -134,7 +134,7 @@ def test_the_status_page_shows_what_the_checkpoint_says(client, data_root: Path)
     assert sensors["status"] == "dead" and sensors["reason"] == "no live driver holds the checkpoint"
     committed = last_batch(data_root / "checkpoints" / "sensors" / "_ingest", "commits")
     assert sensors["last_committed"]["_ingest"] == committed is not None
-    assert "readings" not in sensors["last_committed"]  # served by the ingestion: no query of its own
+    assert "readings" not in sensors["last_committed"]  # written by the ingestion: no query of its own
     assert sensors["backlog_files"] == 0 and sensors["restarts_last_day"] == 0
     assert sensors["validation"] == {"ok": True, "at": "2026-01-01T00:10:00Z", "units": 3, "failed_units": 0,
                                      "accounting_ok": True}
@@ -214,7 +214,8 @@ def test_nothing_outside_a_streams_quality_folder_is_served(client) -> None:
 
 
 def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
-    from spark_jobs.spec import default_spec_dir, parse_spec
+    from spark_jobs.spec.layout import default_spec_dir
+    from spark_jobs.spec.loading import parse_spec
     from streamops.ui import ACTIONS, _actions
 
     app = parse_spec({"name": "rate_counts", "checkpoint": "checkpoints/rate_counts",

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.history import History
-from spark_jobs.spec import INGEST_QUERY, Layout, default_spec_dir, load_spec
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.history import History
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import INGEST_QUERY
 from streamops import views
 from streamops.views import iso
 
@@ -90,7 +96,7 @@ def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layo
     assert f"accounting balances (validation of {iso(NOW - 150)})" in ingestion["detail"]
     assert nodes["accepted"]["rows_in"] == 160
     assert (nodes["quarantine"]["rows_in"], nodes["duplicates"]["rows_in"], nodes["late"]["rows_in"]) == (20, 10, 10)
-    assert nodes["output:readings"]["rows_in"] == 160 and "served by the ingestion" in nodes["output:readings"]["detail"]
+    assert nodes["output:readings"]["rows_in"] == 160 and "written by the ingestion" in nodes["output:readings"]["detail"]
     assert nodes["output:device_status"]["rows_in"] == 160 and nodes["output:device_status"]["status"] == "starting"
     sink = nodes["sink:site_temperature_10m"]
     assert sink["status"] == "failed" and sink["url"] == "quality/"
@@ -107,7 +113,7 @@ def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout) -> None:
 
 def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> None:
     from spark_jobs.quality.rules import parse_rules
-    from spark_jobs.spec import parse_spec
+    from spark_jobs.spec.loading import parse_spec
     from streamops.assets import quality_schedule, sink_assets
 
     data = json.loads(json.dumps(SPEC.model_dump(mode="json", exclude_none=True)))
@@ -117,7 +123,7 @@ def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> Non
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
     flow = views.flow(spec, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
     assert next(n for n in flow["nodes"] if n["key"] == "sink:peek")["detail"].startswith("console sink (not kept)")
-    assets = sink_assets(spec, layout, {"spec_dir": None, "data_root": None})
+    assets = sink_assets(compile_plan(spec, layout), {"spec_dir": None, "data_root": None})
     assert [a.name for a in assets] == ["stream_sensors.readings", "stream_sensors.site_temperature_10m",
                                         "stream_sensors.device_status"]
     assert quality_schedule(parse_rules({"on_new_output": False}, spec), assets) is None  # by hand only

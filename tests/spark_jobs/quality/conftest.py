@@ -8,10 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import pipeline
-from spark_jobs.checkpoint import last_batch
-from spark_jobs.progress import EventLog, make_listener, read_events
-from spark_jobs.spec import Layout, default_spec_dir, load_spec
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.progress import (
+    EventLog,
+    make_listener,
+    read_events,
+)
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
 from spark_jobs.testdata import generate
 
 INCLUDE = default_spec_dir().parent
@@ -19,16 +28,16 @@ INCLUDE = default_spec_dir().parent
 
 def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
     """Process what waits (available-now), writing progress and ingestion events as the job does."""
-    names = pipeline.resolve_plan(spark, spec, layout).spark_query_names
+    plan = analysis.resolve_plan(spark, spec, layout)
     events = EventLog(layout.events_file)
-    listener = make_listener(events, spec.name, names)
+    listener = make_listener(events, spec.name, plan.spark_query_names)
     spark.streams.addListener(listener)
     try:
-        pipeline.run_available_now(spark, spec, layout, on_batch=events.write)
+        flows.run_available_now(spark, plan, on_batch=events.write)
 
         def events_written() -> bool:  # the listener bus delivers events asynchronously
             seen = {(e["query"], e["batch_id"]) for e in read_events(layout.events_file) if e["event"] == "progress"}
-            return all((name, last_batch(layout.checkpoint(name), "commits")) in seen for name in spec.query_names())
+            return all((name, last_batch(ckpt, "commits")) in seen for name, ckpt in plan.checkpoints.items())
 
         deadline = time.monotonic() + 60
         while not events_written():

@@ -14,9 +14,10 @@ from spark_jobs.quality.accounting import (
     fold,
     ingestion_balance,
     output_balance,
-    served_balance,
+    written_by_ingestion_balance,
 )
-from spark_jobs.spec import default_spec_dir, load_spec
+from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.spec.loading import load_spec
 
 
 def progress(batch: int, rows: int, late: int = 0, dup: int = 0, sink: int = 0, query_id: str = "q1") -> dict:
@@ -136,13 +137,13 @@ def test_stream_accounting_fails_on_imbalance_and_on_a_high_quarantine_rate() ->
     assert StreamAccounting(100, 4, 0.05, [bad]).problems[0].startswith("accounting of readings: unbalanced")
 
 
-def test_the_served_output_reflects_exactly_the_rows_the_ingestion_accepted() -> None:
+def test_the_output_the_ingestion_writes_reflects_exactly_the_rows_the_ingestion_accepted() -> None:
     # its sink is the accepted-rows table: the ingestion's accepted count against the rows read back there
     totals = fold(Totals(), [progress(0, 10), ingested(0, 7, 3), progress(1, 5), ingested(1, 5)], "q1", 1,
                   ingestion=True)
-    ok = served_balance("readings", totals, 12, 1)
+    ok = written_by_ingestion_balance("readings", totals, 12, 1)
     assert (ok.status, ok.input, ok.accepted, ok.difference, ok.batches) == (BALANCED, 12, 12, 0, 2)
-    assert "served by the ingestion" in ok.message
-    lost = served_balance("readings", totals, 11, 1)
+    assert "written by the ingestion" in ok.message
+    lost = written_by_ingestion_balance("readings", totals, 11, 1)
     assert lost.status == UNBALANCED and "1 row(s) unaccounted for" in lost.message
-    assert served_balance("readings", totals, 12, 2).status == PENDING  # the table holds a batch not yet committed
+    assert written_by_ingestion_balance("readings", totals, 12, 2).status == PENDING  # the table holds a batch not yet committed

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from spark_jobs.quality.closing import Closed, announcement, unit_ends
 from spark_jobs.quality.rules import Target
-from spark_jobs.spec import default_spec_dir, load_spec
+from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.spec.loading import load_spec
 
 SPEC = load_spec(default_spec_dir() / "sensors.yaml")
 MIN = 60_000

@@ -8,7 +8,12 @@ import pytest
 import yaml
 
 from spark_jobs.quality.rules import derived_expectations, load_rules, parse_rules, rules_path, targets
-from spark_jobs.spec import SpecError, default_spec_dir, load_spec, parse_spec
+from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.spec.loading import (
+    load_spec,
+    parse_spec,
+)
+from spark_jobs.spec.models import SpecError
 
 SENSORS = load_spec(default_spec_dir() / "sensors.yaml")
 CLICKS = load_spec(default_spec_dir() / "clicks.yaml")
@@ -150,7 +155,9 @@ def test_a_sql_output_is_validated_as_a_table_or_by_the_units_its_columns_from_s
 
 def test_validation_follows_new_output_at_most_once_per_interval_with_an_optional_clock() -> None:
     from spark_jobs.quality.rules import parse_rules
-    from spark_jobs.spec import SpecError, default_spec_dir, load_spec
+    from spark_jobs.spec.layout import default_spec_dir
+    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.spec.models import SpecError
 
     spec = load_spec(default_spec_dir() / "sensors.yaml")
     rules = parse_rules({}, spec)

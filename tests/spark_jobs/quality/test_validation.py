@@ -11,10 +11,15 @@ import pytest
 from pyspark.sql import functions as F
 
 from spark_jobs import backfill
-from spark_jobs.checkpoint import batch_watermark_ms, last_batch
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, from_ms, iso
-from spark_jobs.spec import Layout, SpecError, load_spec
+from spark_jobs.runtime.checkpoint import (
+    batch_watermark_ms,
+    last_batch,
+)
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import SpecError
 
 
 def validator(spark, include: Path, data_root: Path) -> Validator:
@@ -29,7 +34,7 @@ def target(v: Validator, name: str):
 
 def closed_windows(spark, v: Validator) -> set[str]:
     """Window ends the sink holds at or before the committed watermark, read independently."""
-    ckpt = v.layout.checkpoint("site_temperature_10m")
+    ckpt = v.plan.checkpoint("site_temperature_10m")
     wm = from_ms(batch_watermark_ms(ckpt, last_batch(ckpt, "commits")))
     rows = spark.read.parquet(v.layout.data("sinks/sensors/site_temperature_10m")).select("window_end").distinct()
     return {iso(r["window_end"]) for r in rows.collect() if iso(r["window_end"]) <= iso(wm)}
@@ -50,7 +55,7 @@ def test_clean_output_passes_once_per_closed_unit_and_a_rerun_changes_nothing(sp
     hour = spark.read.parquet(v.layout.data("sinks/sensors/readings")).where(
         (F.col("ts") >= "2026-01-01 00:00:00") & (F.col("ts") < "2026-01-01 01:00:00")).count()
     assert next(u for u in by_output["readings"]["units"] if u["unit"] == "2026-01-01T00:00:00Z")["rows"] == hour
-    assert [u["unit"] for u in by_output["device_status"]["units"]] == [f"batch {last_batch(v.layout.checkpoint('device_status'), 'commits')}"]
+    assert [u["unit"] for u in by_output["device_status"]["units"]] == [f"batch {last_batch(v.plan.checkpoint('device_status'), 'commits')}"]
     assert all(u["status"] == "passed" for o in result["outputs"] for u in o["units"])
 
     balances = {b["output"]: b for b in result["accounting"]["balances"]}
@@ -219,7 +224,8 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
                                                                                  tmp_path: Path) -> None:
     import yaml
 
-    from spark_jobs import pipeline
+    from spark_jobs import analysis
+    from spark_jobs.flows import queries as flows
     from spark_jobs.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
@@ -235,7 +241,7 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "2",
                           "--events-per-file", "20", "--seed", "3"]) == 0
     v = validator(spark, include, root)
-    pipeline.run_available_now(spark, v.spec, v.layout)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, v.spec, v.layout))
 
     result = v.run()
     report = next(o for o in result["outputs"] if o["output"] == "hottest")

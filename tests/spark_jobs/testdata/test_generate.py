@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs.spec import duration_seconds, load_spec
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import duration_seconds
 from spark_jobs.testdata import generate as gen
 
 STREAMS = Path(__file__).resolve().parents[3] / "include" / "streams"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spark_jobs.spec import Layout, Window, parse_spec
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import parse_spec
+from spark_jobs.spec.models import Window
 from spark_jobs.testdata import groundtruth as gt
 
 DAY = "2026-01-01T"

@@ -22,17 +22,23 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_jobs import pipeline
-from spark_jobs.spec import (
-    INGEST_QUERY,
-    SPARK_TYPES,
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.plan import input_columns
+from spark_jobs.sinks.table import TableWriter
+from spark_jobs.spec.layout import (
     Layout,
-    Trigger,
     default_spec_dir,
+)
+from spark_jobs.spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.tables import TableWriter
+from spark_jobs.spec.models import (
+    INGEST_QUERY,
+    SPARK_TYPES,
+    Trigger,
+)
 from spark_jobs.testdata import generate, verify
 
 COLUMNS = [("event_id", "string"), ("ts", "timestamp"), ("day", "date"), ("temperature", "double"),
@@ -82,9 +88,9 @@ def assert_only(report: verify.StreamReport, **found: Any) -> None:
         assert f"1 {label}" in report.describe()
 
 
-def test_verify_reads_sinks_without_the_pipeline_or_the_table_writer() -> None:
+def test_verify_reads_sinks_without_the_flows_or_the_table_writer() -> None:
     code = ("import sys, spark_jobs.testdata.verify; "
-            "print(sorted(m for m in ('spark_jobs.pipeline', 'spark_jobs.tables', 'pyspark') if m in sys.modules))")
+            "print(sorted(m for m in ('spark_jobs.flows.queries', 'spark_jobs.frames', 'spark_jobs.sinks.table', 'pyspark') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -317,7 +323,7 @@ def generated(spark, tmp_path_factory) -> Generated:  # noqa: ANN001
     ledger = [json.loads(line) for line in (root / "generated" / "sensors" / "ledger.jsonl").read_text().splitlines()]
     # the generator lands files in landing/sensors: the baseline variant reads them there
     spec = sensors_variant("sensors")
-    pipeline.run_available_now(spark, spec, Layout(spec, root, default_spec_dir()))
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, Layout(spec, root, default_spec_dir())))
     return Generated(root, json.loads(result.manifest.read_text()), ledger)
 
 
@@ -335,7 +341,7 @@ def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -
             edit(lines)
             data = b"".join(lines)
         (landing / src.name).write_bytes(data)
-    query = pipeline.start(spark, spec, layout, Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
+    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
     query[INGEST_QUERY].awaitTermination(120)
     assert query[INGEST_QUERY].exception() is None
     return spec
@@ -402,7 +408,7 @@ def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Gene
     spec = sensors_variant("sensors")
     rows = verify.read_quarantine(spark, spec, generated.layout(spec))
     record = target(generated)
-    columns = spec.input_columns()
+    columns = input_columns(spec)
 
     def mutated(change: dict[str, str]) -> verify.QuarantineReport:
         changed = [({**r, **change} if verify.file_name(r["source_file"]) == record["name"]
@@ -429,7 +435,7 @@ def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path)
     assert {"wrong_type", "too_few_fields", "invalid_utf8", "future"} <= {e["reason"] for e in manifest["quarantine"]}
     spec = load_spec(spec_path)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    query = pipeline.start(spark, spec, layout, Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
+    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
     query[INGEST_QUERY].awaitTermination(120)
     assert query[INGEST_QUERY].exception() is None
     report = verify.compare(spark, spec, layout, manifest)  # only the ingestion ran

@@ -1,0 +1,251 @@
+"""The platform's lifecycle on one machine: Airflow started, every stream deployed through its
+DAGs and fed by the generator, watched, then shut down in order (the streams catch up, stop
+through their stop DAGs, the quality DAGs validate what they wrote, Airflow stops)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner.airflow import AirflowServices
+from runner.processes import PRIVATE, Every, private_log, wait_until
+from runner.summary import summarize
+from spark_jobs.sinks.table import redact
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import StreamSpec
+from streamops import dag_id, tenure
+
+#: how often the platform says where it is while it waits (catching up, stopping, validating)
+PROGRESS_SECONDS = 15.0
+
+
+def _batches(health: Any) -> str:
+    committed = [b for b in health.last_committed.values() if b is not None]
+    return f"batch {max(committed)} committed" if committed else "no batch committed"
+
+
+def _where(layout: Layout, output: Any) -> str:
+    sink = output.sink
+    return layout.data(sink.path) if hasattr(sink, "path") else f"{sink.table} ({redact(layout.table_url(sink))})"
+
+
+class Platform:
+    """Airflow, the streams' DAGs and the generators, started and stopped in order."""
+
+    def __init__(self, specs: dict[str, StreamSpec], spec_dir: Path, data_root: Path, port: int,
+                 rate: float, events_per_file: int, master: str, out: Callable[[str], None] = print):
+        self.specs, self.spec_dir, self.data_root = specs, spec_dir, data_root
+        self.rate, self.events_per_file = rate, events_per_file
+        self.layouts = {name: Layout(spec, data_root, spec_dir) for name, spec in specs.items()}
+        self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master,
+                                       extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
+        self.generators: dict[str, subprocess.Popen] = {}
+        self.quality_runs: dict[str, list[dict[str, Any]]] = {}
+        self.started_at = time.time()
+        self.deployed = False
+        self.interrupts = 0
+        self.out = out
+
+    # -- start
+
+    def start(self) -> None:
+        self.out(f"==> Airflow: migrating the metadata database in {self.airflow.home}")
+        self.airflow.start()
+        self.out(f"==> Airflow: API server, scheduler (LocalExecutor), DAG processor and triggerer on {self.airflow.url}")
+        if not wait_until(self.airflow.healthy, 180, interrupted=self.stopping):
+            if self.stopping():
+                return
+            raise RuntimeError(f"the Airflow API server did not come up; see {self.airflow.home}/api-server.log")
+        wanted = {dag_id(name, role) for name in self.specs for role in ("", "stop", "quality")}
+        self.out("==> waiting for the DAG processor to parse the streams' DAGs")
+        if not wait_until(lambda: wanted <= self.airflow.dag_ids(), 240, every=3, interrupted=self.stopping):
+            if self.stopping():
+                return
+            errors = "\n".join(f"  {e.get('filename')}: {e.get('stack_trace', '')[-300:]}"
+                               for e in self.airflow.import_errors())
+            raise RuntimeError(f"DAGs not parsed: {sorted(wanted - self.airflow.dag_ids())}\n{errors}")
+        deployed_at = time.time()
+        for name in sorted(self.specs):
+            for dag in (dag_id(name), dag_id(name, "stop"), dag_id(name, "quality")):
+                self.airflow.unpause(dag)
+            self.airflow.trigger(dag_id(name))
+            self.deployed = True
+            self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused "
+                     f"(it validates when units of the stream's sinks close: Airflow assets)")
+            self.generators[name] = subprocess.Popen(
+                [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
+                 "--data-root", str(self.data_root), "--rate", str(self.rate),
+                 "--events-per-file", str(self.events_per_file)],
+                stdout=private_log(self.data_root / "logs" / f"generate-{name}.log"),
+                stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE)
+        self.out("==> waiting for the streams' supervisor tasks to start")
+        wait_until(lambda: all((t := tenure.current(layout.lease_dir)) is not None and t.started_at >= deployed_at
+                               for layout in self.layouts.values()), 120, interrupted=self.stopping)
+        self.print_where()
+
+    def print_where(self) -> None:
+        self.out("")
+        self.out(f"  Airflow UI     {self.airflow.url}  (user admin, password in {self.airflow.passwords_file})")
+        self.out(f"  Streams page   {self.airflow.url}/streams/")
+        for name, layout in sorted(self.layouts.items()):
+            spec = self.specs[name]
+            sinks = ", ".join(_where(layout, o) for o in spec.outputs)
+            self.out(f"  {name:<14} landing {layout.landing}; sinks {sinks}")
+            self.out(f"  {'':<14} Data Docs {self.data_root / 'quality' / name / 'docs' / 'index.html'}")
+        self.out(f"  logs           {self.airflow.home} (Airflow), {self.data_root / 'logs'} (generators)")
+        self.out("  Ctrl-C stops everything gracefully\n")
+
+    # -- run
+
+    def stopping(self) -> bool:
+        return self.interrupts > 0
+
+    def watch(self, minutes: float | None, every: float = 15.0) -> None:
+        from streamops.health import assess
+
+        deadline = None if minutes is None else time.monotonic() + minutes * 60
+        while not self.stopping() and (deadline is None or time.monotonic() < deadline):
+            dead = self.airflow.dead_services()
+            if dead:
+                raise RuntimeError(f"Airflow service(s) ended: {dead}; see the logs in {self.airflow.home}")
+            line = []
+            for name, spec in sorted(self.specs.items()):
+                h = assess(spec, self.layouts[name])
+                batches = max((b for b in h.last_committed.values() if b is not None), default=None)
+                line.append(f"{name}: {h.status}, batch {batches if batches is not None else '-'}, "
+                            f"backlog {h.backlog_files} file(s)")
+            self.out(f"[{time.strftime('%H:%M:%S')}] " + "; ".join(line))
+            wait_until(lambda: False, every if deadline is None else min(every, max(0.0, deadline - time.monotonic())),
+                       every=0.5, interrupted=self.stopping)
+
+    # -- stop
+
+    def shutdown(self, graceful: bool = True) -> None:
+        """Stop everything; ``graceful``: let the streams take what landed, stop them through their
+        stop DAGs, validate what they wrote, then stop Airflow. Says where it is every 15 s."""
+        from streamops.hooks.stream import StreamHook
+
+        began = time.monotonic()
+        for gen in self.generators.values():
+            if gen.poll() is None:
+                gen.send_signal(signal.SIGTERM)
+        for gen in self.generators.values():
+            try:
+                gen.wait(60)
+            except subprocess.TimeoutExpired:
+                gen.kill()
+        graceful = graceful and self.deployed
+        second_interrupt = lambda: self.interrupts > 1  # noqa: E731
+        if graceful:
+            self.out("==> generators stopped; waiting for the streams to take what landed")
+            self.catch_up(second_interrupt)
+        self.out("==> stopping the streams" + (" gracefully (stop DAGs)" if graceful else ""))
+        if graceful and not second_interrupt():
+            self.run_dags({dag_id(name, "stop"): {"mode": "graceful"} for name in sorted(self.specs)}, 240,
+                          second_interrupt)
+        for name in sorted(self.specs):
+            hook = StreamHook(name, str(self.spec_dir), str(self.data_root))
+            if hook.driver_alive():
+                hook.kill_driver()
+                hook.wait_for_exit(30)
+        if graceful and not second_interrupt():
+            # after the streams stopped: the validation has the machine to itself
+            self.out("==> validating what the streams wrote (quality DAGs)")
+            self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
+        if self.deployed:
+            self.quality_runs = self._quality_runs()
+        self.out("==> stopping Airflow")
+        self.airflow.stop()
+        self.out(f"==> shut down in {time.monotonic() - began:.0f} s")
+
+    def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
+        """The quality DAGs' runs (before Airflow stops): how validation was started, and how it went."""
+        try:
+            return {name: self.airflow.runs(dag_id(name, "quality")) for name in self.specs}
+        except (OSError, RuntimeError) as exc:
+            self.out(f"    could not list the quality DAGs' runs: {exc}")
+            return {}
+
+    def catch_up(self, interrupted: Callable[[], bool], timeout: float = 300) -> None:
+        """Wait until every stream is idle (all input taken); give up on one that stays down for 60 s."""
+        from streamops.health import Status, assess
+
+        pending = set(self.specs)
+        down_since: dict[str, float] = {}
+        say = Every(PROGRESS_SECONDS)
+
+        def settled() -> bool:
+            healths = {name: assess(self.specs[name], self.layouts[name]) for name in sorted(pending)}
+            for name, health in healths.items():
+                if health.status == Status.IDLE:
+                    pending.discard(name)
+                    self.out(f"    {name}: took everything that landed ({_batches(health)})")
+                elif health.status in (Status.DEAD, Status.CORRUPT):
+                    down_since.setdefault(name, time.monotonic())
+                    if time.monotonic() - down_since[name] > 60:
+                        pending.discard(name)
+                        self.out(f"    {name} is down; not waiting for it: {health.summary()}")
+                else:
+                    down_since.pop(name, None)
+            if pending and say.due():
+                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for the streams to take what landed: " + "; ".join(
+                    f"{name}: {healths[name].status}, {healths[name].backlog_files} file(s) waiting, "
+                    f"{_batches(healths[name])}" for name in sorted(pending)))
+            return not pending
+
+        wait_until(settled, timeout, interrupted=interrupted)
+        for name in sorted(pending):
+            self.out(f"    {name} has not caught up: {assess(self.specs[name], self.layouts[name]).summary()}")
+
+    def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,
+                 interrupted: Callable[[], bool]) -> dict[str, str]:
+        """Trigger a run of each DAG (with its conf), all at once, and wait for every run to
+        end; each DAG's final state ("unfinished" after ``timeout`` seconds)."""
+        ids = {dag: self.airflow.trigger(dag, conf) for dag, conf in runs.items()}
+        states: dict[str, str] = {}
+        current: dict[str, str] = {}
+        began = time.monotonic()
+        say = Every(PROGRESS_SECONDS)
+
+        def ended() -> bool:
+            for dag, run_id in ids.items():
+                if dag in states:
+                    continue
+                state = next((r["state"] for r in self.airflow.runs(dag) if r["run_id"] == run_id), "unknown")
+                current[dag] = state
+                if state in ("success", "failed"):
+                    states[dag] = state
+                    self.out(f"    {dag}: {state} after {time.monotonic() - began:.0f} s")
+            waiting = [dag for dag in runs if dag not in states]
+            if waiting and say.due():
+                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for " + ", ".join(
+                    f"{dag} ({current.get(dag, 'queued')}, {time.monotonic() - began:.0f} s)" for dag in waiting)
+                    + self._doing(waiting))
+            return not waiting
+
+        wait_until(ended, timeout, every=1, interrupted=interrupted)
+        for dag in runs:
+            if dag not in states:
+                states[dag] = "unfinished"
+                self.out(f"    {dag}: unfinished")
+        return states
+
+    def _doing(self, dags: list[str]) -> str:
+        """What the streams of the DAGs are doing meanwhile (a driver still finishing a batch)."""
+        from streamops.health import assess
+
+        alive = [name for name in sorted(self.specs) if any(d.startswith(dag_id(name)) for d in dags)
+                 and assess(self.specs[name], self.layouts[name]).driver_pid is not None]
+        return f"; driver still running: {', '.join(alive)}" if alive else ""
+
+    # -- summary
+
+    def summary(self) -> dict[str, Any]:
+        """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
+        restarts in this run and the units validated (:func:`runner.summary.summarize`)."""
+        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs)

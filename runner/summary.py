@@ -1,0 +1,107 @@
+"""The summary of a run per stream (what ``./platform up`` prints at the end and writes to
+``<data root>/summary.json``): rows in, accepted, quarantined, duplicates, dropped late, rows per
+sink against the generator's ground truth, restarts, units validated and how soon after they
+closed, whether the accounting balances."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.processes import output_to
+from spark_jobs.plan import compile_plan, has_ingestion
+from spark_jobs.quality.closing import validation_delays
+from spark_jobs.quality.ledger import read_ledger
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.models import StreamSpec
+
+
+def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path, started_at: float,
+              quality_runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
+    restarts since ``started_at`` and the units validated; ``quality_runs``: the quality DAGs' runs."""
+    from spark_jobs.runtime.session import build_session
+    from spark_jobs.testdata import verify
+    from streamops.restarts import RestartBudget
+
+    with output_to(data_root / "logs" / "summary-spark.log"):  # the JVM keeps writing there, not here
+        spark = build_session("platform-summary", master="local[1]",
+                              extra={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    result: dict[str, Any] = {"started_at": started_at, "ended_at": time.time(), "streams": {}}
+    try:
+        for name, spec in sorted(specs.items()):
+            layout = layouts[name]
+            manifest_path = data_root / "generated" / name / "manifest.json"
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+            report = verify.compare(spark, spec, layout, manifest) if manifest else None
+            agreement = verify.agreement(spark, spec, layout) if has_ingestion(spec) else []
+            quality_path = layout.quality_dir / "summary.json"
+            quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
+            budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+            delays = sorted(validation_delays(compile_plan(spec, layout), read_ledger(layout.quality_dir), since=started_at))
+            runs = quality_runs.get(name, [])
+            result["streams"][name] = {
+                "expected": manifest["counts"] if manifest else None,
+                "sinks": [{"output": o.name, "rows": o.actual, "expected": o.expected, "equal": o.ok,
+                           "detail": o.describe()} for o in (report.outputs if report else [])],
+                "quarantined": report.quarantined if report else None,
+                "ground_truth_equal": bool(report and report.ok),
+                "outputs_agree": all(r.ok for r in agreement),
+                "disagreements": [r.describe() for r in agreement if not r.ok],
+                "restarts": budget.restarts_since(started_at),
+                "validated": {o: {k: v[k] for k in ("validated", "passed", "failed")}
+                              for o, v in quality.get("outputs", {}).items()},
+                "accounting": quality.get("accounting"),
+                "quality_ok": quality.get("ok"),
+                "quality_runs": {kind: sum(r.get("run_type") == kind for r in runs)
+                                 for kind in ("asset_triggered", "manual", "scheduled")},
+                "validation_delay_seconds": {
+                    "units": len(delays), "median": statistics.median(delays) if delays else None,
+                    "max": delays[-1] if delays else None},
+            }
+    finally:
+        spark.stop()
+    return result
+
+
+def describe_summary(summary: dict[str, Any]) -> list[str]:
+    """The summary as the lines printed at the end of a run."""
+    lines = []
+    for name, s in summary["streams"].items():
+        lines.append(f"{name}:")
+        e = s["expected"]
+        if e:
+            lines.append(f"  generated: {e['input_records']} rows in = {e['accepted']} accepted + {e['quarantined']} "
+                         f"quarantined + {e['duplicates']} duplicates + {e['dropped_late']} dropped late")
+        acc = s["accounting"]
+        for b in (acc or {}).get("balances", []):
+            accepted = "?" if b["accepted"] is None else b["accepted"]
+            lines.append(f"  measured {b['output']}: {b['input']} in = {accepted} accepted + {b['quarantined']} "
+                         f"quarantined + {b['duplicates']} duplicates + {b['dropped_late']} dropped late: {b['status']}")
+        for sink in s["sinks"]:
+            lines.append(f"  sink {sink['detail']}")
+        lines.append(f"  quarantine: {s['quarantined']} rows")
+        validated = ", ".join(f"{o} {v['validated']} ({v['passed']} passed, {v['failed']} failed)"
+                              for o, v in s["validated"].items()) or "nothing yet"
+        lines.append(f"  restarts: {s['restarts']}; units validated: {validated}")
+        runs, delay = s.get("quality_runs") or {}, s.get("validation_delay_seconds") or {}
+        if runs:
+            lines.append(f"  quality DAG runs: {runs.get('asset_triggered', 0)} on new output (asset events), "
+                         f"{runs.get('manual', 0)} triggered, {runs.get('scheduled', 0)} on the clock")
+        if delay.get("units"):
+            lines.append(f"  from a unit closing to its validation: median {delay['median']:.0f} s, "
+                         f"max {delay['max']:.0f} s ({delay['units']} unit(s))")
+        for d in s.get("disagreements", []):
+            lines.append(f"  DISAGREES with the accepted rows: {d}")
+        lines.append(f"  every sink equals the ground truth: {'yes' if s['ground_truth_equal'] else 'NO'}; "
+                     f"every output equals its query over the accepted rows: "
+                     f"{'yes' if s.get('outputs_agree') else 'NO'}; "
+                     f"data quality: {'passed' if s['quality_ok'] else 'FAILED or not run'}")
+    return lines
+

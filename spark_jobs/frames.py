@@ -1,0 +1,144 @@
+"""The DataFrames a plan describes: the source as read, the reference data, the
+accepted-rows table (streamed or read in batch) and each output's query over it.
+
+Analysis (``spark_jobs.analysis``), the flows (``spark_jobs.flows``), backfills and quality
+checks all build their frames here, from the plan alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs import user_code
+from spark_jobs.plan import IngestionPlan, JoinPlan, OutputPlan, SourcePlan, StreamPlan
+from spark_jobs.spec.models import (
+    ACCEPTED_VIEW,
+    CORRUPT_RECORD_COLUMN,
+    SOURCE_FILE_COLUMN,
+    SPARK_TYPES,
+    WINDOW_END,
+    WINDOW_START,
+    Aggregate,
+    Aggregation,
+    Passthrough,
+    PythonQuery,
+    SqlQuery,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True) -> DataFrame:
+    """The parsed source, with ``_corrupt_record`` and ``_source_file`` for file sources;
+    the same reader (format, schema, options) in a stream and in a batch. Any other Spark
+    source gives its declared columns, picked by name and cast to their types."""
+    if source.kind == "spark":
+        reader = (spark.readStream if streaming else spark.read).format(source.format)
+        reader = reader.options(**source.reader_options)
+        if source.reader_schema:
+            reader = reader.schema(source.reader_schema)
+        df = reader.load(source.landing) if source.landing else reader.load()
+        return df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in source.columns])
+    if not source.is_files:
+        if not streaming:
+            raise ValueError("the rate source cannot be read in batch")
+        return spark.readStream.format("rate").option("rowsPerSecond", source.rows_per_second).load()
+    reader = spark.readStream if streaming else spark.read
+    reader = (reader.format(source.format).schema(source.reader_ddl).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN))
+    if streaming:
+        reader = reader.option("maxFilesPerTrigger", source.max_files_per_trigger)
+    if source.format == "csv":
+        reader = reader.option("header", True)
+    for key, value in source.options.items():
+        reader = reader.option(key, value)
+    df = reader.load(source.landing)
+    return df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
+
+
+def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:
+    """Reference data with the declared columns, picked by name and cast to their types.
+
+    Keys must be unique: a key present twice would turn one input row into two."""
+    reader = spark.read.format(join.format)
+    if join.format == "csv":
+        reader = reader.option("header", True).option("mode", "FAILFAST")
+    df = reader.load(join.path)
+    missing = [c.name for c in join.columns if c.name not in df.columns]
+    if missing:
+        raise ValueError(f"reference data {join.name!r} ({join.path}) has no column(s) {missing}; it has {df.columns}")
+    df = df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in join.columns])
+    repeated = df.groupBy(*join.key).count().where("count > 1").limit(3).collect()
+    if repeated:
+        raise ValueError(f"reference data {join.name!r} ({join.path}) has key(s) {join.key} more than once, e.g. "
+                         f"{[tuple(r[k] for k in join.key) for r in repeated]}; each would multiply input rows")
+    return df
+
+
+def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
+    """The accepted-rows table as a streaming source: only batches in its commit log, all
+    of them at each trigger (see the module's note), watermarked like the ingestion."""
+    Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
+    df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
+    if ingestion.event_time is not None:
+        df = df.withWatermark(ingestion.event_time.column, ingestion.event_time.watermark)
+    return df
+
+
+def accepted_batch(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
+    """The committed accepted rows, read in batch through the table's commit log."""
+    return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted)
+
+
+def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 - a pyspark Column
+    if agg.fn == "count":
+        col = F.count(F.lit(1)) if agg.column is None else F.count(F.col(agg.column))
+    elif agg.fn == "latest":
+        assert event_time_column is not None
+        col = F.max_by(F.col(agg.column), F.col(event_time_column))
+    else:
+        col = getattr(F, agg.fn)(F.col(agg.column))
+    return col.alias(agg.name)
+
+
+def code_frame(accepted: DataFrame, query: SqlQuery | PythonQuery, references: Mapping[str, DataFrame],
+               transforms_dir: str | None) -> DataFrame:
+    """A query written as code over the accepted rows: SQL over the views ``accepted`` and
+    the reference data by name, or a Python function of the accepted rows (the views
+    registered as well).
+
+    Spark resolves the views when the query is analyzed, which ``spark.sql`` and the
+    DataFrame API do at once: views of the same names made later (another output's) do
+    not change it."""
+    return user_code.run(accepted, ACCEPTED_VIEW, getattr(query, "sql", None), getattr(query, "python", None),
+                         references, transforms_dir)
+
+
+def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFrame:
+    """An output's query over the accepted rows (a stream, or a batch of them)."""
+    q = output.query
+    event_time_column = plan.event_time_column
+    if isinstance(q, SqlQuery | PythonQuery):
+        joins = plan.ingestion.joins if plan.ingestion else []
+        references = {j.name: reference_frame(df.sparkSession, j) for j in joins}
+        return code_frame(df, q, references, plan.transforms_dir)
+    if isinstance(q, Passthrough):  # without a column list (over a transform's result): every column
+        return df.select(*output.columns) if output.columns is not None else df
+    assert isinstance(q, Aggregation)
+    keys = [F.col(k) for k in q.group_by]
+    if q.window is not None:
+        assert event_time_column is not None
+        keys.insert(0, F.window(F.col(event_time_column), q.window.duration, q.window.slide).alias("window"))
+    result = df.groupBy(*keys).agg(*[_aggregate(a, event_time_column) for a in q.aggregates])
+    if q.window is not None:
+        result = result.select(
+            F.col("window.start").alias(WINDOW_START), F.col("window.end").alias(WINDOW_END),
+            *q.group_by, *[a.name for a in q.aggregates],
+        )
+    return result

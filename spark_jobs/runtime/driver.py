@@ -1,0 +1,334 @@
+"""What every driver of a stream does, the platform's own job (``spark_jobs.stream_job``) and
+an existing application supervised as it is (``application:`` in a spec).
+
+The supervisor (``streamops.operators.stream``) and the health sensors watch a driver
+through files beside its checkpoints, so whatever runs the queries takes part the same way:
+
+* it holds the stream's single-driver lease (``<checkpoint>/_control/lease/``), refreshed
+  by a heartbeat, while it runs, and halts if it loses it (``spark_jobs.runtime.lease``);
+* it writes progress events (``<checkpoint>/_events/progress.jsonl``): its start and
+  stop, each query's progress, a query's failure (``spark_jobs.runtime.progress``);
+* it stops its queries between micro-batches when the stop marker
+  (``<checkpoint>/_control/stop``) appears or SIGTERM arrives, and exits 0 (a marker
+  asking for an immediate stop halts it at once); a failed query makes it exit 1, so that
+  the supervisor restarts it.
+
+An application adds a few lines (:func:`supervised`)::
+
+    from spark_jobs.runtime.driver import supervised
+
+    with supervised(spark) as app:        # the lease, the events, the stop marker
+        app.start("counts", counts.writeStream.outputMode("complete").format("parquet")
+                  .option("path", "/data/counts"))   # queryName and checkpointLocation set
+        app.run()                         # until the queries end, one fails, or a stop
+
+Each query is named as the spec's ``application.queries`` declares and checkpointed at
+``app.checkpoint(name)`` (:meth:`SupervisedApp.start` does both). The supervisor passes
+the spec's path in ``STREAMS_APP_SPEC`` (and the data root in ``STREAMS_DATA_DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.history import History
+from spark_jobs.runtime.lease import (
+    DriverLease,
+    LeaseHeld,
+    halt,
+    host_id,
+)
+from spark_jobs.runtime.progress import EventLog
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import (
+    SpecError,
+    StreamSpec,
+    duration_seconds,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_LEASE_HELD = 0, 1, 2, 3
+#: an immediate stop (the marker): as SIGKILL would end it
+EXIT_KILLED = 137
+POLL_SECONDS = 0.5
+GRACE_SECONDS = 120.0
+#: The environment variable in which the supervisor passes an application its spec's path.
+APP_SPEC_ENV = "STREAMS_APP_SPEC"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "desc", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def stop_between_batches(queries: dict[str, StreamingQuery], checkpoints: Mapping[str, str],
+                         grace_seconds: float) -> None:
+    """Stop each query while no micro-batch is running; after the grace period, stop anyway.
+
+    Spark has no graceful stop of its own: ``query.stop()`` interrupts a running batch.
+    So each query is stopped in a moment between two triggers. A batch that must be
+    interrupted (the grace period ran out) is not lost: its offsets are logged and it is
+    replayed from the checkpoint on restart, with the same exactly-once result.
+    """
+    started = time.monotonic()
+    deadline = started + grace_seconds
+    for name, q in queries.items():
+        while q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        interrupted = q.isActive and q.status.get("isTriggerActive")
+        q.stop()
+        checkpoint = checkpoints[name]
+        planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
+        if not interrupted:
+            log.info("query %s stopped between batches (last committed batch %s)", name, committed)
+        else:
+            log.warning("query %s stopped during batch %s after %.0fs of waiting; the batch will be replayed "
+                        "on restart", name, planned, time.monotonic() - started)
+
+
+def request_stop(marker: Path, epoch: int | None, by: str, immediate: bool = False) -> None:
+    """Ask the stream's driver of ``epoch`` (its lease's, spark_jobs.runtime.lease) to stop (the marker it
+    polls): between micro-batches, or ``immediate``: at once, without committing more (the way to
+    stop a driver on another machine, where no signal reaches it). ``by`` says who asked (the stop
+    DAG's run, a killed supervisor's try), for the driver's log. A driver of another epoch, one
+    that took the stream over since, ignores it."""
+    write_atomically(marker, json.dumps({"mode": "immediate" if immediate else "graceful", "epoch": epoch, "by": by}))
+
+
+def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] | None:
+    """``(mode, who asked)`` if the marker asks the driver holding ``epoch`` to stop (``graceful`` or
+    ``immediate``), else None. A marker without an epoch (``touch``, by hand) is for the driver that
+    held the stream when it was written: one that took the lease at ``since`` obeys it only if it
+    was written after that."""
+    try:
+        text = marker.read_text()
+        written = marker.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    try:
+        asked = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        asked = {}
+    if not isinstance(asked, dict):
+        asked = {}
+    if asked.get("epoch") is None and written < since:
+        return None  # left from before this driver held the stream
+    if asked.get("epoch") not in (None, epoch):
+        return None
+    return ("immediate" if asked.get("mode") == "immediate" else "graceful"), str(asked.get("by") or "by hand")
+
+
+def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, StreamingQuery],
+                      stop_requested: threading.Event, events: EventLog, lease: DriverLease,
+                      grace_seconds: float = GRACE_SECONDS) -> tuple[int, str, bool]:
+    """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
+    driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
+    immediate stop halts the driver."""
+    marker = layout.stop_marker
+    code, cause, stopped = EXIT_OK, "", False
+    try:
+        while True:
+            failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
+            if failed:
+                for name, exc in failed:
+                    log.error("query %s failed: %s", name, first_line(exc))
+                    events.write({"event": "driver_failed", "stream": spec.name, "query": name, "error": str(exc)[:2000]})
+                code, cause = EXIT_FAILED, "; ".join(f"query {n}: {first_line(e)}" for n, e in failed)
+                break
+            if all(not q.isActive for q in queries.values()):
+                log.info("queries %s of %s finished", sorted(queries), spec.name)
+                break
+            asked = stop_asked(marker, lease.epoch, lease.since)
+            if asked and asked[0] == "immediate":
+                marker.unlink(missing_ok=True)
+                events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": EXIT_KILLED,
+                              "immediate": True, "by": asked[1]})
+                halt(f"stream {spec.name}: an immediate stop was asked for ({asked[1]})", EXIT_KILLED)
+            if stop_requested.is_set() or asked:
+                log.info("stop requested for %s (%s): stopping queries between batches", spec.name,
+                         asked[1] if asked else "a signal")
+                stop_between_batches(queries, compile_plan(spec, layout).checkpoints, grace_seconds)
+                marker.unlink(missing_ok=True)
+                stopped = True
+                break
+            stop_requested.wait(POLL_SECONDS)
+    finally:
+        for q in queries.values():
+            if q.isActive:
+                q.stop()
+    return code, cause, stopped
+
+
+def prepare_to_stop() -> threading.Event:
+    """Turn SIGTERM and SIGINT into a stop request: the event :func:`supervise_queries` waits on.
+    A stop marker left from an earlier driver is not this one's (:func:`stop_asked`)."""
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping gracefully", signal.Signals(signum).name)
+        stop_requested.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop_requested
+
+
+class SupervisedApp:
+    """An application's handle on its supervision (:func:`supervised`)."""
+
+    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, events: EventLog,
+                 stop_requested: threading.Event, grace_seconds: float, lease: DriverLease):
+        assert spec.application is not None
+        self.spark, self.spec, self.layout, self.events, self.lease = spark, spec, layout, events, lease
+        self.plan = compile_plan(spec, layout)
+        self.stop_requested, self.grace_seconds = stop_requested, grace_seconds
+        self.queries: dict[str, StreamingQuery] = {}
+
+    def checkpoint(self, query: str) -> str:
+        """The checkpoint location of a declared query (``application.queries``)."""
+        if query not in self.spec.application.queries:
+            raise ValueError(f"stream {self.spec.name}: query {query!r} is not declared in application.queries "
+                             f"{self.spec.application.queries}; declare it, so that the platform watches it")
+        return self.plan.checkpoint(query)
+
+    def data(self, path: str) -> str:
+        """A data path resolved as the platform resolves the specs' (against its data root)."""
+        return self.layout.data(path)
+
+    def start(self, query: str, writer: DataStreamWriter) -> StreamingQuery:
+        """Start ``writer`` as the declared query ``query``: named so, checkpointed where the platform looks."""
+        started = writer.queryName(query).option("checkpointLocation", self.checkpoint(query)).start()
+        self.queries[query] = started
+        return started
+
+    def run(self) -> None:
+        """Run until every query has finished, one fails (raises ``SystemExit(1)``, so that the
+        supervisor restarts the application), or a stop is asked for (stops them between
+        micro-batches). Queries started without :meth:`start` count if named as declared."""
+        queries = dict(self.queries)
+        for q in self.spark.streams.active:
+            if q.name in self.spec.application.queries:
+                queries.setdefault(q.name, q)
+        missing = [q for q in self.spec.application.queries if q not in queries]
+        if missing:
+            raise ValueError(f"stream {self.spec.name}: declared queries {missing} were not started; start each "
+                             "with app.start(name, writer), or name it so (queryName) with app.checkpoint(name)")
+        code, cause, _ = supervise_queries(self.spec, self.layout, queries, self.stop_requested, self.events,
+                                           self.lease, self.grace_seconds)
+        if code != EXIT_OK:
+            log.error("stream %s failed: %s", self.spec.name, cause)
+            raise SystemExit(code)
+
+
+class DriverRefused(Exception):
+    """This driver must not start; ``code`` is its exit code (the reason is logged)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
+         application: bool = False) -> tuple[StreamSpec, Layout]:
+    """A driver's stream: its spec and layout. Refused with exit code 2 for an invalid spec (or,
+    with ``application``, one that is not an application's)."""
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        log.error("%s", exc)
+        raise DriverRefused(EXIT_BAD_SPEC) from None
+    if application and spec.application is None:
+        log.error("%s: stream %s is not an application (it has no application:)", spec_path, spec.name)
+        raise DriverRefused(EXIT_BAD_SPEC)
+    return spec, Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
+
+
+def lease_of(spec: StreamSpec, layout: Layout) -> DriverLease:
+    """The stream's single-driver lease, not yet taken."""
+    return DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
+
+
+def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
+          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
+    """What a driver does first: load its stream's spec (:func:`load`) and take the stream's
+    single-driver lease (release it when done); refused with exit code 3 while another live
+    driver holds it."""
+    spec, layout = load(spec_path, data_root, application)
+    lease = lease_of(spec, layout)
+    try:
+        lease.acquire()
+    except LeaseHeld as exc:
+        log.error("%s", exc)
+        raise DriverRefused(EXIT_LEASE_HELD) from None
+    return spec, layout, lease
+
+
+@contextmanager
+def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = None, data_root: str | None = None,
+               grace_seconds: float = GRACE_SECONDS) -> Iterator[SupervisedApp]:
+    """Take part in the platform's supervision for the duration of the block: hold the
+    stream's lease, write its progress events, honour its stop marker.
+
+    ``spec_path``: the stream's spec (default ``$STREAMS_APP_SPEC``, which the supervisor
+    sets). Exits 2 for a spec that is not an application's, 3 if another live driver
+    holds the stream."""
+    from spark_jobs.runtime.progress import make_listener
+
+    path = spec_path or os.environ.get(APP_SPEC_ENV)
+    if not path:
+        log.error("no stream spec: pass spec_path, or set %s to the spec's path", APP_SPEC_ENV)
+        raise SystemExit(EXIT_BAD_SPEC)
+    try:
+        spec, layout, lease = claim(path, data_root, application=True)
+    except DriverRefused as exc:
+        raise SystemExit(exc.code) from None
+    events = EventLog(layout.events_file, history=History(layout.history_file),
+                      tags={"epoch": lease.epoch, "host": host_id()})
+    listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
+    code = EXIT_OK
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    listening = False
+    try:
+        stop_requested = prepare_to_stop()
+        spark.streams.addListener(listener)
+        listening = True
+        events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
+        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease)
+        try:
+            yield app
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else EXIT_FAILED
+            raise
+        except BaseException as exc:
+            code = EXIT_FAILED
+            events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+            raise
+        finally:
+            for q in app.queries.values():
+                if q.isActive:
+                    q.stop()
+    finally:
+        events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
+        if listening:
+            spark.streams.removeListener(listener)
+        lease.release()
+        for sig, handler in handlers.items():  # the application's own again
+            signal.signal(sig, handler)

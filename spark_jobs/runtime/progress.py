@@ -1,0 +1,122 @@
+"""Query progress as JSON events beside the checkpoint, for supervisors and reports.
+
+One JSON object per line in ``<checkpoint root>/_events/progress.jsonl``. The file is
+bounded: past ``max_bytes`` it is rotated to ``progress.jsonl.1`` (one generation kept),
+so a stream that runs for months never fills the disk. Readers read both files. Every
+event is also folded into the stream's history (:mod:`spark_jobs.runtime.history`), which keeps
+its numbers for the charts far longer, downsampled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from spark_jobs.runtime.history import History
+
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+
+
+class EventLog:
+    """Append-only JSON-lines file with size-bounded rotation; safe across threads."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES,
+                 history: History | None = None, tags: dict[str, Any] | None = None):
+        """``tags``: added to every event (a driver's lease epoch and host: who wrote it)."""
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.history = history
+        self.tags = dict(tags or {})
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, event: dict[str, Any]) -> None:
+        event = {"logged_at": time.time(), **self.tags, **event}
+        line = json.dumps(event, default=str, separators=(",", ":")) + "\n"
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size and size + len(line) > self.max_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+        if self.history is not None:
+            self.history.fold(event)
+
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Events in order, the rotated generation first. A torn last line is skipped."""
+    path = Path(path)
+    for p in (path.with_name(path.name + ".1"), path):
+        try:
+            with open(p, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+        except FileNotFoundError:
+            continue
+
+
+def summarize(progress: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a StreamingQueryProgress that the platform uses."""
+    state = progress.get("stateOperators") or []
+    sink = progress.get("sink") or {}
+    return {
+        "batch_id": progress.get("batchId"),
+        "timestamp": progress.get("timestamp"),
+        "input_rows": progress.get("numInputRows", 0),
+        "input_rows_per_second": progress.get("inputRowsPerSecond"),
+        "processed_rows_per_second": progress.get("processedRowsPerSecond"),
+        "duration_ms": progress.get("durationMs", {}),
+        "event_time": progress.get("eventTime", {}),
+        "watermark": (progress.get("eventTime") or {}).get("watermark"),
+        "state_rows": sum(s.get("numRowsTotal", 0) for s in state),
+        "dropped_by_watermark": sum(s.get("numRowsDroppedByWatermark", 0) for s in state),
+        "dropped_duplicates": sum((s.get("customMetrics") or {}).get("numDroppedDuplicateRows", 0) for s in state),
+        "sink_rows": sink.get("numOutputRows", -1),
+        "sources": [
+            {k: s.get(k) for k in ("description", "startOffset", "endOffset", "latestOffset", "numInputRows")}
+            for s in progress.get("sources") or []
+        ],
+    }
+
+
+def make_listener(log: EventLog, stream: str, names: dict[str, str]):  # noqa: ANN201 - a StreamingQueryListener
+    """A StreamingQueryListener writing start, progress, idle and termination events.
+
+    ``names`` maps Spark query names to the spec's output names.
+    """
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    def output(name: str | None) -> str | None:
+        return names.get(name or "", name)
+
+    class ProgressListener(StreamingQueryListener):
+        def onQueryStarted(self, event) -> None:  # noqa: ANN001, N802 - Spark's API
+            log.write({"event": "started", "stream": stream, "query": output(event.name),
+                       "id": str(event.id), "run_id": str(event.runId), "timestamp": event.timestamp})
+
+        def onQueryProgress(self, event) -> None:  # noqa: ANN001, N802
+            progress = json.loads(event.progress.json)
+            log.write({"event": "progress", "stream": stream, "query": output(progress.get("name")),
+                       "id": progress.get("id"), "run_id": progress.get("runId"), **summarize(progress)})
+
+        def onQueryIdle(self, event) -> None:  # noqa: ANN001, N802
+            log.write({"event": "idle", "stream": stream, "id": str(event.id), "run_id": str(event.runId),
+                       "timestamp": event.timestamp})
+
+        def onQueryTerminated(self, event) -> None:  # noqa: ANN001, N802
+            log.write({"event": "terminated", "stream": stream, "id": str(event.id), "run_id": str(event.runId),
+                       "exception": event.exception, "error_class": event.errorClassOnException})
+
+    return ProgressListener()

@@ -1,0 +1,1 @@
+"""Where outputs land beyond Spark's own file sink: relational tables (``table``)."""

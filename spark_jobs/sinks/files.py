@@ -1,0 +1,28 @@
+"""Spark's own file sink (Parquet, with its ``_spark_metadata`` log), driven from a
+foreachBatch function: how the ingestion writes the accepted-rows table and the quarantine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spark_jobs.runtime.lease import fence
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class FileSinkWriter:
+    """Spark's file sink (Parquet) driven from foreachBatch: the batch's files and its entry
+    in ``_spark_metadata`` are written exactly once; a batch the log holds is skipped."""
+
+    def __init__(self, spark: SparkSession, path: str, partition_by: list[str]):
+        jvm = spark._jvm
+        utils = jvm.org.apache.spark.api.python.PythonUtils
+        self.path = path
+        self._sink = jvm.org.apache.spark.sql.execution.streaming.sinks.FileStreamSink(
+            spark._jsparkSession, path, jvm.org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat(),
+            utils.toSeq(list(partition_by)), utils.toScalaMap({}))
+
+    def add_batch(self, batch_id: int, frame: DataFrame) -> None:
+        fence()  # only while this driver holds the stream (spark_jobs.runtime.lease)
+        self._sink.addBatch(batch_id, frame._jdf)

@@ -1,0 +1,120 @@
+"""Where a stream's files live: its spec's relative paths resolved against the data root and
+the spec folder, and its control files beside the checkpoint."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from spark_jobs.spec.models import TRANSFORMS_DIR, FileSource, StreamSpec, TableSink
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def default_spec_dir() -> Path:
+    return Path(os.environ.get("STREAMS_SPEC_DIR", project_root() / "include" / "streams"))
+
+
+def default_data_root() -> Path:
+    return Path(os.environ.get("STREAMS_DATA_DIR", project_root() / "data"))
+
+
+class Layout:
+    """Resolves a spec's own paths: data paths against the data root, reference data and
+    applications against the spec's folder, and the control files beside the checkpoint.
+    What the platform derives from a spec (each query's checkpoint, where the accepted rows
+    live) is in the stream's plan (``spark_jobs.plan``)."""
+
+    def __init__(self, spec: StreamSpec, data_root: str | os.PathLike[str] | None = None,
+                 spec_dir: str | os.PathLike[str] | None = None):
+        self.spec = spec
+        self.data_root = Path(data_root) if data_root is not None else default_data_root()
+        self.spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
+
+    def data(self, path: str) -> str:
+        if "://" in path or os.path.isabs(path):
+            return path
+        return str((self.data_root / path).resolve())
+
+    @property
+    def transforms_dir(self) -> Path:
+        """The Python queries' modules: ``include/transforms/`` beside ``include/streams/``."""
+        return (self.spec_dir.parent / TRANSFORMS_DIR).resolve()
+
+    def reference(self, path: str) -> str:
+        """Reference data paths are relative to the folder holding the specs' folder."""
+        if "://" in path or os.path.isabs(path):
+            return path
+        return str((self.spec_dir.parent / path).resolve())
+
+    @property
+    def checkpoint_root(self) -> str:
+        return self.data(self.spec.checkpoint)
+
+    @property
+    def application_file(self) -> str:
+        """An application stream's main file, resolved against ``include/``."""
+        assert self.spec.application is not None
+        path = self.spec.application.path
+        if re.match(r"^[a-z][a-z0-9+.-]*://", path):  # spark-submit fetches it
+            return path
+        return str((self.spec_dir.parent / path).resolve())
+
+    @property
+    def landing(self) -> str:
+        assert isinstance(self.spec.source, FileSource)
+        return self.data(self.spec.source.path)
+
+    @property
+    def stop_marker(self) -> Path:
+        return Path(self.checkpoint_root) / "_control" / "stop"
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.checkpoint_root) / "_control"
+
+    @property
+    def runs_file(self) -> Path:
+        """The supervisor's history of runs (restart budget)."""
+        return self.lease_dir / "runs.json"
+
+    @property
+    def hold_marker(self) -> Path:
+        """Present while the stream is stopped on purpose: the supervisor does not restart it."""
+        return self.lease_dir / "hold"
+
+    @property
+    def quality_dir(self) -> Path:
+        """Rules' results, ledger, reports and Data Docs of the stream's validations."""
+        return Path(self.data(f"quality/{self.spec.name}"))
+
+    def backfill_dir(self, output: str) -> Path:
+        """Where the backfills of an output go, one ``range=...`` folder per range."""
+        return Path(self.data(f"backfill/{self.spec.name}/{output}"))
+
+    @property
+    def plan_file(self) -> Path:
+        """The plan the running job works from (spark_jobs.plan), written when it starts."""
+        return self.lease_dir / "plan.json"
+
+    @property
+    def events_file(self) -> Path:
+        return Path(self.checkpoint_root) / "_events" / "progress.jsonl"
+
+    @property
+    def history_file(self) -> Path:
+        """The numbers the stream's charts draw (spark_jobs.runtime.history), kept for days at bounded size."""
+        return Path(self.checkpoint_root) / "_events" / "history.sqlite"
+
+    def table_url(self, sink: TableSink) -> str:
+        url = os.path.expandvars(sink.url) if sink.url else os.environ.get("STREAMS_DB_URL", "")
+        if not url:
+            url = f"sqlite:///{self.data_root / 'tables.db'}"
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            rel = url.removeprefix("sqlite:///")
+            if not os.path.isabs(rel):
+                url = f"sqlite:///{(self.data_root / rel).resolve()}"
+        return url

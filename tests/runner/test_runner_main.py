@@ -1,0 +1,62 @@
+"""``python -m runner up`` (what ``./platform up`` runs): its options and what it refuses before
+starting anything."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.__main__ import main, parser
+from runner.processes import free_port
+from spark_jobs.spec.layout import default_spec_dir, project_root
+
+
+def test_up_options_and_their_defaults() -> None:
+    args = parser().parse_args(["up"])
+    assert (args.command, args.minutes, args.port, args.rate, args.events_per_file, args.master, args.fresh) == (
+        "up", None, 8080, 0.5, 40, "local[2]", False)
+    assert args.data_root == project_root() / "data" / "platform" and args.spec_dir == default_spec_dir()
+
+
+def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([])
+    assert exit_.value.code == 2 and "required: COMMAND" in capsys.readouterr().err
+
+
+def test_minutes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--minutes", "0", "--port", str(free_port())])
+    assert exit_.value.code == 2 and "./platform up: error: --minutes must be positive" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(SystemExit) as exit_:
+            main(["up", "--port", str(s.getsockname()[1])])
+    assert exit_.value.code == 2 and "is in use; choose another with --port" in capsys.readouterr().err
+
+
+def test_no_specs_no_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "specs").mkdir()
+    code = main(["up", "--port", str(free_port()), "--spec-dir", str(tmp_path / "specs"),
+                 "--data-root", str(tmp_path / "data")])
+    assert code == 2 and f"error: no specs in {tmp_path / 'specs'}" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_platform_script_runs_the_runner() -> None:
+    assert 'exec "$VENV/bin/python" -m runner up "$@"' in (project_root() / "platform").read_text()
+
+
+def test_help_as_a_module() -> None:
+    result = subprocess.run([sys.executable, "-m", "runner", "up", "--help"], capture_output=True, text=True,
+                            check=True, cwd="/")
+    assert result.stdout.startswith("usage: ./platform up") and "--minutes MINUTES" in result.stdout
+    assert "The whole platform on one machine" in result.stdout

@@ -1,0 +1,63 @@
+"""What a driver of a stream does before it runs anything (spark_jobs.runtime.driver); an
+application run through it under the real supervisor is in the operators' tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.runtime import driver
+from spark_jobs.runtime.lease import DriverLease
+from spark_jobs.spec.layout import (
+    Layout,
+    default_spec_dir,
+)
+from spark_jobs.spec.loading import load_spec
+
+APP = ("name: counts_app\napplication:\n  path: applications/rate_counts.py\n  queries: [counts]\n"
+       "checkpoint: checkpoints/counts_app\n")
+
+
+def app_spec(tmp_path: Path) -> Path:
+    path = tmp_path / "include" / "streams" / "counts_app.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(APP)
+    return path
+
+
+def test_supervised_needs_an_application_spec(tmp_path: Path, monkeypatch, caplog) -> None:  # noqa: ANN001
+    monkeypatch.delenv(driver.APP_SPEC_ENV, raising=False)
+    with pytest.raises(SystemExit) as exit_, driver.supervised(None):
+        pass
+    assert exit_.value.code == driver.EXIT_BAD_SPEC and driver.APP_SPEC_ENV in caplog.text
+    sensors = default_spec_dir() / "sensors.yaml"
+    with pytest.raises(SystemExit) as exit_, driver.supervised(None, sensors, str(tmp_path)):
+        pass
+    assert exit_.value.code == driver.EXIT_BAD_SPEC and "is not an application" in caplog.text
+
+
+def test_supervised_refuses_to_run_beside_a_live_driver(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    path = app_spec(tmp_path)
+    layout = Layout(load_spec(path), tmp_path / "data", path.parent)
+    held = DriverLease(layout.lease_dir, stream="counts_app").acquire()  # the lock: one holder per checkpoint
+    try:
+        with pytest.raises(SystemExit) as exit_, driver.supervised(None, path, str(tmp_path / "data")):
+            pass
+    finally:
+        held.release()
+    assert exit_.value.code == driver.EXIT_LEASE_HELD
+    assert not layout.events_file.exists()  # it wrote nothing: the stream is the other driver's
+
+
+def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    path = app_spec(tmp_path)
+    with driver.supervised(spark, path, str(tmp_path / "data")) as app:
+        assert app.checkpoint("counts").endswith("checkpoints/counts_app/counts")
+        with pytest.raises(ValueError, match="query 'totals' is not declared in application.queries"):
+            app.checkpoint("totals")
+        with pytest.raises(ValueError, match=r"declared queries \['counts'\] were not started"):
+            app.run()
+    layout = Layout(load_spec(path), tmp_path / "data", path.parent)
+    events = layout.events_file.read_text()
+    assert '"driver_started"' in events and '"driver_stopped"' in events
