@@ -9,7 +9,7 @@ FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 # Java for Spark (drivers run in the Airflow services, executors on the workers)
 USER root
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps curl \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven procps curl \
  && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/default-java \
  && mkdir -p /opt/streams/data && chown -R airflow:0 /opt/streams
@@ -20,10 +20,16 @@ WORKDIR /opt/streams
 # the project's pinned stack first (a layer that changes only with pyproject.toml)...
 COPY --chown=airflow:0 pyproject.toml README.md ./
 # (every package folder the project lists must exist for the editable install)
-RUN mkdir -p runner spark_jobs/spec spark_jobs/runtime spark_jobs/sinks spark_jobs/flows spark_jobs/quality spark_jobs/testdata \
+RUN mkdir -p runner spark_jobs/spec spark_jobs/runtime spark_jobs/sinks spark_jobs/sources spark_jobs/flows spark_jobs/quality spark_jobs/testdata \
              plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors plugins/streamops/triggers \
              plugins/streamops/static plugins/streamops/templates spark_jobs/quality/templates \
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check
+# Spark's Kafka connector from Maven Central, baked in (every driver gets it through --jars; nothing
+# is fetched at run time), as `./platform setup` fetches it
+COPY --chown=airflow:0 include/deploy/maven/spark-connectors.xml include/deploy/maven/
+RUN mvn -q -B -f include/deploy/maven/spark-connectors.xml dependency:copy-dependencies \
+        -DoutputDirectory=/opt/streams/.jars/spark-connectors \
+ && rm -rf "$HOME/.m2"
 # ...then the code: Spark jobs, DAGs, the Airflow plugin, specs, rules and reference data
 COPY --chown=airflow:0 spark_jobs spark_jobs
 COPY --chown=airflow:0 plugins plugins

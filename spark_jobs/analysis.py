@@ -29,12 +29,14 @@ from spark_jobs import frames, user_code
 from spark_jobs.plan import StreamPlan, Transformed, compile_plan, compile_source, ddl, joined_columns
 from spark_jobs.quality.rules import load_rules, rules_path, unknown_columns
 from spark_jobs.sinks.table import spec_type
+from spark_jobs.sources import kafka as kafka_source
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
     INPUT_VIEW,
     SPARK_TYPES,
+    KafkaSource,
     Output,
     ParquetSink,
     SparkSource,
@@ -204,9 +206,33 @@ def result_columns(spark: SparkSession, spec: StreamSpec, plan: StreamPlan,
     return columns, problems
 
 
+def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
+    """Spark's Kafka connector must be on the driver's class path."""
+    source = compile_source(spec, layout)
+    assert source.kafka is not None
+    try:
+        kafka_source.bootstrap_servers(source.kafka)
+        kafka_source.source_options(source.reader_options)
+    except kafka_source.KafkaUnavailable as exc:  # a variable the deployment must set: the spec's to say
+        return [(exc.field, exc.message)]
+    try:
+        with _quiet_sql_errors():
+            frames.read_source(spark, source)
+    except Exception as exc:  # noqa: BLE001 - the reader's own error, reported
+        message = spark_message(exc)
+        if "DATA_SOURCE_NOT_FOUND" in message or "Failed to find" in message:
+            return [("source.type", "Spark's Kafka connector is not on the driver's class path: ./platform setup "
+                                    "fetches it into .jars/spark-connectors and every driver gets it through "
+                                    "spark-submit's --jars")]
+        return [("source", f"Spark cannot read the Kafka source: {message}")]
+    return []
+
+
 def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
     """A Spark source (``source: {type: spark}``) must load and give every declared column
-    in a type that casts to the declared one."""
+    in a type that casts to the declared one; a Kafka source needs Spark's connector."""
+    if isinstance(spec.source, KafkaSource):
+        return _kafka_problems(spark, spec, layout)
     if not isinstance(spec.source, SparkSource):
         return []
     source = compile_source(spec, layout)
@@ -269,13 +295,19 @@ def analyze(spark: SparkSession, spec: StreamSpec, layout: Layout,
             spec_path: str | os.PathLike[str] | None = None) -> StreamPlan | None:
     """The stream's plan, resolved once, after every check only Spark can make; raise
     :class:`SpecError` (naming the spec file ``spec_path``, by default the layout's, or the
-    rules file) for what Spark rejects. None for an application, whose code is its own."""
+    rules file) for what Spark rejects, and :class:`KafkaUnavailable` (not the spec's fault:
+    a restart may find them) for a Kafka broker that does not answer or a topic that does not
+    exist. None for an application, whose code is its own."""
     if spec.application is not None:
         return None
     path = spec_path if spec_path is not None else layout.spec_dir / f"{spec.name}.yaml"
     problems = source_problems(spark, spec, layout)
     if problems:
         raise SpecError(path, problems)
+    if isinstance(spec.source, KafkaSource):
+        source = compile_source(spec, layout)
+        assert source.kafka is not None
+        kafka_source.probe(source.kafka, source.reader_options)
     transformed, problems = transform_result(spark, spec, layout.transforms_dir)
     if problems:
         raise SpecError(path, problems)

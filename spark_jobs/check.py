@@ -4,7 +4,8 @@
 
 loads each spec (``spark_jobs.spec``) and analyzes it on a local SparkSession over no rows
 (``spark_jobs.analysis``); exits 0 when every spec passes, 2 otherwise, each problem naming
-the file, the field and Spark's own message.
+the file, the field and Spark's own message (a Kafka source's broker must answer and its
+topics exist).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from spark_jobs.analysis import analyze
+from spark_jobs.sources.kafka import KafkaUnavailable
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import SpecError
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             except SpecError as exc:
                 failed += 1
                 print(exc, file=sys.stderr)
+                continue
+            except KafkaUnavailable as exc:
+                failed += 1
+                print(f"{path}: {exc}", file=sys.stderr)
                 continue
             print(f"{path}: ok")
     finally:

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs import user_code
 from spark_jobs.plan import IngestionPlan, JoinPlan, OutputPlan, SourcePlan, StreamPlan
+from spark_jobs.sources import kafka as kafka_source
 from spark_jobs.spec.models import (
     ACCEPTED_VIEW,
     CORRUPT_RECORD_COLUMN,
@@ -35,9 +36,12 @@ if TYPE_CHECKING:
 
 
 def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True) -> DataFrame:
-    """The parsed source, with ``_corrupt_record`` and ``_source_file`` for file sources;
-    the same reader (format, schema, options) in a stream and in a batch. Any other Spark
-    source gives its declared columns, picked by name and cast to their types."""
+    """The parsed source, with ``_corrupt_record`` and ``_source_file`` (a record's
+    position) for the sources the platform parses (files, Kafka); the same reader (format,
+    schema, options) in a stream and in a batch. Any other Spark source gives its declared
+    columns, picked by name and cast to their types."""
+    if source.kind == "kafka":
+        return _read_kafka(spark, source, streaming)
     if source.kind == "spark":
         reader = (spark.readStream if streaming else spark.read).format(source.format)
         reader = reader.options(**source.reader_options)
@@ -60,6 +64,40 @@ def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True)
         reader = reader.option(key, value)
     df = reader.load(source.landing)
     return df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
+
+
+def _read_kafka(spark: SparkSession, source: SourcePlan, streaming: bool) -> DataFrame:
+    """Kafka records, their values parsed like a file's records (PERMISSIVE, the
+    corrupt-record column; an empty or invalid-UTF-8 value is a corrupt one), with their position
+    ``topic/partition@offset`` in ``_source_file``. In a batch (a backfill), every
+    record the topics hold."""
+    kafka = source.kafka
+    assert kafka is not None
+    options = {"kafka.bootstrap.servers": kafka_source.bootstrap_servers(kafka),
+               "failOnDataLoss": str(kafka.fail_on_data_loss).lower(),
+               **kafka_source.source_options(source.reader_options)}
+    options |= {"subscribe": ",".join(kafka.topics)} if kafka.topics else {"subscribePattern": str(kafka.pattern)}
+    if streaming:
+        options["startingOffsets"] = kafka.starting_offsets
+        if kafka.max_offsets_per_trigger:
+            options["maxOffsetsPerTrigger"] = str(kafka.max_offsets_per_trigger)
+    records = (spark.readStream if streaming else spark.read).format("kafka").options(**options).load()
+    value = F.col("value").cast("string")
+    parse = F.from_json if source.format == "json" else F.from_csv
+    parsed = parse(value, source.reader_ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_RECORD_COLUMN})
+    # an empty value, or one that is not UTF-8 (the JSON parser would read its bad bytes as
+    # U+FFFD), is a corrupt record: kept as it came
+    corrupt = value.isNull() | (F.trim(value) == "") | ~F.is_valid_utf8(value)
+    columns = [parsed.getField(c.name).alias(c.name) for c in source.parsed_columns]
+    if kafka.record_timestamp:
+        columns.append(F.col("timestamp").alias(kafka.record_timestamp))
+    position = F.concat(F.col("topic"), F.lit("/"), F.col("partition").cast("string"), F.lit("@"),
+                        F.col("offset").cast("string"))
+    return records.select(
+        *columns,
+        F.when(corrupt, F.coalesce(value, F.lit(""))).otherwise(parsed.getField(CORRUPT_RECORD_COLUMN))
+        .alias(CORRUPT_RECORD_COLUMN),
+        position.alias(SOURCE_FILE_COLUMN))
 
 
 def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:

@@ -41,6 +41,7 @@ from spark_jobs.spec.models import (
     Column,
     ConsoleSink,
     FileSource,
+    KafkaSource,
     MemorySink,
     Output,
     ParquetSink,
@@ -191,8 +192,28 @@ def accepted_path(spec: StreamSpec) -> str:
 
 
 @dataclass(frozen=True)
+class KafkaPlan:
+    """Where a Kafka source reads (``spark_jobs.sources.kafka``): the bootstrap servers as
+    the spec says them (``${VAR}`` expanded where they are used), the topics or pattern."""
+
+    bootstrap_servers: str
+    topics: list[str] | None
+    pattern: str | None
+    starting_offsets: str
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    #: the column filled from the record's timestamp, not parsed from its value
+    record_timestamp: str | None
+
+    @property
+    def subscription(self) -> str:
+        """The topics as an operator reads them: ``a, b`` or ``pattern <regex>``."""
+        return ", ".join(self.topics) if self.topics else f"pattern {self.pattern}"
+
+
+@dataclass(frozen=True)
 class SourcePlan:
-    kind: str  # "files", "rate" or "spark" (any spark.readStream format)
+    kind: str  # "files", "kafka", "rate" or "spark" (any spark.readStream format)
     columns: list[Column] = field(default_factory=list)
     format: str = "rate"
     options: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +221,7 @@ class SourcePlan:
     max_files_per_trigger: int | None = None
     rows_per_second: int | None = None
     reader_schema: str | None = None  # spark: the schema handed to the reader, if the spec gives one
+    kafka: KafkaPlan | None = None
 
     @property
     def reader_options(self) -> dict[str, str]:
@@ -211,9 +233,21 @@ class SourcePlan:
         return self.kind == "files"
 
     @property
+    def parses_records(self) -> bool:
+        """Whether the platform parses the source's records itself (files, Kafka values):
+        malformed ones are quarantined with the parser's reason and their position."""
+        return self.kind in ("files", "kafka")
+
+    @property
+    def parsed_columns(self) -> list[Column]:
+        """The columns parsed from a record (a Kafka record's timestamp column is not)."""
+        skip = self.kafka.record_timestamp if self.kafka else None
+        return [c for c in self.columns if c.name != skip]
+
+    @property
     def reader_ddl(self) -> str:
-        """The file reader's schema: the declared columns, then the corrupt-record column."""
-        return ddl({c.name: c.type for c in self.columns}) + f", `{CORRUPT_RECORD_COLUMN}` string"
+        """The parser's schema: the parsed columns, then the corrupt-record column."""
+        return ddl({c.name: c.type for c in self.parsed_columns}) + f", `{CORRUPT_RECORD_COLUMN}` string"
 
 
 @dataclass(frozen=True)
@@ -406,6 +440,11 @@ def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
     if isinstance(src, FileSource):
         return SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
                           landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
+    if isinstance(src, KafkaSource):
+        return SourcePlan("kafka", columns=list(src.columns), format=src.format, options=dict(src.options),
+                          kafka=KafkaPlan(src.bootstrap_servers, list(src.topics) if src.topics else None, src.pattern,
+                                          src.starting_offsets, src.max_offsets_per_trigger, src.fail_on_data_loss,
+                                          src.record_timestamp))
     if isinstance(src, SparkSource):
         return SourcePlan("spark", columns=list(src.columns), format=src.format, options=dict(src.options),
                           landing=layout.data(src.path) if src.path else None, reader_schema=src.reader_schema)

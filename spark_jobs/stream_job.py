@@ -51,6 +51,7 @@ from spark_jobs.runtime.standby import (
     StandbyRecord,
     take_over,
 )
+from spark_jobs.sources.kafka import KafkaUnavailable
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_QUERY,
@@ -140,6 +141,9 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             # a restart would fail alike: the supervisor stops on this event instead
             events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:4000], "invalid_spec": True})
             code = EXIT_BAD_SPEC
+            return code
+        except KafkaUnavailable as exc:  # the broker or a topic is not there (yet): a failure to restart from
+            code = _start_failed(spec, layout, events, exc)
             return code
         try:  # everything up to the queries' start, before a standby waits
             refuse_incompatible(plan, layout)

@@ -203,3 +203,29 @@ def redis_server() -> Iterator:
         yield server
     finally:
         server.stop()
+
+
+# ---- Kafka: a real broker per test session (runner/kafka.py) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A running single-node Kafka broker on loopback (KRaft), from the jars setup fetched."""
+    from runner.kafka import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def kafka_topic(kafka_broker, request: pytest.FixtureRequest) -> str:
+    """A new topic of three partitions on the session's broker, named after the test."""
+    import re
+    import uuid
+
+    name = f"{re.sub(r'[^A-Za-z0-9_]', '_', request.node.name)[:60]}-{uuid.uuid4().hex[:6]}"
+    kafka_broker.create_topic(name, partitions=3)
+    return name

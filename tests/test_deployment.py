@@ -114,3 +114,14 @@ def test_no_secret_is_written_in_the_compose_file() -> None:
     assert "/.env" in (ROOT / ".gitignore").read_text().splitlines()
     ports = [p for s in SERVICES.values() for p in s.get("ports", [])]
     assert all(p.startswith("127.0.0.1:") for p in ports), "published ports listen on loopback unless changed"
+
+
+def test_a_kafka_broker_inside_the_network_and_the_connector_baked_into_the_image() -> None:
+    kafka = SERVICES["kafka"]
+    assert kafka["image"].startswith("apache/kafka:4.")
+    assert "ports" not in kafka, "the broker is for the compose network only"
+    assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert SERVICES["airflow-worker"]["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    # the same Maven definition as ./platform setup, into the folder the drivers' --jars read
+    assert "include/deploy/maven/spark-connectors.xml dependency:copy-dependencies" in DOCKERFILE
+    assert "-DoutputDirectory=/opt/streams/.jars/spark-connectors" in DOCKERFILE

@@ -32,6 +32,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
+from spark_jobs.runtime.session import connector_jars
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
@@ -72,6 +73,11 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
             f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
 
 
+def _jars() -> str | None:
+    """The connectors' jars for spark-submit's ``--jars`` (Spark's Kafka connector), if set up."""
+    return ",".join(connector_jars()) or None
+
+
 def _default_args(spec: StreamSpec) -> dict[str, Any]:
     return {
         "owner": spec.owner,
@@ -103,7 +109,8 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
             task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
             conf={"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
                   **{k: str(v) for k, v in spec.spark.conf.items()}},
-            driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory, **paths)
+            driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory,
+            jars=_jars(), **paths)
         StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
                            **paths)
     dags[run_dag.dag_id] = run_dag
@@ -182,7 +189,7 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
         bounds = check_range()
         start, end = "{{ ti.xcom_pull(task_ids='check_range')['start'] }}", "{{ ti.xcom_pull(task_ids='check_range')['end'] }}"
         backfill = BackfillOperator(task_id="backfill", stream=spec.name, conn_id=spec.spark.connection,
-                                    start=start, end=end, **paths)
+                                    start=start, end=end, jars=_jars(), **paths)
         validate = ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection,
                                           backfill_start=start, backfill_end=end, **paths)
         bounds >> backfill >> validate

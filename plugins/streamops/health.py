@@ -1,4 +1,9 @@
-"""A stream's health, read from its checkpoint, lease, landing directory and progress events.
+"""A stream's health, read from its checkpoint, lease, landing directory (or Kafka broker) and
+progress events.
+
+The backlog is what waits for the ingestion: landed files it has not taken, or for a Kafka
+source the records behind the broker's end offsets from where its newest committed batch
+read up to (``spark_jobs.sources.kafka``), per partition.
 
 :func:`snapshot` gathers the facts (no Spark, no Airflow: just files); :func:`classify`
 decides what they mean:
@@ -91,6 +96,21 @@ class Snapshot:
     #: when the stream's supervisor last began to start a driver (its try began, or it launched
     #: one) after the last driver ended; None if it has not since
     launching_since: float | None = None
+    #: a Kafka source: records behind in all (None: not a Kafka source, or the broker did not answer)
+    backlog_records: int | None = None
+    #: a Kafka source: records behind per partition (``topic/partition``)
+    records_behind: dict[str, int] = field(default_factory=dict)
+    #: a Kafka source: how many records one trigger takes (its limit, else what the last took)
+    records_per_trigger: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kafka(self) -> bool:
+        return self.backlog_records is not None
+
+    @property
+    def backlog_text(self) -> str:
+        return f"{self.backlog_records} record(s)" if self.kafka else f"{self.backlog_files} file(s)"
 
     @property
     def last_commit_time(self) -> float | None:
@@ -109,6 +129,8 @@ class Health:
     backlog_files: int
     backlog_bytes: int
     last_committed: dict[str, int | None]
+    #: a Kafka source: records behind in all and per partition (None: not Kafka, or unknown)
+    backlog_records: int | None
     last_commit_age_seconds: float | None
     watermark: str | None
     input_rows_per_second: float | None
@@ -116,6 +138,7 @@ class Health:
     problems: list[str]
     notes: list[str]
     checked_at: float
+    records_behind: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,7 +146,9 @@ class Health:
         return data
 
     def summary(self) -> str:
-        return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {self.backlog_files} file(s); "
+        backlog = (f"{self.backlog_records} record(s)" if self.backlog_records is not None
+                   else f"{self.backlog_files} file(s)")
+        return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {backlog}; "
                 f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 
@@ -159,6 +184,11 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
             query_started[event.get("query")] = float(event["logged_at"])
         elif event.get("event") == "driver_started":
             driver_started = event.get("logged_at")
+    kafka: dict[str, Any] = {}
+    if plan.source is not None and plan.source.kafka is not None and ingestion is not None:
+        kafka = _kafka_backlog(plan, layout, taken_at - lag_window, last_progress.get(INGEST_QUERY, {}))
+        if kafka.get("backlog_records") is not None:
+            trend[INGEST_QUERY] = (kafka.pop("then"), kafka["backlog_records"])
     return Snapshot(
         launching_since=None if alive else _launching_since(layout),
         stream=spec.name, taken_at=taken_at, driver_alive=alive,
@@ -167,8 +197,35 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         backlog_files=backlog[0], backlog_bytes=backlog[1],
         max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
-        query_started_at=query_started,
+        query_started_at=query_started, **kafka,
     )
+
+
+#: how long the health of a Kafka stream waits for the broker
+KAFKA_PROBE_SECONDS = 3.0
+
+
+def _kafka_backlog(plan: StreamPlan, layout: Layout, then: float, progress: dict[str, Any]) -> dict[str, Any]:
+    """A Kafka stream's backlog: records behind per partition (the broker's end offsets against
+    the checkpoint), how many a trigger takes, and the total one lag window ago (the
+    supervisor's samples in the history); a note instead if the broker does not answer.
+    ``progress``: the ingestion's newest progress event."""
+    from spark_jobs.runtime.history import STREAM, History
+    from spark_jobs.sources.kafka import KafkaUnavailable, lag
+
+    source, ingestion = plan.source, plan.ingestion
+    assert source is not None and source.kafka is not None and ingestion is not None
+    try:
+        behind = lag(source.kafka, ingestion.checkpoint, source.reader_options, timeout=KAFKA_PROBE_SECONDS)
+    except KafkaUnavailable as exc:
+        return {"notes": [f"records behind unknown: {exc}"]}
+    notes = [f"partition {t}/{p} appeared after the stream started; it is read from its first offset"
+             for t, p in behind.new_partitions]
+    earlier = History(layout.history_file).series(then - 30, then, metrics=["backlog_records"]).get(
+        (STREAM, "backlog_records"), [])
+    per_trigger = source.kafka.max_offsets_per_trigger or int(progress.get("input_rows") or 0)
+    return {"backlog_records": behind.total, "records_behind": behind.by_partition(), "notes": notes,
+            "records_per_trigger": per_trigger, "then": int(earlier[-1].last) if earlier else None}
 
 
 def _launching_since(layout: Layout) -> float | None:
@@ -220,7 +277,7 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
         name, q = max(waiting.items(), key=quiet_for)
         quiet = quiet_for((name, q))
         if quiet > stall_window_seconds:
-            return Status.STALLED, (f"input is waiting ({snap.backlog_files} file(s)) and query {name} has "
+            return Status.STALLED, (f"input is waiting ({snap.backlog_text}) and query {name} has "
                                     f"committed nothing for {quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
         if any(q.last_commit_time is None or q.last_commit_time < started for q in waiting.values()):
             return Status.STARTING, "the driver started and has not committed a batch of every query with input yet"
@@ -243,17 +300,17 @@ def _lagging(snap: Snapshot) -> str | None:
     one lag window ago), or None. Without the earlier figure (the checkpoint purged it),
     a backlog above two triggers counts. Outputs take every accepted file at each trigger:
     one that falls behind shows as stalled, not lagging."""
-    mfpt = snap.max_files_per_trigger
+    per_trigger, unit = (snap.records_per_trigger, "record(s)") if snap.kafka else (snap.max_files_per_trigger, "file(s)")
     for name, (then, now) in sorted(snap.backlog_trend.items()):
         if name != INGEST_QUERY:
             continue
-        if now <= mfpt:
+        if now <= per_trigger:
             continue
         if then is not None and now > then:
-            return (f"query {name}'s backlog grew from {then} to {now} file(s) in the last "
-                    f"{snap.lag_window_seconds:.0f}s (a trigger takes {mfpt})")
-        if then is None and now > 2 * mfpt:
-            return f"query {name}: {now} file(s) wait, more than two triggers take ({mfpt} each)"
+            return (f"query {name}'s backlog grew from {then} to {now} {unit} in the last "
+                    f"{snap.lag_window_seconds:.0f}s (a trigger takes {per_trigger})")
+        if then is None and now > 2 * per_trigger:
+            return f"query {name}: {now} {unit} wait, more than two triggers take ({per_trigger} each)"
     return None
 
 
@@ -272,6 +329,6 @@ def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: Str
         input_rows_per_second=newest.get("input_rows_per_second"),
         processed_rows_per_second=newest.get("processed_rows_per_second"),
         problems=[p for q in snap.queries.values() for p in q.problems],
-        notes=[n for q in snap.queries.values() for n in q.notes],
-        checked_at=snap.taken_at,
+        notes=[n for q in snap.queries.values() for n in q.notes] + snap.notes,
+        checked_at=snap.taken_at, backlog_records=snap.backlog_records, records_behind=snap.records_behind,
     )

@@ -96,8 +96,15 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
         durations.append({"name": f"trigger interval ({trigger})", "x": [iso(since), iso(now)],
                           "y": [interval, interval], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
 
-    backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
-               _trace("rows waiting (estimated)", points(STREAM, "backlog_rows"), lambda p: p.max, yaxis="y2")]
+    kafka = spec.source is not None and spec.source.type == "kafka"
+    if kafka:  # records behind: the checkpoint against the broker, beside Spark's own count
+        backlog = [_trace("records behind (checkpoint against broker)", points(STREAM, "backlog_records"),
+                          lambda p: p.max),
+                   _trace("Spark's maxOffsetsBehindLatest", points(INGEST_QUERY, "offsets_behind"), lambda p: p.max,
+                          line={"dash": "dot"})]
+    else:
+        backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
+                   _trace("rows waiting (estimated)", points(STREAM, "backlog_rows"), lambda p: p.max, yaxis="y2")]
 
     lag = [_trace(_label(q), points(q, "lag_s"), lambda p: p.max) for q in queries if points(q, "lag_s")]
     state = [_trace(_label(q), points(q, "state_rows"), lambda p: p.last) for q in queries if points(q, "state_rows")]
@@ -114,8 +121,8 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
             {"id": "rates", "title": f"Rows per second ({every})", "y": "rows/s", "traces": rates},
             {"id": "durations", "title": "Batch duration against the trigger interval", "y": "seconds",
              "traces": durations},
-            {"id": "backlog", "title": "Backlog: files and rows waiting", "y": "files", "y2": "rows",
-             "traces": backlog if ingesting else []},
+            {"id": "backlog", "title": "Backlog: Kafka records behind" if kafka else "Backlog: files and rows waiting",
+             "y": "records" if kafka else "files", "y2": "rows", "traces": backlog if ingesting else []},
             {"id": "lag", "title": "Event-time lag (batch time minus watermark)", "y": "seconds", "traces": lag},
             {"id": "state", "title": "State rows", "y": "rows", "traces": state},
             {"id": "quarantine", "title": "Quarantined share of the rows the ingestion classified", "y": "%",
@@ -201,9 +208,14 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
     status = str(health.get("status", "unknown"))
     if plan.ingestion is not None:
         source = spec.source
-        where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
-        backlog = health.get("backlog_files")
-        landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
+        if plan.source is not None and plan.source.kafka is not None:
+            behind = health.get("backlog_records")
+            landing = node("landing", "Kafka", f"topics {plan.source.kafka.subscription}; "
+                                               f"{behind if behind is not None else '?'} record(s) behind")
+        else:
+            where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
+            backlog = health.get("backlog_files")
+            landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
         ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}; "
                       f"{_accounting(layout)}", status, url="#charts")
         accepted = node("accepted", "accepted rows", f"{plan.accepted} (Parquet, by event date)", status)
@@ -266,5 +278,8 @@ def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[st
     first = INGEST_QUERY if INGEST_QUERY in queries else (queries[0] if queries else None)
     processed = _trace("processed rows/s", data.get((first, "processed_rps"), []) if first else [],
                        lambda p: p.mean)
-    backlog = _trace("files waiting", data.get((STREAM, "backlog_files"), []), lambda p: p.max, yaxis="y2")
+    if spec.source is not None and spec.source.type == "kafka":
+        backlog = _trace("records behind", data.get((STREAM, "backlog_records"), []), lambda p: p.max, yaxis="y2")
+    else:
+        backlog = _trace("files waiting", data.get((STREAM, "backlog_files"), []), lambda p: p.max, yaxis="y2")
     return {"stream": spec.name, "since": iso(now - TREND_SECONDS), "until": iso(now), "traces": [processed, backlog]}

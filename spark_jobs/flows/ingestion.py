@@ -84,21 +84,23 @@ TRANSFORM_IN, FILTERED = "transform_in", "filtered"
 # ---- what is malformed ----------------------------------------------------------------------
 
 
-def _not_utf8(text, fmt: str):  # noqa: ANN001, ANN202 - pyspark Columns
-    """Text that was not valid UTF-8 in the file (never true for a null).
+def _not_utf8(text, source: SourcePlan):  # noqa: ANN001, ANN202 - pyspark Columns
+    """Text that was not valid UTF-8 in the file or record (never true for a null).
 
     The JSON reader keeps a malformed record's bytes as they were and rejects invalid
-    bytes in a value; the CSV reader decodes every line, replacing invalid bytes with
+    bytes in a value; the CSV file reader decodes every line, replacing invalid bytes with
     U+FFFD, and would pass them on in string columns (its text is always valid UTF-8).
+    A Kafka value keeps its bytes as they were.
     """
-    bad = F.instr(text, "\ufffd") > 0 if fmt == "csv" else ~F.is_valid_utf8(text)
+    replaced = source.is_files and source.format == "csv"
+    bad = F.instr(text, "\ufffd") > 0 if replaced else ~F.is_valid_utf8(text)
     return F.coalesce(bad, F.lit(False))
 
 
 def _too_far_ahead(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column, or None
     """Event time beyond processing time + ``event_time.max_future`` (never true for a null)."""
     et = plan.ingestion.event_time if plan.ingestion else None
-    if et is None or not plan.source.is_files:
+    if et is None or not plan.source.parses_records:
         return None
     # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch splits alike
     limit = F.unix_micros(F.current_timestamp()) + F.lit(et.max_future_us)
@@ -111,10 +113,10 @@ def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark
 
 
 def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
-    """Why the parser rejected a record: invalid UTF-8, not a record at all, a value of the
-    wrong type (naming the columns), or for CSV the wrong number of fields."""
+    """Why the parser rejected a record: empty, invalid UTF-8, not a record at all, a value
+    of the wrong type (naming the columns), or for CSV the wrong number of fields."""
     raw = F.col(CORRUPT_RECORD_COLUMN)
-    columns = list(source.columns)
+    columns = source.parsed_columns
     prefix = f"malformed {source.format} record: "
     if source.format == "json":
         def present(c: Column):  # noqa: ANN202
@@ -125,7 +127,7 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
         fallback = "does not match the schema"
     else:
         # the record split again into string fields, one more than declared to see extra ones
-        options = {k: str(v) for k, v in source.options.items()}
+        options = {k: str(v) for k, v in source.options.items()} if source.is_files else {}
         fields = F.from_csv(raw, ", ".join(f"`_f{i}` string" for i in range(len(columns) + 1)), options)
 
         def present(c: Column):  # noqa: ANN202
@@ -137,7 +139,8 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
     wrong = F.concat_ws(", ", *[F.when(present(c) & F.col(c.name).isNull(), F.lit(f"{c.name} ({c.type})"))
                                for c in columns])
     return F.concat(F.lit(prefix), (
-        F.when(_not_utf8(raw, source.format), F.lit("not valid UTF-8"))
+        F.when(F.trim(raw) == "", F.lit("empty record"))
+        .when(_not_utf8(raw, source), F.lit("not valid UTF-8"))
         .when(shape, F.lit(shape_reason))
         .when(wrong != "", F.concat(F.lit("value does not match the column type: "), wrong))
         .otherwise(F.lit(fallback))))
@@ -165,11 +168,11 @@ def rejection(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
     missing = _any([F.col(c.name).isNull() for c in source.columns if c.required])
     if source.kind == "spark":  # no parser of the platform's: a required value absent (or not cast)
         return F.when(missing, F.lit(MISSING))
-    if not source.is_files:
+    if not source.parses_records:
         return F.lit(None).cast("int")
-    strings = [c for c in source.columns if c.type == "string"]
+    strings = [c for c in source.parsed_columns if c.type == "string"]
     rule = (F.when(F.col(CORRUPT_RECORD_COLUMN).isNotNull(), F.lit(CORRUPT))
-            .when(_any([_not_utf8(F.col(c.name), source.format) for c in strings]), F.lit(NOT_UTF8))
+            .when(_any([_not_utf8(F.col(c.name), source) for c in strings]), F.lit(NOT_UTF8))
             .when(missing, F.lit(MISSING)))
     future = _too_far_ahead(plan)
     return rule if future is None else rule.when(future, F.lit(FUTURE))
@@ -183,12 +186,12 @@ def rejection_text(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
     rule = F.col(REASON)
     missing = F.concat(F.lit("missing required field(s): "),
                        _names_where([c for c in source.columns if c.required], lambda c: F.col(c.name).isNull()))
-    if not source.is_files:
+    if not source.parses_records:
         return F.when(rule == MISSING, missing)
-    strings = [c for c in source.columns if c.type == "string"]
+    strings = [c for c in source.parsed_columns if c.type == "string"]
     text = (F.when(rule == CORRUPT, _corrupt_reason(source))
             .when(rule == NOT_UTF8, F.concat(F.lit(f"malformed {fmt} record: not valid UTF-8 in "),
-                                             _names_where(strings, lambda c: _not_utf8(F.col(c.name), fmt))))
+                                             _names_where(strings, lambda c: _not_utf8(F.col(c.name), source))))
             .when(rule == MISSING, missing))
     et = plan.ingestion.event_time if plan.ingestion else None
     if et is not None:
@@ -206,7 +209,7 @@ def decided(plan: StreamPlan, parsed: DataFrame) -> DataFrame:
 
     Works on a stream and on a batch (a batch has no watermark; it deduplicates all)."""
     df = parsed.withColumn(REASON, rejection(plan))
-    if plan.source.is_files:  # only the quarantine needs it: no path carried along with every valid row
+    if plan.source.parses_records:  # only the quarantine needs it: no position carried along with every valid row
         df = df.withColumn(SOURCE_FILE_COLUMN, F.when(F.col(REASON).isNotNull(), F.col(SOURCE_FILE_COLUMN)))
     ingestion = plan.ingestion
     if ingestion is None or ingestion.event_time is None:
@@ -219,7 +222,7 @@ def decided(plan: StreamPlan, parsed: DataFrame) -> DataFrame:
         # a rejected row is never a duplicate: a key of its own (it leaves the state at the
         # next batch, having no event time); uuid() differs on a replay, which restores the
         # state from before the batch, so that does not matter
-        source_file = F.col(SOURCE_FILE_COLUMN) if plan.source.is_files else F.lit("")
+        source_file = F.col(SOURCE_FILE_COLUMN) if plan.source.parses_records else F.lit("")
         df = df.withColumn(ROW_KEY, F.when(~valid, F.concat(source_file, F.lit(":"), F.expr("uuid()"))))
         keys = [*ingestion.deduplicate, ROW_KEY]
         df = df.dropDuplicatesWithinWatermark(keys) if df.isStreaming else df.dropDuplicates(keys)
@@ -299,11 +302,12 @@ def accepted_rows(ingestion: IngestionPlan, kept: DataFrame, partitioned: bool =
 
 
 def quarantine_columns(plan: StreamPlan) -> list:
-    """The quarantine table's columns of a rejected row: the raw record, the reason, the
-    file it came from, when (made once: many columns, each a call into the JVM)."""
+    """The quarantine table's columns of a rejected row: the raw record, the reason, where
+    it came from (its file, or its Kafka position ``topic/partition@offset``), when (made
+    once: many columns, each a call into the JVM)."""
     source = plan.source
     raw = F.to_json(F.struct(*[F.col(c.name) for c in source.columns]))
-    if source.is_files:
+    if source.parses_records:
         raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN), raw)
         source_file = F.col(SOURCE_FILE_COLUMN)
     else:
@@ -375,7 +379,7 @@ class IngestBatch:
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
         self.carried = [*plan.ingestion.input_columns, KIND, REASON]
-        if plan.source.is_files:
+        if plan.source.parses_records:
             self.carried += [CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:

@@ -4,7 +4,8 @@ Layout (Spark 4.1, micro-batch):
 
 * ``metadata``: ``{"id": "<query id>"}``
 * ``offsets/<n>``: written before batch ``n`` runs (the write-ahead log): ``v1``, a
-  metadata JSON line (watermark, batch timestamp, conf), then one offset line per source.
+  metadata JSON line (watermark, batch timestamp, conf), then one offset line per source
+  (a file source's log id; a Kafka source's end offset of each topic partition).
 * ``commits/<n>``: written after batch ``n``'s output is committed: ``v1`` and a JSON line.
   Batch ``n + 1`` is planned only once ``n`` is committed, so the commit log trails the
   offsets log by at most one batch, unless commit files were lost.
@@ -188,6 +189,16 @@ def source_log_offset(checkpoint: str | os.PathLike[str], batch: int, source: in
         line = _read_log_file(Path(checkpoint) / "offsets" / str(batch))[2 + source]
         return int(json.loads(line)["logOffset"])
     except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def source_offsets(checkpoint: str | os.PathLike[str], batch: int, source: int = 0) -> object | None:
+    """The offset a source's entry in batch ``batch``'s offsets file gives, as JSON (a
+    Kafka source's ``{"topic": {"partition": offset}}``: where the batch read up to);
+    None if it cannot be read."""
+    try:
+        return json.loads(_read_log_file(Path(checkpoint) / "offsets" / str(batch))[2 + source])
+    except (OSError, UnicodeDecodeError, IndexError, TypeError, ValueError):
         return None
 
 

@@ -68,6 +68,9 @@ METRICS = {
     "backlog_files": "files landed and not yet taken (a sample of the supervisor)",
     "backlog_bytes": "bytes of those files",
     "backlog_rows": "rows waiting, estimated from the files waiting and the rows per file so far",
+    "backlog_records": "a Kafka source's records behind the broker's end offsets, from the checkpoint (a sample of "
+                       "the supervisor)",
+    "offsets_behind": "Spark's own count of a Kafka source's records behind (maxOffsetsBehindLatest of a batch)",
 }
 
 
@@ -104,6 +107,10 @@ def values_of(event: dict[str, Any]) -> tuple[str | None, dict[str, float]]:
             values["sink_rows"] = event["sink_rows"]
         if event.get("dropped_duplicates"):
             values["duplicates"] = event["dropped_duplicates"]
+        behind = [s["metrics"]["maxOffsetsBehindLatest"] for s in event.get("sources") or []
+                  if isinstance(s, dict) and "maxOffsetsBehindLatest" in (s.get("metrics") or {})]
+        if behind:
+            values["offsets_behind"] = max(float(b) for b in behind)
     elif kind == "ingested":
         for name, key in (("classified", "rows"), ("accepted", "accepted"), ("quarantined", "quarantined"),
                           ("late", "late")):

@@ -85,7 +85,8 @@ def summarize(progress: dict[str, Any]) -> dict[str, Any]:
         "dropped_duplicates": sum((s.get("customMetrics") or {}).get("numDroppedDuplicateRows", 0) for s in state),
         "sink_rows": sink.get("numOutputRows", -1),
         "sources": [
-            {k: s.get(k) for k in ("description", "startOffset", "endOffset", "latestOffset", "numInputRows")}
+            {k: s.get(k) for k in ("description", "startOffset", "endOffset", "latestOffset", "numInputRows",
+                                    "metrics")}
             for s in progress.get("sources") or []
         ],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,10 +24,24 @@ SESSION_CONF: dict[str, str] = {
 }
 
 
+#: where ``./platform setup`` puts the connectors' jars (``include/deploy/maven/spark-connectors.xml``)
+CONNECTORS_DIR = Path(__file__).resolve().parents[2] / ".jars" / "spark-connectors"
+
+
+def connector_jars() -> list[str]:
+    """The jars every driver gets (``spark-submit --jars``, ``spark.jars``) beside Spark's own:
+    Spark's Kafka connector. From ``$STREAMS_CONNECTOR_JARS`` (a folder) if set; none if
+    setup has not fetched them (a Kafka stream then fails its analysis, saying so)."""
+    folder = Path(os.environ.get("STREAMS_CONNECTOR_JARS", CONNECTORS_DIR))
+    return sorted(str(p) for p in folder.glob("*.jar"))
+
+
 def build_session(app_name: str, spec: StreamSpec | None = None, master: str | None = None,
                   extra: Mapping[str, Any] | None = None) -> SparkSession:
     """A SparkSession with the platform's settings, then ``extra`` (the job's own), then
-    the spec's shuffle partitions and ``spark.conf`` (which win: a user who sets a key means it). ``master`` is for tests and tools; ``spark-submit`` sets it otherwise."""
+    the spec's shuffle partitions and ``spark.conf`` (which win: a user who sets a key means it).
+    ``master`` is for tests and tools, whose session also gets the connectors' jars;
+    ``spark-submit`` sets both otherwise."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -34,6 +49,8 @@ def build_session(app_name: str, spec: StreamSpec | None = None, master: str | N
         builder = builder.master(master)
     builder = builder.config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"))
     conf: dict[str, Any] = dict(SESSION_CONF)
+    if master and connector_jars():
+        conf["spark.jars"] = ",".join(connector_jars())
     conf.update(extra or {})
     if spec is not None:
         conf["spark.sql.shuffle.partitions"] = spec.spark.shuffle_partitions

@@ -211,6 +211,91 @@ class SparkSource(Strict):
         return v
 
 
+#: Spark's Kafka source options the spec's own fields set (lower case)
+KAFKA_MANAGED_OPTIONS = {
+    "subscribe": "topics", "subscribepattern": "pattern", "assign": "topics",
+    "kafka.bootstrap.servers": "bootstrap_servers", "startingoffsets": "starting_offsets",
+    "maxoffsetspertrigger": "max_offsets_per_trigger", "failondataloss": "fail_on_data_loss",
+}
+#: Kafka consumer settings Spark sets itself and refuses (its Kafka integration guide)
+KAFKA_REFUSED_OPTIONS = ("kafka.group.id", "kafka.auto.offset.reset", "kafka.key.deserializer",
+                         "kafka.value.deserializer", "kafka.enable.auto.commit", "kafka.interceptor.classes")
+TOPIC_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class KafkaSource(Strict):
+    """Records of Kafka topics, their values parsed as JSON or CSV with the stream's
+    ``columns`` under the same rules as files: a malformed, empty or invalid-UTF-8 value
+    is quarantined with its position (``topic/partition@offset``). ``record_timestamp``
+    names a declared timestamp column filled from the record's own timestamp instead of
+    the value (an event time when the value carries none). Exactly once into the sinks
+    through the checkpoint's offsets: ``starting_offsets`` applies to a first start only."""
+
+    type: Literal["kafka"]
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]; ${VAR} is read from the "
+                                                             "environment of the driver and of the sensors")
+    topics: list[str] | None = Field(default=None, description="the topics to read (or pattern)")
+    pattern: str | None = Field(default=None, description="a Java regular expression of topic names, instead of topics")
+    format: Literal["json", "csv"] = Field(description="how each record's value is parsed")
+    columns: list[Column] = Field(min_length=1)
+    record_timestamp: str | None = Field(default=None, description="a declared timestamp column filled from the "
+                                                                   "record's timestamp instead of its value")
+    starting_offsets: str = Field(default="earliest", description="earliest, latest, or Spark's JSON of offsets per "
+                                                                  "partition; a first start only")
+    max_offsets_per_trigger: int | None = Field(default=None, ge=1, description="records per micro-batch at most")
+    fail_on_data_loss: bool = Field(default=True, description="fail when offsets the checkpoint holds were deleted "
+                                                              "(retention, a recreated topic) instead of skipping them")
+    options: dict[str, str | int | bool] = Field(default_factory=dict, description="Spark's other Kafka source "
+                                                 "options, passed through (e.g. minPartitions, kafka.security.protocol)")
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("name at least one topic")
+            for t in v:
+                if not TOPIC_PATTERN.match(t):
+                    raise ValueError(f"{t!r} is not a Kafka topic name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key.lower() in KAFKA_MANAGED_OPTIONS:
+                raise ValueError(f"option {key!r} is set by the platform; use the spec field "
+                                 f"{KAFKA_MANAGED_OPTIONS[key.lower()]!r} instead")
+            if key.lower() in KAFKA_REFUSED_OPTIONS:
+                raise ValueError(f"option {key!r}: Spark manages the consumer's group, offsets and "
+                                 "deserializers itself and refuses it (offsets live in the checkpoint)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSource:
+        if (self.topics is None) == (self.pattern is None):
+            raise ValueError("set exactly one of topics, pattern")
+        names = [c.name for c in self.columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate column names: {dupes}")
+        if self.record_timestamp is not None:
+            declared = {c.name: c for c in self.columns}
+            if self.record_timestamp not in declared:
+                raise ValueError(f"record_timestamp {self.record_timestamp!r} is not one of the columns {names}")
+            if declared[self.record_timestamp].type != "timestamp":
+                raise ValueError(f"record_timestamp {self.record_timestamp!r} is "
+                                 f"{declared[self.record_timestamp].type}, not a timestamp column")
+        if self.record_timestamp is not None and len(self.columns) == 1:
+            raise ValueError("the value must carry at least one column besides record_timestamp")
+        return self
+
+    @property
+    def value_columns(self) -> list[Column]:
+        """The columns parsed from the record's value (all but ``record_timestamp``)."""
+        return [c for c in self.columns if c.name != self.record_timestamp]
+
+
 class Quarantine(Strict):
     """Where malformed records go: raw text, reason, source file, time quarantined."""
 
@@ -530,7 +615,7 @@ class StreamSpec(Strict):
     description: str = ""
     owner: str = "data-platform"
     #: what the platform runs: a source and outputs, or an application of the user's own
-    source: Annotated[FileSource | RateSource | SparkSource, Field(discriminator="type")] | None = None
+    source: Annotated[FileSource | KafkaSource | RateSource | SparkSource, Field(discriminator="type")] | None = None
     quarantine: Quarantine | None = None
     enrich: list[Enrichment] = Field(default_factory=list)
     event_time: EventTime | None = None

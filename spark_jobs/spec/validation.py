@@ -29,6 +29,7 @@ from spark_jobs.spec.models import (
     WINDOW_START,
     ConsoleSink,
     FileSource,
+    KafkaSource,
     MemorySink,
     ParquetSink,
     Passthrough,
@@ -58,8 +59,8 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     inputs = input_columns(spec)
     enriched = enriched_columns(spec)
 
-    if isinstance(spec.source, FileSource) and spec.quarantine is None:
-        add(("quarantine", "a file source needs a quarantine path for malformed records"))
+    if isinstance(spec.source, FileSource | KafkaSource) and spec.quarantine is None:
+        add(("quarantine", f"a {spec.source.type} source needs a quarantine path for malformed records"))
     if isinstance(spec.source, SparkSource) and spec.quarantine is None and any(c.required for c in spec.source.columns):
         add(("quarantine", "a row missing a required column goes to the quarantine: add quarantine.path"))
     if isinstance(spec.source, RateSource) and spec.quarantine is not None:
@@ -85,8 +86,9 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             add(("event_time.column", f"unknown column {col!r}; the source has {sorted(inputs)}"))
         elif inputs[col] != "timestamp":
             add(("event_time.column", f"{col!r} is {inputs[col]}, an event-time column must be a timestamp"))
-        elif isinstance(spec.source, FileSource | SparkSource) and not any(
-                c.name == col and c.required for c in spec.source.columns):
+        elif isinstance(spec.source, FileSource | SparkSource | KafkaSource) and not any(
+                c.name == col and c.required for c in spec.source.columns) and not (
+                isinstance(spec.source, KafkaSource) and spec.source.record_timestamp == col):
             add(("event_time.column", f"{col!r} must be declared required: true in source.columns; a row without "
                  "event time would bypass the watermark and never close a window"))
 
@@ -164,8 +166,11 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
 
         if trigger.kind == "continuous":
             reasons = []
-            if not isinstance(spec.source, RateSource):
+            if isinstance(spec.source, FileSource):
                 reasons.append("the file source does not support continuous processing")
+            elif not isinstance(spec.source, RateSource):
+                reasons.append(f"the platform runs continuous processing from the rate source only, not the "
+                               f"{spec.source.type} source")
             if not isinstance(q, Passthrough):
                 reasons.append("continuous processing supports only map-like queries, not aggregations")
             if spec.enrich:
@@ -230,7 +235,7 @@ def _loc(loc: Iterable[Any]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif previous in ("source", "query", "sink") and part in (
-                "files", "rate", "spark", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
+                "files", "kafka", "rate", "spark", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
             pass  # the discriminator tag pydantic adds to the location of a typed field
         else:
             out += f".{part}" if out else str(part)

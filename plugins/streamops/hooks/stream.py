@@ -64,8 +64,8 @@ class StreamHook(BaseHook):
         return assess(self.spec, self.layout, now, plan=self.plan)
 
     def record_backlog(self, health: Health) -> None:
-        """Add the backlog the supervisor sees (files, bytes, rows estimated) to the stream's
-        history, which its charts draw (spark_jobs.runtime.history)."""
+        """Add the backlog the supervisor sees (files, bytes, rows estimated; a Kafka source's
+        records behind) to the stream's history, which its charts draw (spark_jobs.runtime.history)."""
         from spark_jobs.runtime.checkpoint import (
             estimate_rows,
             read_query_checkpoint,
@@ -78,6 +78,9 @@ class StreamHook(BaseHook):
         )
 
         source = self.spec.source
+        if health.backlog_records is not None:  # a Kafka source: records behind the broker
+            History(self.layout.history_file).sample({"backlog_records": health.backlog_records}, at=health.checked_at)
+            return
         if not isinstance(source, FileSource):
             return
         values: dict[str, float] = {"backlog_files": health.backlog_files, "backlog_bytes": health.backlog_bytes,

@@ -276,3 +276,63 @@ def test_backlog_counts_only_files_no_batch_has_taken(stream) -> None:
     land_files(layout, 3)
     (Path(layout.landing) / ".hidden.json").write_text("{}\n")
     assert assess(spec, layout).backlog_files == 3
+
+
+# ---- a Kafka source: records behind, from the checkpoint against the broker ---------------
+
+
+def test_a_kafka_streams_backlog_is_its_records_behind_per_partition(spark, tmp_path: Path, kafka_broker,
+                                                                     kafka_topic: str) -> None:
+    from spark_jobs import analysis
+    from spark_jobs.flows import queries as flows
+    from spark_jobs.spec.loading import parse_spec
+
+    data = {"name": "k", "source": {"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap,
+                                    "topics": [kafka_topic], "format": "json",
+                                    "columns": [{"name": "id", "type": "string", "required": True}]},
+            "quarantine": {"path": "quarantine/k"},
+            "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append",
+                         "sink": {"type": "parquet", "path": "sinks/k"}}],
+            "checkpoint": "checkpoints/k"}
+    spec = parse_spec(data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    kafka_broker.produce(kafka_topic, ['{"id": "a"}', '{"id": "b"}'], partition=0)
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(layout.lease_dir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        health = assess(spec, layout)
+        assert health.backlog_records == 0 and health.status == Status.IDLE, health.summary()
+        kafka_broker.produce(kafka_topic, [f'{{"id": "n{i}"}}' for i in range(5)], partition=1)
+        health = assess(spec, layout, now=time.time() + 5 * 60 + 5)  # past the default stall window
+        assert health.records_behind == {f"{kafka_topic}/0": 0, f"{kafka_topic}/1": 5, f"{kafka_topic}/2": 0}
+        assert health.status == Status.STALLED and "input is waiting (5 record(s))" in health.reason
+        assert "backlog 5 record(s)" in health.summary()
+    finally:
+        proc.kill()
+        proc.wait()
+    # the broker gone: the records behind are unknown, and the health says why
+    silent = parse_spec(data | {"source": data["source"] | {"bootstrap_servers": "127.0.0.1:9"}})
+    health = assess(silent, Layout(silent, tmp_path / "data", default_spec_dir()))
+    assert health.backlog_records is None
+    assert any("records behind unknown: source.bootstrap_servers: no Kafka broker answered" in n for n in health.notes)
+
+
+@pytest.mark.parametrize(("then", "now", "per_trigger", "status"), [
+    (100, 400, 200, Status.LAGGING),   # grew, and more than a trigger takes
+    (500, 400, 200, Status.HEALTHY),   # shrinking
+    (100, 150, 200, Status.HEALTHY),   # grew, but a trigger takes it all
+    (None, 500, 200, Status.LAGGING),  # no earlier sample: more than two triggers take
+])
+def test_a_kafka_stream_lags_when_its_records_behind_grow(then: int | None, now: int, per_trigger: int,
+                                                          status: Status) -> None:
+    ingestion = QueryCheckpoint("i", exists=True, last_planned=5, last_committed=5, last_commit_time=995.0)
+    snap = Snapshot(stream="s", taken_at=1000.0, driver_alive=True, driver_pid=1, driver_host="h",
+                    driver_started_at=900.0, queries={"_ingest": ingestion}, backlog_files=0, backlog_bytes=0,
+                    max_files_per_trigger=1, backlog_trend={"_ingest": (then, now)}, backlog_records=now,
+                    records_per_trigger=per_trigger)
+    found, reason = classify(snap, stall_window_seconds=180)
+    assert found == status, reason
+    if status == Status.LAGGING:
+        assert "record(s)" in reason

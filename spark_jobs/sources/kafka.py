@@ -1,0 +1,154 @@
+"""A Kafka source outside Spark: its bootstrap servers, whether the broker and topics are
+there, its end offsets, and how many records a stream is behind, per partition.
+
+The stream's offsets come from its ingestion's checkpoint: the offsets log entry of the
+newest committed batch (``{"topic": {"partition": offset}}``, where that batch read up
+to, exclusive). The broker's come from its end offsets (the next offset a producer
+writes). No pyspark here: the sensors and the Streams page use it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_jobs.plan import KafkaPlan
+from spark_jobs.runtime.checkpoint import last_batch, source_offsets
+
+#: how long a probe of the broker waits for an answer
+PROBE_SECONDS = 10.0
+
+
+class KafkaUnavailable(RuntimeError):
+    """The broker does not answer, or a topic the stream reads does not exist: a situation to
+    wait out and restart from (not a bad spec), diagnosed with the spec's field."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+def _expanded(text: str, field: str) -> str:
+    """``text`` with ``${VAR}`` read from this process's environment (where secrets belong);
+    :class:`KafkaUnavailable` naming ``field`` (never the value) if a variable is not set."""
+    expanded = os.path.expandvars(text)
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        raise KafkaUnavailable(field, f"environment variable(s) {unset} not set")
+    return expanded
+
+
+def bootstrap_servers(kafka: KafkaPlan) -> str:
+    """The bootstrap servers with ``${VAR}`` read from this process's environment."""
+    if "$" not in kafka.bootstrap_servers:
+        return kafka.bootstrap_servers
+    try:
+        return _expanded(kafka.bootstrap_servers, "source.bootstrap_servers")
+    except KafkaUnavailable as exc:
+        raise KafkaUnavailable(exc.field, f"{exc.message} (the spec says {kafka.bootstrap_servers!r})") from None
+
+
+def source_options(options: dict[str, str]) -> dict[str, str]:
+    """The spec's other source options (Spark's reader options) with ``${VAR}`` expanded: a
+    SASL password stays in the environment, never in the spec or the plan."""
+    return {k: _expanded(v, f"source.options.{k}") if "$" in v else v for k, v in options.items()}
+
+
+def client_config(kafka: KafkaPlan, options: dict[str, str] | None = None) -> dict[str, Any]:
+    """A confluent-kafka client's settings: the bootstrap servers, and the ``kafka.*``
+    options of the spec (security settings, say) without their prefix."""
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers(kafka), "log_level": 0}
+    for key, value in source_options(options or {}).items():
+        if key.startswith("kafka."):
+            config[key.removeprefix("kafka.")] = value
+    return config
+
+
+def probe(kafka: KafkaPlan, options: dict[str, Any] | None = None, timeout: float = PROBE_SECONDS) -> dict[str, int]:
+    """The partitions of each topic the source reads; :class:`KafkaUnavailable` naming the
+    field if the broker does not answer within ``timeout`` or a named topic does not exist."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    servers = bootstrap_servers(kafka)
+    try:
+        metadata = AdminClient(client_config(kafka, options)).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailable("source.bootstrap_servers",
+                               f"no Kafka broker answered at {servers} within {timeout:.0f}s "
+                               f"({exc.args[0].str() if exc.args else exc})") from None
+    topics = {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+    if kafka.topics:
+        for i, topic in enumerate(kafka.topics):
+            if topic not in topics:
+                raise KafkaUnavailable(f"source.topics[{i}]", f"topic {topic!r} does not exist on {servers} "
+                                                              "(create it; the platform does not)")
+        return {t: topics[t] for t in kafka.topics}
+    pattern = re.compile(kafka.pattern or "")
+    return {t: n for t, n in topics.items() if pattern.fullmatch(t)}
+
+
+def end_offsets(kafka: KafkaPlan, partitions: dict[str, int], options: dict[str, Any] | None = None,
+                timeout: float = PROBE_SECONDS) -> dict[tuple[str, int], tuple[int, int]]:
+    """The broker's first and end offset (low and high watermark) of every partition of
+    ``partitions`` (topic -> count)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(client_config(kafka, options) | {"group.id": "streams-lag-probe",
+                                                         "enable.auto.commit": False})
+    try:
+        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout, cached=False)
+                for t, n in sorted(partitions.items()) for p in range(n)}
+    finally:
+        consumer.close()
+
+
+def committed_offsets(checkpoint: str | os.PathLike[str]) -> dict[tuple[str, int], int]:
+    """Where the newest committed batch of the query whose checkpoint this is read up to,
+    per topic partition; empty before its first commit."""
+    batch = last_batch(checkpoint, "commits")
+    offsets = source_offsets(checkpoint, batch) if batch is not None else None
+    if not isinstance(offsets, dict):
+        return {}
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() if isinstance(parts, dict)
+            for p, o in parts.items()}
+
+
+@dataclass
+class Lag:
+    """How many records the stream is behind the broker, per topic partition."""
+
+    behind: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: partitions the broker has that the checkpoint does not know yet (added while running)
+    new_partitions: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.behind.values())
+
+    def by_partition(self) -> dict[str, int]:
+        """``{"topic/partition": records}``, as the Streams page and the events show it."""
+        return {f"{t}/{p}": n for (t, p), n in sorted(self.behind.items())}
+
+
+def lag(kafka: KafkaPlan, checkpoint: str | os.PathLike[str], options: dict[str, Any] | None = None,
+        timeout: float = PROBE_SECONDS) -> Lag:
+    """Records behind per partition: the broker's end offset minus where the newest
+    committed batch read up to. A partition the checkpoint does not know counts from where
+    Spark will start it: its first offset (a partition added while running, or any before
+    the first commit of an ``earliest`` stream), else its end."""
+    partitions = probe(kafka, options, timeout)
+    ends = end_offsets(kafka, partitions, options, timeout)
+    committed = committed_offsets(checkpoint)
+    result = Lag()
+    for key, (low, high) in ends.items():
+        if key in committed:
+            result.behind[key] = max(0, high - max(committed[key], low))
+            continue
+        if committed:
+            result.new_partitions.append(key)
+        from_start = bool(committed) or kafka.starting_offsets == "earliest"
+        result.behind[key] = high - low if from_start else 0
+    return result

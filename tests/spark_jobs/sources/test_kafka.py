@@ -1,0 +1,187 @@
+"""A Kafka source on a real broker: records parsed once under the files' rules, every one
+decided and placed (malformed ones quarantined with their position), resumed from the
+checkpoint's offsets without a record twice, the broker and topics probed, the lag read
+from the checkpoint against the broker's end offsets."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from spark_jobs import analysis
+from spark_jobs.flows import queries as flows
+from spark_jobs.frames import accepted_batch
+from spark_jobs.plan import KafkaPlan, compile_plan
+from spark_jobs.sources import kafka
+from spark_jobs.spec.layout import Layout, default_spec_dir
+from spark_jobs.spec.loading import parse_spec
+from spark_jobs.spec.models import SpecError
+from spark_jobs.testdata import verify
+
+T0 = datetime(2026, 1, 1)
+_names = itertools.count()
+PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
+               "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}
+WINDOWS = {"name": "windows", "mode": "append", "sink": {"type": "parquet", "path": "sinks/windows"},
+           "query": {"type": "aggregate", "window": {"duration": "10 minutes"}, "group_by": ["device_id"],
+                     "aggregates": [{"name": "n", "fn": "count"}]}}
+PER_DEVICE = {"name": "per_device", "mode": "update", "sink": {"type": "table", "table": "per_device"},
+              "query": {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}}
+
+
+def reading(event_id: str, minute: float, device: str = "dev-001") -> str:
+    ts = (T0 + timedelta(minutes=minute)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return json.dumps({"event_id": event_id, "device_id": device, "ts": ts, "temperature": 20.0})
+
+
+def kafka_spec(topic: str, bootstrap: str, outputs: list[dict], **source: object) -> dict:
+    columns = [{"name": "event_id", "type": "string", "required": True},
+               {"name": "device_id", "type": "string", "required": True},
+               {"name": "ts", "type": "timestamp", "required": True},
+               {"name": "temperature", "type": "double"}]
+    return {
+        "name": f"k{next(_names)}",
+        "source": {"type": "kafka", "bootstrap_servers": bootstrap, "topics": [topic], "format": "json",
+                   "columns": columns, **source},
+        "quarantine": {"path": "quarantine"},
+        "enrich": [{"name": "devices", "path": "reference/devices.csv", "key": ["device_id"],
+                    "columns": [{"name": "device_id", "type": "string"}, {"name": "site", "type": "string"}]}],
+        "event_time": {"column": "ts", "watermark": "10 minutes"},
+        "deduplicate": {"key": ["event_id"]},
+        "outputs": outputs,
+        "checkpoint": "checkpoints",
+    }
+
+
+def setup(tmp_path: Path, data: dict) -> tuple:
+    spec = parse_spec(data)
+    return spec, Layout(spec, tmp_path / "data", default_spec_dir())
+
+
+def quarantine(spark, layout: Layout) -> list[tuple[str, str, str | None]]:  # noqa: ANN001
+    return sorted((r["source_file"], r["reason"], r["raw"]) for r in spark.read.parquet(layout.data("quarantine")).collect())
+
+
+def test_records_are_parsed_once_quarantined_with_their_position_and_resumed_exactly_once(
+        spark, tmp_path: Path, kafka_broker, kafka_topic: str) -> None:
+    topic = kafka_topic
+    kafka_broker.produce(topic, [reading("e1", 1), reading("e2", 12), "not json", "", None], partition=0)
+    kafka_broker.produce(topic, [reading("e3", 35), reading("e3", 35),
+                                 b'{"event_id": "e9", "device_id": "dev-\xff", "ts": "2026-01-01T00:20:00Z"}'],
+                         partition=1)
+    kafka_broker.produce(topic, [reading("e4", 41), json.dumps({"event_id": "e8", "ts": "2026-01-01T00:21:00Z"})],
+                         partition=2)
+    spec, layout = setup(tmp_path, kafka_spec(topic, "${TEST_KAFKA_SERVERS}", [PASSTHROUGH, WINDOWS, PER_DEVICE]))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TEST_KAFKA_SERVERS", kafka_broker.bootstrap)
+        plan = analysis.analyze(spark, spec, layout)
+        events: list[dict] = []
+        flows.run_available_now(spark, plan, on_batch=events.append)
+
+        ingested = [e for e in events if e["event"] == "ingested"]
+        totals = {k: sum(e[k] for e in ingested) for k in ("rows", "accepted", "quarantined", "late")}
+        assert totals == {"rows": 9, "accepted": 4, "quarantined": 5, "late": 0}  # the repeated e3: a duplicate
+        assert sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()) == ["e1", "e2", "e3", "e4"]
+        rejected = quarantine(spark, layout)
+        assert [(pos, reason) for pos, reason, _ in rejected] == [
+            (f"{topic}/0@2", "malformed json record: not a JSON object (truncated, or not JSON)"),
+            (f"{topic}/0@3", "malformed json record: empty record"),
+            (f"{topic}/0@4", "malformed json record: empty record"),
+            (f"{topic}/1@2", "malformed json record: not valid UTF-8"),
+            (f"{topic}/2@1", "missing required field(s): device_id"),
+        ]
+        assert rejected[0][2] == "not json"
+        reports = verify.agreement(spark, spec, layout)
+        assert all(r.ok for r in reports), [r.describe() for r in reports]
+
+        # caught up: nothing behind on any partition
+        assert plan.source.kafka is not None
+        lag = kafka.lag(plan.source.kafka, plan.ingestion.checkpoint)
+        assert lag.by_partition() == {f"{topic}/0": 0, f"{topic}/1": 0, f"{topic}/2": 0}
+        assert kafka.committed_offsets(plan.ingestion.checkpoint) == {(topic, 0): 5, (topic, 1): 3, (topic, 2): 2}
+
+        # new records: the lag counts them; a second run takes exactly them
+        kafka_broker.produce(topic, [reading("e5", 50), reading("e1", 1)], partition=1)
+        assert kafka.lag(plan.source.kafka, plan.ingestion.checkpoint).by_partition()[f"{topic}/1"] == 2
+        flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+        assert kafka.lag(plan.source.kafka, plan.ingestion.checkpoint).total == 0
+    accepted = sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())
+    assert accepted == ["e1", "e2", "e3", "e4", "e5"]  # e1 again: a duplicate within the watermark
+    assert len(quarantine(spark, layout)) == 5
+    assert all(r.ok for r in verify.agreement(spark, spec, layout))
+
+
+def test_csv_values_with_the_record_timestamp_as_event_time(spark, tmp_path: Path, kafka_broker,
+                                                            kafka_topic: str) -> None:
+    columns = [{"name": "event_id", "type": "string", "required": True},
+               {"name": "device_id", "type": "string", "required": True},
+               {"name": "temperature", "type": "double"},
+               {"name": "arrived", "type": "timestamp"}]
+    data = kafka_spec(kafka_topic, kafka_broker.bootstrap, [PASSTHROUGH], format="csv", columns=columns,
+                      record_timestamp="arrived", max_offsets_per_trigger=2)
+    data["event_time"] = {"column": "arrived", "watermark": "1 hour"}
+    spec, layout = setup(tmp_path, data)
+    kafka_broker.produce(kafka_topic, ["a1,dev-001,20.5", "a2,dev-002,x", "a3,dev-001", "a4,dev-001,1.0,extra",
+                                       "a5,dev-000,"], partition=0)
+    events: list[dict] = []
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout), on_batch=events.append)
+    ingested = [e for e in events if e["event"] == "ingested"]
+    assert len(ingested) == 3  # at most two records per micro-batch
+    rows = {r["event_id"]: r for r in spark.read.parquet(layout.data("sinks/rows")).collect()}
+    assert sorted(rows) == ["a1", "a5"]  # an empty last field is a null, as in a CSV file
+    assert rows["a1"]["temperature"] == 20.5 and rows["a5"]["temperature"] is None
+    assert all(r["arrived"] is not None and r["event_date"] == r["arrived"].date() for r in rows.values())
+    assert [(pos, reason) for pos, reason, _ in quarantine(spark, layout)] == [
+        (f"{kafka_topic}/0@1", "malformed csv record: value does not match the column type: temperature (double)"),
+        (f"{kafka_topic}/0@2", "malformed csv record: fewer fields than the 3 declared columns"),
+        (f"{kafka_topic}/0@3", "malformed csv record: more fields than the 3 declared columns")]
+
+
+def test_a_stream_reports_records_behind_in_its_progress(spark, tmp_path: Path, kafka_broker,
+                                                         kafka_topic: str) -> None:
+    spec, layout = setup(tmp_path, kafka_spec(kafka_topic, kafka_broker.bootstrap, [PASSTHROUGH],
+                                              max_offsets_per_trigger=3))
+    kafka_broker.produce(kafka_topic, [reading(f"e{i}", i) for i in range(9)], partition=0)
+    plan = analysis.analyze(spark, spec, layout)
+    queries = flows.run_available_now(spark, plan)
+    metrics = [s.metrics for p in queries["_ingest"].recentProgress for s in p.sources if s.metrics]
+    assert metrics and int(metrics[0]["maxOffsetsBehindLatest"]) == 6  # 3 of 9 taken by the first batch
+    assert int(metrics[-1]["maxOffsetsBehindLatest"]) == 0
+
+
+def test_a_missing_topic_or_broker_is_diagnosed_not_a_bad_spec(spark, tmp_path: Path, kafka_broker) -> None:
+    spec, layout = setup(tmp_path, kafka_spec("no-such-topic", kafka_broker.bootstrap, [PASSTHROUGH]))
+    with pytest.raises(kafka.KafkaUnavailable) as err:
+        analysis.analyze(spark, spec, layout)
+    assert err.value.field == "source.topics[0]"
+    assert f"topic 'no-such-topic' does not exist on {kafka_broker.bootstrap}" in str(err.value)
+
+    silent = KafkaPlan("127.0.0.1:9", ["t"], None, "earliest", None, True, None)
+    with pytest.raises(kafka.KafkaUnavailable) as err:
+        kafka.probe(silent, timeout=2)
+    assert err.value.field == "source.bootstrap_servers"
+    assert "no Kafka broker answered at 127.0.0.1:9 within 2s" in str(err.value)
+
+    spec, layout = setup(tmp_path, kafka_spec("t", "${UNSET_KAFKA_SERVERS_FOR_TEST}", [PASSTHROUGH]))
+    with pytest.raises(SpecError) as bad:
+        analysis.analyze(spark, spec, layout)
+    assert bad.value.problems == [("source.bootstrap_servers", "environment variable(s) "
+                                   "['UNSET_KAFKA_SERVERS_FOR_TEST'] not set (the spec says "
+                                   "'${UNSET_KAFKA_SERVERS_FOR_TEST}')")]
+
+
+def test_lag_counts_a_partition_added_while_running_from_its_start(spark, tmp_path: Path, kafka_broker,
+                                                                   kafka_topic: str) -> None:
+    spec, layout = setup(tmp_path, kafka_spec(kafka_topic, kafka_broker.bootstrap, [PASSTHROUGH]))
+    kafka_broker.produce(kafka_topic, [reading("e1", 1)], partition=0)
+    plan = analysis.analyze(spark, spec, layout)
+    flows.run_available_now(spark, plan)
+    kafka_broker.add_partitions(kafka_topic, 4)
+    kafka_broker.produce(kafka_topic, [reading("e2", 2), reading("e3", 3)], partition=3)
+    lag = kafka.lag(plan.source.kafka, compile_plan(spec, layout).ingestion.checkpoint)
+    assert lag.new_partitions == [(kafka_topic, 3)]
+    assert lag.by_partition()[f"{kafka_topic}/3"] == 2 and lag.total == 2
