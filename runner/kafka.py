@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,33 @@ class KafkaBroker:
             producer.poll(0)
         if producer.flush(60) or errors:
             raise KafkaException(f"producing to {topic} failed: {errors[:3] or 'not delivered within 60 s'}")
+
+    def consume(self, topic: str, timeout: float = 30) -> list[Any]:
+        """Every record ``topic`` holds now (confluent-kafka ``Message`` objects), read from the
+        start of each partition up to its end offset when called."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self.client_config() | {"group.id": f"read-{topic}", "enable.auto.commit": False})
+        try:
+            partitions = consumer.list_topics(topic, timeout=timeout).topics[topic].partitions
+            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1] for p in partitions}
+            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+            found: list[Any] = []
+            left = {p for p, end in ends.items() if end > 0}
+            deadline = time.monotonic() + timeout
+            while left and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None or message.error():
+                    continue
+                found.append(message)
+                if message.offset() + 1 >= ends[message.partition()]:
+                    left.discard(message.partition())
+            if left:
+                raise BrokerError(f"read only part of {topic} within {timeout:.0f}s (partitions {sorted(left)} not to "
+                                  "their end)")
+            return found
+        finally:
+            consumer.close()
 
     def stop(self, timeout: float = 30) -> None:
         """Stop the broker (SIGTERM: a controlled shutdown; SIGKILL after ``timeout``)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from spark_jobs.spec.models import (
     EVENT_DATE_COLUMN,
     INPUT_VIEW,
     SPARK_TYPES,
+    KafkaSink,
     KafkaSource,
     Output,
     ParquetSink,
@@ -207,14 +209,19 @@ def result_columns(spark: SparkSession, spec: StreamSpec, plan: StreamPlan,
 
 
 def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
-    """Spark's Kafka connector must be on the driver's class path."""
+    """Spark's Kafka connector must be on the driver's class path, and Spark must take the
+    source's options. Building the reader contacts no broker (``_probe_brokers`` does)."""
     source = compile_source(spec, layout)
-    assert source.kafka is not None
+    kafka = source.kafka
+    assert kafka is not None
     try:
-        kafka_source.bootstrap_servers(source.kafka)
+        if kafka.connection is None:
+            kafka_source.bootstrap_servers(kafka)
         kafka_source.source_options(source.reader_options)
     except kafka_source.KafkaUnavailable as exc:  # a variable the deployment must set: the spec's to say
         return [(exc.field, exc.message)]
+    if kafka.connection is not None:  # the supervisor resolves it for the driver; the reader needs none yet
+        source = replace(source, kafka=replace(kafka, connection=None, bootstrap_servers="127.0.0.1:9"))
     try:
         with _quiet_sql_errors():
             frames.read_source(spark, source)
@@ -226,6 +233,35 @@ def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
                                     "spark-submit's --jars")]
         return [("source", f"Spark cannot read the Kafka source: {message}")]
     return []
+
+
+def _kafka_sink_problems(spec: StreamSpec) -> list[tuple[str, str]]:
+    """A Kafka sink's ``${VAR}`` must be set in the driver's environment."""
+    problems = []
+    for i, out in enumerate(spec.outputs):
+        if isinstance(out.sink, KafkaSink):
+            try:
+                kafka_source.servers(out.sink.bootstrap_servers, f"outputs[{i}].sink.bootstrap_servers")
+                kafka_source.source_options({k: str(v) for k, v in out.sink.options.items()})
+            except kafka_source.KafkaUnavailable as exc:
+                problems.append((exc.field, exc.message))
+    return problems
+
+
+def _probe_brokers(spec: StreamSpec, layout: Layout) -> None:
+    """The brokers a stream reads and writes must answer and hold its topics, else
+    :class:`KafkaUnavailable` naming the field (a situation to restart from, not a bad spec)."""
+    if isinstance(spec.source, KafkaSource):
+        source = compile_source(spec, layout)
+        assert source.kafka is not None
+        kafka_source.probe(source.kafka, source.reader_options)
+    for i, out in enumerate(spec.outputs):
+        if isinstance(out.sink, KafkaSink):
+            field = f"outputs[{i}].sink"
+            bootstrap = kafka_source.servers(out.sink.bootstrap_servers, f"{field}.bootstrap_servers")
+            options = {k: str(v) for k, v in out.sink.options.items()}
+            if out.sink.topic not in kafka_source.topics_on(bootstrap, options, field=f"{field}.bootstrap_servers"):
+                raise kafka_source.missing_topic(out.sink.topic, bootstrap, f"{field}.topic")
 
 
 def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
@@ -267,9 +303,10 @@ def _sink_problems(where: str, out: Output, frame: DataFrame) -> list[tuple[str,
     if isinstance(sink, ParquetSink):
         problems += [(f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {names}")
                      for j, c in enumerate(sink.partition_by) if c not in names]
-    if isinstance(sink, TableSink):
+    if isinstance(sink, TableSink | KafkaSink):
         problems += [(f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {names}")
                      for j, c in enumerate(sink.key or []) if c not in names]
+    if isinstance(sink, TableSink):
         for f in frame.schema.fields:
             try:
                 spec_type(f.dataType)
@@ -297,17 +334,17 @@ def analyze(spark: SparkSession, spec: StreamSpec, layout: Layout,
     :class:`SpecError` (naming the spec file ``spec_path``, by default the layout's, or the
     rules file) for what Spark rejects, and :class:`KafkaUnavailable` (not the spec's fault:
     a restart may find them) for a Kafka broker that does not answer or a topic that does not
-    exist. None for an application, whose code is its own."""
+    exist, read or written. None for an application, whose code is its own."""
     if spec.application is not None:
         return None
     path = spec_path if spec_path is not None else layout.spec_dir / f"{spec.name}.yaml"
     problems = source_problems(spark, spec, layout)
     if problems:
         raise SpecError(path, problems)
-    if isinstance(spec.source, KafkaSource):
-        source = compile_source(spec, layout)
-        assert source.kafka is not None
-        kafka_source.probe(source.kafka, source.reader_options)
+    problems = _kafka_sink_problems(spec)
+    if problems:
+        raise SpecError(path, problems)
+    _probe_brokers(spec, layout)
     transformed, problems = transform_result(spark, spec, layout.transforms_dir)
     if problems:
         raise SpecError(path, problems)

@@ -41,6 +41,7 @@ from spark_jobs.spec.models import (
     Column,
     ConsoleSink,
     FileSource,
+    KafkaSink,
     KafkaSource,
     MemorySink,
     Output,
@@ -194,9 +195,10 @@ def accepted_path(spec: StreamSpec) -> str:
 @dataclass(frozen=True)
 class KafkaPlan:
     """Where a Kafka source reads (``spark_jobs.sources.kafka``): the bootstrap servers as
-    the spec says them (``${VAR}`` expanded where they are used), the topics or pattern."""
+    the spec says them (``${VAR}`` expanded where they are used) or the Airflow connection
+    that says them, the topics or pattern."""
 
-    bootstrap_servers: str
+    bootstrap_servers: str | None
     topics: list[str] | None
     pattern: str | None
     starting_offsets: str
@@ -204,6 +206,8 @@ class KafkaPlan:
     fail_on_data_loss: bool
     #: the column filled from the record's timestamp, not parsed from its value
     record_timestamp: str | None
+    #: the Airflow connection that says where the broker is, instead of ``bootstrap_servers``
+    connection: str | None = None
 
     @property
     def subscription(self) -> str:
@@ -301,11 +305,15 @@ class IngestionPlan:
 
 @dataclass(frozen=True)
 class SinkPlan:
-    kind: str  # parquet, table, console, memory
+    kind: str  # parquet, table, kafka, console, memory
     path: str | None = None  # parquet
     partition_by: list[str] = field(default_factory=list)  # parquet
     url: str | None = None  # table
     table: str | None = None  # table
+    topic: str | None = None  # kafka
+    key: list[str] | None = None  # kafka: the columns of the record's key
+    bootstrap_servers: str | None = None  # kafka, as the spec says it (``${VAR}`` expanded where it is used)
+    options: dict[str, str] = field(default_factory=dict)  # kafka: the writer's other options
 
 
 @dataclass(frozen=True)
@@ -420,6 +428,10 @@ def _sink(layout: Layout, sink: Any) -> SinkPlan:
         return SinkPlan("parquet", path=layout.data(sink.path), partition_by=list(sink.partition_by))
     if isinstance(sink, TableSink):
         return SinkPlan("table", url=layout.table_url(sink), table=sink.table)
+    if isinstance(sink, KafkaSink):
+        return SinkPlan("kafka", topic=sink.topic, key=list(sink.key) if sink.key else None,
+                        bootstrap_servers=sink.bootstrap_servers,
+                        options={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sink.options.items()})
     if isinstance(sink, ConsoleSink):
         return SinkPlan("console")
     assert isinstance(sink, MemorySink)
@@ -444,7 +456,7 @@ def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
         return SourcePlan("kafka", columns=list(src.columns), format=src.format, options=dict(src.options),
                           kafka=KafkaPlan(src.bootstrap_servers, list(src.topics) if src.topics else None, src.pattern,
                                           src.starting_offsets, src.max_offsets_per_trigger, src.fail_on_data_loss,
-                                          src.record_timestamp))
+                                          src.record_timestamp, src.connection))
     if isinstance(src, SparkSource):
         return SourcePlan("spark", columns=list(src.columns), format=src.format, options=dict(src.options),
                           landing=layout.data(src.path) if src.path else None, reader_schema=src.reader_schema)

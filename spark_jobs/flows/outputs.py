@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from spark_jobs import frames
 from spark_jobs.plan import OutputPlan, StreamPlan
+from spark_jobs.sinks.kafka import foreach_kafka_batch
 from spark_jobs.sinks.table import foreach_table_batch
 from spark_jobs.spec.models import Aggregation
 
@@ -36,6 +37,8 @@ def output_writer(spark: SparkSession, plan: StreamPlan, output: OutputPlan) -> 
             writer = writer.partitionBy(*sink.partition_by)
     elif sink.kind == "table":
         writer = writer.foreachBatch(foreach_table_batch(frame, plan.stream, output))
+    elif sink.kind == "kafka":
+        writer = writer.foreachBatch(foreach_kafka_batch(plan.stream, output))
     elif sink.kind == "console":
         writer = writer.format("console").option("truncate", False)
     elif sink.kind == "memory":

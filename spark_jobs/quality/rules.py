@@ -200,6 +200,8 @@ def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[
         checks = (derived_expectations(spec, output), [next(iter(e.items())) for e in r.expectations])
         if isinstance(output.sink, TableSink):
             found.append(Target(output, "snapshot", None, None, None, *checks))
+        elif output.sink.type == "kafka":
+            skipped.append(f"{output.name}: a Kafka topic is not validated (Parquet and table sinks are)")
         elif not isinstance(output.sink, ParquetSink):
             skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
         elif isinstance(q, CODE_QUERIES):

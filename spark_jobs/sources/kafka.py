@@ -40,14 +40,49 @@ def _expanded(text: str, field: str) -> str:
     return expanded
 
 
-def bootstrap_servers(kafka: KafkaPlan) -> str:
-    """The bootstrap servers with ``${VAR}`` read from this process's environment."""
-    if "$" not in kafka.bootstrap_servers:
-        return kafka.bootstrap_servers
+def servers(text: str, field: str = "source.bootstrap_servers") -> str:
+    """Bootstrap servers with ``${VAR}`` read from this process's environment."""
+    if "$" not in text:
+        return text
     try:
-        return _expanded(kafka.bootstrap_servers, "source.bootstrap_servers")
+        return _expanded(text, field)
     except KafkaUnavailable as exc:
-        raise KafkaUnavailable(exc.field, f"{exc.message} (the spec says {kafka.bootstrap_servers!r})") from None
+        raise KafkaUnavailable(exc.field, f"{exc.message} (the spec says {text!r})") from None
+
+
+def connection_env(connection: str) -> str:
+    """The environment variable that hands a driver the bootstrap servers of an Airflow
+    connection (the supervisor resolves the connection; a driver has no Airflow of its own)."""
+    return "STREAMS_KAFKA_BOOTSTRAP_" + re.sub(r"[^A-Za-z0-9]", "_", connection).upper()
+
+
+def from_connection(connection: str) -> str | None:
+    """The bootstrap servers an Airflow connection says (its extra's ``bootstrap.servers``, as
+    Airflow's Kafka provider keeps them, else ``host:port``), or None if it cannot be read here."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(connection)
+    except Exception:  # noqa: BLE001 - no Airflow here, or no such connection: the caller says so
+        return None
+    extra = conn.extra_dejson or {}
+    found = extra.get("bootstrap.servers") or extra.get("bootstrap_servers")
+    if not found and conn.host:
+        found = f"{conn.host}:{conn.port}" if conn.port else conn.host
+    return str(found) if found else None
+
+
+def bootstrap_servers(kafka: KafkaPlan) -> str:
+    """A Kafka source's bootstrap servers: ``${VAR}`` read from this process's environment,
+    or its Airflow connection's (handed to a driver in :func:`connection_env`)."""
+    if kafka.connection is None:
+        assert kafka.bootstrap_servers is not None
+        return servers(kafka.bootstrap_servers)
+    found = os.environ.get(connection_env(kafka.connection)) or from_connection(kafka.connection)
+    if not found:
+        raise KafkaUnavailable("source.connection", f"the Airflow connection {kafka.connection!r} cannot be read "
+                                                    "here or says no bootstrap.servers (extra) or host")
+    return found
 
 
 def source_options(options: dict[str, str]) -> dict[str, str]:
@@ -56,35 +91,46 @@ def source_options(options: dict[str, str]) -> dict[str, str]:
     return {k: _expanded(v, f"source.options.{k}") if "$" in v else v for k, v in options.items()}
 
 
-def client_config(kafka: KafkaPlan, options: dict[str, str] | None = None) -> dict[str, Any]:
-    """A confluent-kafka client's settings: the bootstrap servers, and the ``kafka.*``
-    options of the spec (security settings, say) without their prefix."""
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers(kafka), "log_level": 0}
+def client_config(kafka: KafkaPlan | str, options: dict[str, str] | None = None) -> dict[str, Any]:
+    """A confluent-kafka client's settings: the bootstrap servers (a source's, or expanded
+    already), and the ``kafka.*`` options of the spec (security settings, say) without their
+    prefix."""
+    config: dict[str, Any] = {"bootstrap.servers": kafka if isinstance(kafka, str) else bootstrap_servers(kafka),
+                              "log_level": 0}
     for key, value in source_options(options or {}).items():
         if key.startswith("kafka."):
             config[key.removeprefix("kafka.")] = value
     return config
 
 
-def probe(kafka: KafkaPlan, options: dict[str, Any] | None = None, timeout: float = PROBE_SECONDS) -> dict[str, int]:
-    """The partitions of each topic the source reads; :class:`KafkaUnavailable` naming the
-    field if the broker does not answer within ``timeout`` or a named topic does not exist."""
+def topics_on(bootstrap: str, options: dict[str, str] | None = None, timeout: float = PROBE_SECONDS,
+              field: str = "source.bootstrap_servers") -> dict[str, int]:
+    """Every topic the broker at ``bootstrap`` (expanded) has, with its partition count;
+    :class:`KafkaUnavailable` naming ``field`` if it does not answer within ``timeout``."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    servers = bootstrap_servers(kafka)
     try:
-        metadata = AdminClient(client_config(kafka, options)).list_topics(timeout=timeout)
+        metadata = AdminClient(client_config(bootstrap, options)).list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable("source.bootstrap_servers",
-                               f"no Kafka broker answered at {servers} within {timeout:.0f}s "
-                               f"({exc.args[0].str() if exc.args else exc})") from None
-    topics = {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        raise KafkaUnavailable(field, f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s "
+                                      f"({exc.args[0].str() if exc.args else exc})") from None
+    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+
+
+def missing_topic(topic: str, bootstrap: str, field: str) -> KafkaUnavailable:
+    return KafkaUnavailable(field, f"topic {topic!r} does not exist on {bootstrap} (create it; the platform does not)")
+
+
+def probe(kafka: KafkaPlan, options: dict[str, Any] | None = None, timeout: float = PROBE_SECONDS) -> dict[str, int]:
+    """The partitions of each topic the source reads; :class:`KafkaUnavailable` naming the
+    field if the broker does not answer within ``timeout`` or a named topic does not exist."""
+    bootstrap = bootstrap_servers(kafka)
+    topics = topics_on(bootstrap, options, timeout)
     if kafka.topics:
         for i, topic in enumerate(kafka.topics):
             if topic not in topics:
-                raise KafkaUnavailable(f"source.topics[{i}]", f"topic {topic!r} does not exist on {servers} "
-                                                              "(create it; the platform does not)")
+                raise missing_topic(topic, bootstrap, f"source.topics[{i}]")
         return {t: topics[t] for t in kafka.topics}
     pattern = re.compile(kafka.pattern or "")
     return {t: n for t, n in topics.items() if pattern.fullmatch(t)}

@@ -232,8 +232,10 @@ class KafkaSource(Strict):
     through the checkpoint's offsets: ``starting_offsets`` applies to a first start only."""
 
     type: Literal["kafka"]
-    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]; ${VAR} is read from the "
-                                                             "environment of the driver and of the sensors")
+    bootstrap_servers: str | None = Field(default=None, min_length=1, description="host:port[,host:port]; ${VAR} is "
+                                          "read from the environment of the driver and of the sensors (or connection)")
+    connection: str | None = Field(default=None, description="an Airflow connection (type kafka) whose extra's "
+                                                             "bootstrap.servers, or host:port, the broker is at")
     topics: list[str] | None = Field(default=None, description="the topics to read (or pattern)")
     pattern: str | None = Field(default=None, description="a Java regular expression of topic names, instead of topics")
     format: Literal["json", "csv"] = Field(description="how each record's value is parsed")
@@ -275,6 +277,8 @@ class KafkaSource(Strict):
     def _consistent(self) -> KafkaSource:
         if (self.topics is None) == (self.pattern is None):
             raise ValueError("set exactly one of topics, pattern")
+        if (self.bootstrap_servers is None) == (self.connection is None):
+            raise ValueError("set exactly one of bootstrap_servers, connection")
         names = [c.name for c in self.columns]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -492,6 +496,37 @@ class TableSink(Strict):
         return v
 
 
+class KafkaSink(Strict):
+    """Result rows as records of a Kafka topic: the value is the row as JSON, the key the
+    ``key`` columns as JSON (no key without them). **At least once**: Spark's Kafka writer
+    is not transactional, so a micro-batch replayed after a crash is written again. Each
+    record carries the headers ``stream``, ``output`` and ``batch_id``: a consumer that
+    remembers the batch ids it has read of an output drops a replayed batch's records."""
+
+    type: Literal["kafka"]
+    topic: str = Field(description="the topic written to; it must exist")
+    key: list[str] | None = Field(default=None, description="result columns that make the record's key (JSON)")
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]; ${VAR} is read from the "
+                                                             "environment of the driver")
+    options: dict[str, str | int | bool] = Field(default_factory=dict, description="Spark's other Kafka writer "
+                                                 "options, e.g. kafka.security.protocol; ${VAR} expanded")
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not TOPIC_PATTERN.match(v):
+            raise ValueError(f"{v!r} is not a Kafka topic name (letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key.lower() in ("topic", "kafka.bootstrap.servers"):
+                raise ValueError(f"option {key!r} is set by the platform; use the sink's own field instead")
+        return v
+
+
 class ConsoleSink(Strict):
     type: Literal["console"]
 
@@ -500,7 +535,7 @@ class MemorySink(Strict):
     type: Literal["memory"]
 
 
-Sink = Annotated[ParquetSink | TableSink | ConsoleSink | MemorySink, Field(discriminator="type")]
+Sink = Annotated[ParquetSink | TableSink | KafkaSink | ConsoleSink | MemorySink, Field(discriminator="type")]
 Query = Annotated[Passthrough | Aggregation | SqlQuery | PythonQuery, Field(discriminator="type")]
 
 

@@ -29,6 +29,7 @@ from spark_jobs.spec.models import (
     WINDOW_START,
     ConsoleSink,
     FileSource,
+    KafkaSink,
     KafkaSource,
     MemorySink,
     ParquetSink,
@@ -153,6 +154,11 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             for j, c in enumerate(sink.partition_by if result is not None else []):
                 if c not in result:
                     add((f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {result}"))
+        if isinstance(sink, KafkaSink):
+            result = result_columns(spec, out)
+            for j, c in enumerate(sink.key or [] if result is not None else []):
+                if c not in result:
+                    add((f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {result}"))
         if isinstance(sink, TableSink):
             key = result_key(spec, out)
             result = result_columns(spec, out)

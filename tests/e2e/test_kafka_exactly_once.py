@@ -33,7 +33,7 @@ from spark_jobs.testdata import verify
 
 pytestmark = pytest.mark.e2e
 
-READINGS = 1800
+READINGS = 1200
 T0 = datetime(2026, 1, 1)
 DEVICES = [f"dev-{i:03d}" for i in range(6)]
 

@@ -72,6 +72,21 @@ def killed_task_cleanup_seconds() -> float:
     return min(configured, escalation)
 
 
+def _kafka_env(hook: StreamHook) -> dict[str, str]:
+    """A Kafka source's Airflow connection, resolved here for the driver (which has no Airflow of
+    its own), as the environment variable it reads."""
+    from spark_jobs.sources.kafka import connection_env, from_connection
+
+    kafka = hook.plan.source.kafka if hook.plan.source is not None else None
+    if kafka is None or kafka.connection is None:
+        return {}
+    servers = from_connection(kafka.connection)
+    if servers is None:
+        raise AirflowFailException(f"stream {hook.stream}: source.connection: the Airflow connection "
+                                   f"{kafka.connection!r} does not exist or says no bootstrap.servers (extra) or host")
+    return {connection_env(kafka.connection): servers}
+
+
 class StreamSupervisorOperator(SparkSubmitOperator):
     """Run a stream with ``spark-submit`` and keep it running.
 
@@ -170,7 +185,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                                                           f"try {getattr(ti, 'try_number', '?')}")
         budget = RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart)
         hook.release_hold()
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}), **_kafka_env(hook)}
         app = hook.spec.application
         if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
             from spark_jobs.runtime.driver import APP_SPEC_ENV

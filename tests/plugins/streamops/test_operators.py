@@ -523,3 +523,27 @@ def test_a_superseded_try_never_adopts_stops_or_counts_the_driver_that_moved_on(
         if newer is not None:
             newer.kill()
             newer.wait()
+
+
+def test_a_kafka_sources_airflow_connection_reaches_the_driver_as_its_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from spark_jobs.sources.kafka import connection_env
+    from streamops.operators.stream import _kafka_env
+
+    spec = {"name": "from_conn", "source": {"type": "kafka", "connection": "plant_kafka", "topics": ["t"],
+                                            "format": "json", "columns": [{"name": "id", "type": "string"}]},
+            "quarantine": {"path": "quarantine/from_conn"},
+            "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append",
+                         "sink": {"type": "parquet", "path": "sinks/from_conn"}}],
+            "checkpoint": "checkpoints/from_conn"}
+    (tmp_path / "from_conn.yaml").write_text(yaml.safe_dump(spec))
+    stream_hook = StreamHook("from_conn", str(tmp_path), str(tmp_path / "data"))
+    with pytest.raises(AirflowFailException, match="source.connection: the Airflow connection 'plant_kafka' does "
+                                                   "not exist"):
+        _kafka_env(stream_hook)
+    monkeypatch.setenv("AIRFLOW_CONN_PLANT_KAFKA", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": "10.1.0.5:9092,10.1.0.6:9092"}}))
+    assert _kafka_env(stream_hook) == {"STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA": "10.1.0.5:9092,10.1.0.6:9092"}
+    assert connection_env("plant-kafka.eu") == "STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA_EU"
