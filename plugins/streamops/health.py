@@ -5,7 +5,7 @@ The backlog is what waits for the ingestion: landed files it has not taken, or f
 source the records behind the broker's end offsets from where its newest committed batch
 read up to (``spark_jobs.sources.kafka``), per partition.
 
-:func:`snapshot` gathers the facts (no Spark, no Airflow: just files); :func:`classify`
+:func:`snapshot` gathers the facts (no Spark, no Airflow: files, and a Kafka source's broker); :func:`classify`
 decides what they mean:
 
 =========  ==============================================================================
@@ -41,12 +41,14 @@ from spark_jobs.runtime.checkpoint import (
     sink_files,
 )
 from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.history import STREAM, History
 from spark_jobs.runtime.lease import (
     holder_alive,
     latest,
     read_holder,
 )
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.sources.kafka import KafkaUnavailable, lag
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_QUERY,
@@ -210,9 +212,6 @@ def _kafka_backlog(plan: StreamPlan, layout: Layout, then: float, progress: dict
     the checkpoint), how many a trigger takes, and the total one lag window ago (the
     supervisor's samples in the history); a note instead if the broker does not answer.
     ``progress``: the ingestion's newest progress event."""
-    from spark_jobs.runtime.history import STREAM, History
-    from spark_jobs.sources.kafka import KafkaUnavailable, lag
-
     source, ingestion = plan.source, plan.ingestion
     assert source is not None and source.kafka is not None and ingestion is not None
     try:

@@ -140,13 +140,17 @@ def end_offsets(kafka: KafkaPlan, partitions: dict[str, int], options: dict[str,
                 timeout: float = PROBE_SECONDS) -> dict[tuple[str, int], tuple[int, int]]:
     """The broker's first and end offset (low and high watermark) of every partition of
     ``partitions`` (topic -> count)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(client_config(kafka, options) | {"group.id": "streams-lag-probe",
                                                          "enable.auto.commit": False})
     try:
         return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout, cached=False)
                 for t, n in sorted(partitions.items()) for p in range(n)}
+    except KafkaException as exc:  # a partition without a leader, a broker gone meanwhile
+        raise KafkaUnavailable("source.bootstrap_servers", f"the broker did not say its end offsets within "
+                                                           f"{timeout:.0f}s ({exc.args[0].str() if exc.args else exc})"
+                               ) from None
     finally:
         consumer.close()
 
