@@ -1,4 +1,4 @@
-"""A real Apache Kafka broker on loopback, for the tests and ``./platform up``.
+"""A real Apache Kafka broker on loopback, for the tests.
 
 One JVM in KRaft mode (broker and controller in one process), on the class path that
 ``./platform setup`` fetched from Maven Central (``.jars/kafka-broker/``, never Spark's):
@@ -49,8 +49,8 @@ def broker_classpath(jars: Path = BROKER_JARS) -> str:
 class KafkaBroker:
     """A single-node Kafka broker whose data and log live in ``home``.
 
-    :param home: its folder (``server.properties``, ``data/``, ``broker.log``); a broker
-        formatted there before starts again on its data.
+    :param home: its folder (``server.properties``, ``data/``, ``broker.log``); its storage
+        is formatted at the first start there.
     :param port: the client port on 127.0.0.1 (default: a free one); the controller takes another.
     """
 
