@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs import frames, user_code
-from spark_jobs.plan import StreamPlan, Transformed, compile_plan, compile_source, ddl, joined_columns
+from spark_jobs.plan import (
+    StreamPlan,
+    Transformed,
+    compile_plan,
+    compile_source,
+    ddl,
+    joined_columns,
+    spark_options,
+)
 from spark_jobs.quality.rules import load_rules, rules_path, unknown_columns
 from spark_jobs.sinks.table import spec_type
 from spark_jobs.sources import kafka as kafka_source
@@ -242,7 +250,7 @@ def _kafka_sink_problems(spec: StreamSpec) -> list[tuple[str, str]]:
         if isinstance(out.sink, KafkaSink):
             try:
                 kafka_source.servers(out.sink.bootstrap_servers, f"outputs[{i}].sink.bootstrap_servers")
-                kafka_source.source_options({k: str(v) for k, v in out.sink.options.items()})
+                kafka_source.source_options(spark_options(out.sink.options))
             except kafka_source.KafkaUnavailable as exc:
                 problems.append((exc.field, exc.message))
     return problems
@@ -259,7 +267,7 @@ def _probe_brokers(spec: StreamSpec, layout: Layout) -> None:
         if isinstance(out.sink, KafkaSink):
             field = f"outputs[{i}].sink"
             bootstrap = kafka_source.servers(out.sink.bootstrap_servers, f"{field}.bootstrap_servers")
-            options = {k: str(v) for k, v in out.sink.options.items()}
+            options = spark_options(out.sink.options)
             if out.sink.topic not in kafka_source.topics_on(bootstrap, options, field=f"{field}.bootstrap_servers"):
                 raise kafka_source.missing_topic(out.sink.topic, bootstrap, f"{field}.topic")
 

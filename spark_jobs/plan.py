@@ -67,6 +67,11 @@ def ddl(columns: dict[str, str]) -> str:
     return ", ".join(f"`{name}` {SPARK_TYPES[t]}" for name, t in columns.items())
 
 
+def spark_options(options: dict[str, Any]) -> dict[str, str]:
+    """A spec's options as Spark's readers and writers take them (``true``, not ``True``)."""
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
+
+
 def query_name(stream: str, query: str) -> str:
     """Spark query name; also the memory sink's table name."""
     return f"{stream}__{query.lstrip('_')}"
@@ -230,7 +235,7 @@ class SourcePlan:
     @property
     def reader_options(self) -> dict[str, str]:
         """The options as Spark's readers take them (``true``, not ``True``)."""
-        return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.options.items()}
+        return spark_options(self.options)
 
     @property
     def is_files(self) -> bool:
@@ -431,7 +436,7 @@ def _sink(layout: Layout, sink: Any) -> SinkPlan:
     if isinstance(sink, KafkaSink):
         return SinkPlan("kafka", topic=sink.topic, key=list(sink.key) if sink.key else None,
                         bootstrap_servers=sink.bootstrap_servers,
-                        options={k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sink.options.items()})
+                        options=spark_options(sink.options))
     if isinstance(sink, ConsoleSink):
         return SinkPlan("console")
     assert isinstance(sink, MemorySink)

@@ -77,6 +77,11 @@ NEEDS_ACTION = frozenset({Status.STALLED, Status.DEAD, Status.CORRUPT})
 RUNNING = (Status.HEALTHY, Status.IDLE, Status.LAGGING)
 
 
+def backlog_text(records: int | None, files: int) -> str:
+    """``12 record(s)`` for a Kafka source (``records`` known), else ``3 file(s)``."""
+    return f"{records} record(s)" if records is not None else f"{files} file(s)"
+
+
 @dataclass
 class Snapshot:
     stream: str
@@ -112,7 +117,7 @@ class Snapshot:
 
     @property
     def backlog_text(self) -> str:
-        return f"{self.backlog_records} record(s)" if self.kafka else f"{self.backlog_files} file(s)"
+        return backlog_text(self.backlog_records, self.backlog_files)
 
     @property
     def last_commit_time(self) -> float | None:
@@ -148,9 +153,8 @@ class Health:
         return data
 
     def summary(self) -> str:
-        backlog = (f"{self.backlog_records} record(s)" if self.backlog_records is not None
-                   else f"{self.backlog_files} file(s)")
-        return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {backlog}; "
+        return (f"stream {self.stream}: {self.status} ({self.reason}); "
+                f"backlog {backlog_text(self.backlog_records, self.backlog_files)}; "
                 f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 

@@ -294,11 +294,6 @@ class KafkaSource(Strict):
             raise ValueError("the value must carry at least one column besides record_timestamp")
         return self
 
-    @property
-    def value_columns(self) -> list[Column]:
-        """The columns parsed from the record's value (all but ``record_timestamp``)."""
-        return [c for c in self.columns if c.name != self.record_timestamp]
-
 
 class Quarantine(Strict):
     """Where malformed records go: raw text, reason, source file, time quarantined."""
