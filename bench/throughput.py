@@ -28,9 +28,10 @@ c. the platform: ``spark-submit spark_jobs/stream_job.py --spec <spec> --data-ro
    quarantine, ``max_files_per_trigger`` files a batch like (a) and (b), then one query
    per output reading every accepted batch at once, as the platform does).
 
-Streams: ``sensors`` and ``clicks`` (``include/streams/``, input of the same size), and two
-specs this script writes, based on ``clicks.yaml``'s source, columns, enrichment, event time
-and deduplication: ``clicks_four_outputs`` (a pass-through Parquet sink partitioned by
+Streams: ``sensors`` (``include/streams/``), ``clicks`` (``include/streams/clicks.yaml``
+reading CSV files instead of its Kafka topic), input of the same size, and two specs this
+script writes, based on ``clicks.yaml``'s columns, enrichment, event time and deduplication,
+reading the same CSV files: ``clicks_four_outputs`` (a pass-through Parquet sink partitioned by
 event_date; a 15-minute window sliding every 5 minutes in append mode to Parquet; a
 complete-mode table sink keyed by page, as in clicks.yaml, and an update-mode one, both in
 SQLite under the run's data root; the quarantine) and ``clicks_one_output`` (the
@@ -123,13 +124,15 @@ AIMS = [(FOUR, "c/a", 0.6), (FOUR, "c/b", 1.5), (ONE, "c/b", 0.87)]
 
 
 def bench_specs(folder: Path) -> dict[str, Path]:
-    """Write the two CSV specs based on clicks.yaml; their paths."""
+    """Write the CSV specs based on clicks.yaml (the example itself reads a Kafka topic): the
+    example on files, and the two benchmark streams; their paths."""
     include = project_root() / "include"
     shutil.copytree(include / "reference", folder / "reference")
     (folder / "streams").mkdir(parents=True)
     clicks = yaml.safe_load((include / "streams" / "clicks.yaml").read_text())
-    source = {k: v for k, v in clicks["source"].items() if k != "archive_path"}
-    source["path"] = "landing/clicks_bench"  # one landing directory for both specs: the same input
+    on_files = {"type": "files", "path": "landing/clicks", "format": "csv", "columns": clicks["source"]["columns"],
+                "max_files_per_trigger": 10}
+    source = dict(on_files, path="landing/clicks_bench")  # one landing directory for both specs: the same input
 
     def table(name: str, **extra: Any) -> dict:
         return {"type": "table", "table": name, "url": "sqlite:///tables.db", **extra}  # under the data root
@@ -165,7 +168,10 @@ def bench_specs(folder: Path) -> dict[str, Path]:
                                   {"name": "last_seen", "fn": "max", "column": "ts"},
                                   {"name": "last_page", "fn": "latest", "column": "page"}]}},
     ]
-    paths = {}
+    paths = {"clicks": folder / "streams" / "clicks.yaml"}
+    paths["clicks"].write_text("# Written by bench/throughput.py: include/streams/clicks.yaml on CSV files.\n"
+                               + yaml.safe_dump(clicks | {"source": on_files}, sort_keys=False))
+    load_spec(paths["clicks"])
     for name, outputs in ((FOUR, four), (ONE, [views(ONE)])):
         paths[name] = folder / "streams" / f"{name}.yaml"
         paths[name].write_text("# Written by bench/throughput.py; based on include/streams/clicks.yaml.\n"
@@ -582,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         written = bench_specs(work / "include")
         examples = project_root() / "include" / "streams"
         specs = {"sensors": (examples / "sensors.yaml", "sensors", "abc"),
-                 "clicks": (examples / "clicks.yaml", "clicks", "abc"),
+                 "clicks": (written["clicks"], "clicks", "abc"),
                  FOUR: (written[FOUR], "clicks_bench", "abc"), ONE: (written[ONE], "clicks_bench", "abc")}
         inputs: dict[str, Path] = {}
         for name in args.streams:

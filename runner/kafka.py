@@ -1,4 +1,4 @@
-"""A real Apache Kafka broker on loopback, for the tests.
+"""A real Apache Kafka broker on loopback, for ``./platform up`` and the tests.
 
 One JVM in KRaft mode (broker and controller in one process), on the class path that
 ``./platform setup`` fetched from Maven Central (``.jars/kafka-broker/``, never Spark's):
@@ -143,13 +143,9 @@ class KafkaBroker:
         return {"bootstrap.servers": self.bootstrap, "log_level": 3}
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
-        admin = AdminClient(self.client_config())  # kept until the result is in: it owns the request
-        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                            operation_timeout=30)[name].result(timeout=60)
-        if not wait_for_topic(self, name):
-            raise BrokerError(f"topic {name} has no leader for every partition 30 s after it was created")
+        """Create topic ``name`` (it must not exist) and wait until every partition has a leader."""
+        if not ensure_topics(self.bootstrap, [name], partitions):
+            raise BrokerError(f"topic {name} exists already on {self.bootstrap}")
 
     def add_partitions(self, name: str, total: int) -> None:
         from confluent_kafka.admin import AdminClient, NewPartitions
@@ -196,11 +192,12 @@ class KafkaBroker:
             deadline = time.monotonic() + timeout
             while left and time.monotonic() < deadline:
                 message = consumer.poll(0.5)
-                if message is None or message.error():
-                    continue
-                found.append(message)
-                if message.offset() + 1 >= ends[message.partition()]:
-                    left.discard(message.partition())
+                if message is not None and not message.error():
+                    found.append(message)
+                # the position, not the last record's offset: a transaction's commit marker takes an offset too
+                for tp in consumer.position([TopicPartition(topic, p) for p in left]):
+                    if tp.offset >= ends[tp.partition]:
+                        left.discard(tp.partition)
             if left:
                 raise BrokerError(f"read only part of {topic} within {timeout:.0f}s (partitions {sorted(left)} not to "
                                   "their end)")
@@ -226,11 +223,11 @@ class KafkaBroker:
         self.stop()
 
 
-def wait_for_topic(broker: KafkaBroker, topic: str, timeout: float = 30) -> bool:
+def wait_for_topic(bootstrap: str, topic: str, timeout: float = 30) -> bool:
     """Has the broker a leader for every partition of ``topic`` (within ``timeout``)?"""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(broker.client_config())
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
 
     def ready() -> bool:
         meta = admin.list_topics(topic, timeout=2).topics.get(topic)
@@ -238,3 +235,33 @@ def wait_for_topic(broker: KafkaBroker, topic: str, timeout: float = 30) -> bool
                     and all(p.leader >= 0 for p in meta.partitions.values()))
 
     return bool(wait_until(ready, timeout, every=0.1))
+
+
+def ensure_topics(bootstrap: str, topics: list[str], partitions: int, timeout: float = 60) -> list[str]:
+    """Create those of ``topics`` that the broker at ``bootstrap`` lacks (``partitions`` each,
+    replication factor 1) and wait until each has a leader for every partition; the ones
+    created. One that exists is left as it is."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    try:
+        existing = set(admin.list_topics(timeout=timeout).topics)
+    except KafkaException as exc:
+        raise BrokerError(f"no Kafka broker answered at {bootstrap}: {exc}") from None
+    wanted = [t for t in topics if t not in existing]
+    if not wanted:
+        return []
+    futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1) for t in wanted],
+                                  operation_timeout=30)
+    created = []
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+            if not wait_for_topic(bootstrap, topic, timeout):
+                raise BrokerError(f"topic {topic} has no leader for every partition {timeout:.0f} s after it was created")
+            created.append(topic)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise BrokerError(f"creating topic {topic} on {bootstrap} failed: {exc}") from None
+    return sorted(created)

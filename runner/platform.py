@@ -1,9 +1,11 @@
-"""The platform's lifecycle on one machine: Airflow started, every stream deployed through its
-DAGs and fed by the generator, watched, then shut down in order (the streams catch up, stop
-through their stop DAGs, the quality DAGs validate what they wrote, Airflow stops)."""
+"""The platform's lifecycle on one machine: a Kafka broker started for the streams that read
+topics, Airflow started, every stream deployed through its DAGs and fed by the generator,
+watched, then shut down in order (the streams catch up, stop through their stop DAGs, the
+quality DAGs validate what they wrote, Airflow stops, the broker stops)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,15 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from runner.airflow import AirflowServices
+from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
 from runner.summary import summarize
 from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.spec.models import KafkaSource, StreamSpec
 from streamops import dag_id, tenure
 
 #: how often the platform says where it is while it waits (catching up, stopping, validating)
 PROGRESS_SECONDS = 15.0
+#: where the example specs find their Kafka broker (``bootstrap_servers: ${KAFKA_BOOTSTRAP_SERVERS}``)
+KAFKA_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+#: partitions of a topic the platform creates for an example stream
+TOPIC_PARTITIONS = 3
 
 
 def _batches(health: Any) -> str:
@@ -42,8 +49,14 @@ class Platform:
         self.specs, self.spec_dir, self.data_root = specs, spec_dir, data_root
         self.rate, self.events_per_file = rate, events_per_file
         self.layouts = {name: Layout(spec, data_root, spec_dir) for name, spec in specs.items()}
-        self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master,
-                                       extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
+        self.topics = sorted({t for spec in specs.values() if isinstance(spec.source, KafkaSource)
+                              for t in spec.source.topics or []})
+        # a broker of its own for the streams that read topics, unless the environment names one
+        self.broker = KafkaBroker(data_root / "kafka") if self.topics and not os.environ.get(KAFKA_ENV) else None
+        if self.broker is not None:
+            os.environ[KAFKA_ENV] = self.broker.bootstrap  # for the generators and this process's health checks
+        env = {"STREAMS_SPEC_DIR": str(spec_dir)} | ({KAFKA_ENV: os.environ[KAFKA_ENV]} if self.topics else {})
+        self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master, extra_env=env)
         self.generators: dict[str, subprocess.Popen] = {}
         self.quality_runs: dict[str, list[dict[str, Any]]] = {}
         self.started_at = time.time()
@@ -54,6 +67,13 @@ class Platform:
     # -- start
 
     def start(self) -> None:
+        if self.broker is not None:
+            self.out(f"==> Kafka: a broker (KRaft) on {self.broker.bootstrap}, its data in {self.broker.home}")
+            self.broker.start()
+        if self.topics:
+            created = ensure_topics(os.environ[KAFKA_ENV], self.topics, TOPIC_PARTITIONS)
+            self.out(f"==> Kafka topic(s) {', '.join(self.topics)} on {os.environ[KAFKA_ENV]}"
+                     + (f" (created: {', '.join(created)})" if created else ""))
         self.out(f"==> Airflow: migrating the metadata database in {self.airflow.home}")
         self.airflow.start()
         self.out(f"==> Airflow: API server, scheduler (LocalExecutor), DAG processor and triggerer on {self.airflow.url}")
@@ -95,9 +115,13 @@ class Platform:
         for name, layout in sorted(self.layouts.items()):
             spec = self.specs[name]
             sinks = ", ".join(_where(layout, o) for o in spec.outputs)
-            self.out(f"  {name:<14} landing {layout.landing}; sinks {sinks}")
+            source = spec.source
+            where = (f"topic {', '.join(source.topics or [])} on {os.environ.get(KAFKA_ENV)}"
+                     if isinstance(source, KafkaSource) else f"landing {layout.landing}")
+            self.out(f"  {name:<14} {where}; sinks {sinks}")
             self.out(f"  {'':<14} Data Docs {self.data_root / 'quality' / name / 'docs' / 'index.html'}")
-        self.out(f"  logs           {self.airflow.home} (Airflow), {self.data_root / 'logs'} (generators)")
+        self.out(f"  logs           {self.airflow.home} (Airflow), {self.data_root / 'logs'} (generators)"
+                 + (f", {self.broker.log_file} (Kafka)" if self.broker is not None else ""))
         self.out("  Ctrl-C stops everything gracefully\n")
 
     # -- run
@@ -118,7 +142,7 @@ class Platform:
                 h = assess(spec, self.layouts[name])
                 batches = max((b for b in h.last_committed.values() if b is not None), default=None)
                 line.append(f"{name}: {h.status}, batch {batches if batches is not None else '-'}, "
-                            f"backlog {h.backlog_files} file(s)")
+                            f"backlog {h.backlog_text}")
             self.out(f"[{time.strftime('%H:%M:%S')}] " + "; ".join(line))
             wait_until(lambda: False, every if deadline is None else min(every, max(0.0, deadline - time.monotonic())),
                        every=0.5, interrupted=self.stopping)
@@ -161,6 +185,9 @@ class Platform:
             self.quality_runs = self._quality_runs()
         self.out("==> stopping Airflow")
         self.airflow.stop()
+        if self.broker is not None:
+            self.out("==> stopping the Kafka broker")
+            self.broker.stop()
         self.out(f"==> shut down in {time.monotonic() - began:.0f} s")
 
     def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
@@ -184,7 +211,7 @@ class Platform:
             for name, health in healths.items():
                 if health.status == Status.IDLE:
                     pending.discard(name)
-                    self.out(f"    {name}: took everything that landed ({_batches(health)})")
+                    self.out(f"    {name}: took everything that arrived ({_batches(health)})")
                 elif health.status in (Status.DEAD, Status.CORRUPT):
                     down_since.setdefault(name, time.monotonic())
                     if time.monotonic() - down_since[name] > 60:
@@ -194,7 +221,7 @@ class Platform:
                     down_since.pop(name, None)
             if pending and say.due():
                 self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for the streams to take what landed: " + "; ".join(
-                    f"{name}: {healths[name].status}, {healths[name].backlog_files} file(s) waiting, "
+                    f"{name}: {healths[name].status}, {healths[name].backlog_text} waiting, "
                     f"{_batches(healths[name])}" for name in sorted(pending)))
             return not pending
 

@@ -152,9 +152,12 @@ class Health:
         data["status"] = str(self.status)
         return data
 
+    @property
+    def backlog_text(self) -> str:
+        return backlog_text(self.backlog_records, self.backlog_files)
+
     def summary(self) -> str:
-        return (f"stream {self.stream}: {self.status} ({self.reason}); "
-                f"backlog {backlog_text(self.backlog_records, self.backlog_files)}; "
+        return (f"stream {self.stream}: {self.status} ({self.reason}); backlog {self.backlog_text}; "
                 f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 

@@ -1,7 +1,8 @@
 """Run the example streams end to end on generated data, and check them against the truth.
 
 For every spec in the spec folder: generate a fixed input (with late, duplicate and
-malformed events), run the stream job through ``spark-submit`` (Spark local mode) until
+malformed events; a stream that reads a Kafka topic gets it produced to a broker on
+loopback, started here unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), run the stream job through ``spark-submit`` (Spark local mode) until
 the input is processed, validate every sink with Great Expectations (``quality_job.py``:
 closed units, accounting measured from progress events and the quarantine sink, Data
 Docs), then compare every sink with the generator's ground truth. Exit status 1 if any
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from spark_jobs.runtime.session import connector_jars
 from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import (
     Layout,
@@ -26,6 +28,7 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_specs
+from spark_jobs.spec.models import KafkaSource
 from spark_jobs.testdata import generate
 
 STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
@@ -36,7 +39,9 @@ def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, 
                  job: Path = STREAM_JOB) -> int:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    jars = connector_jars()
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
+           *(["--jars", ",".join(jars)] if jars else []),
            "--conf", "spark.ui.showConsoleProgress=false", str(job),
            "--spec", str(spec_path), "--data-root", str(data_root), *extra]
     with open(log_path, "w") as log:
@@ -62,7 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.data_root)
     logs = args.data_root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    topics = sorted({t for spec in specs.values() if isinstance(spec.source, KafkaSource) for t in spec.source.topics or []})
+    broker = None
+    if topics:
+        from runner.kafka import KafkaBroker, ensure_topics
 
+        if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+            broker = KafkaBroker(args.data_root / "kafka").start()
+            os.environ["KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap
+            print(f"==> Kafka: a broker on {broker.bootstrap} (log: {broker.log_file})", flush=True)
+        ensure_topics(os.environ["KAFKA_BOOTSTRAP_SERVERS"], topics, partitions=3)
+    try:
+        return _run(args, specs, logs)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run(args: argparse.Namespace, specs: dict, logs: Path) -> int:
+    """Generate, stream, validate and compare every stream (``main``'s work, a broker running)."""
     timings: dict[str, float] = {}
     for name in sorted(specs):
         spec_path = args.spec_dir / f"{name}.yaml"

@@ -56,6 +56,7 @@ from spark_jobs.spec.layout import (
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
     FileSource,
+    KafkaSource,
     SpecError,
     StreamSpec,
 )
@@ -69,6 +70,76 @@ PART_NAME = re.compile(r"^part-(\d{6,})\.(json|csv)$")
 
 class GeneratorError(RuntimeError):
     """The generator cannot run as asked; the message says why."""
+
+
+class TopicWriter:
+    """Produces each generated file's records to the stream's Kafka topic as one transaction:
+    a reader with ``kafka.isolation.level: read_committed`` sees a file's records together or
+    not at all (a generator killed mid-file leaves nothing visible). Records go to the
+    partitions in turn; :meth:`publish` returns each one's position (``topic/partition@offset``),
+    as the quarantine names it."""
+
+    def __init__(self, spec: StreamSpec, layout: Layout):
+        from spark_jobs.plan import compile_plan
+
+        source = compile_plan(spec, layout).source
+        kafka = source.kafka
+        assert kafka is not None
+        if kafka.topics is None or len(kafka.topics) != 1:
+            raise GeneratorError(f"stream {spec.name!r} reads {kafka.pattern or kafka.topics}; the generator "
+                                 "produces to exactly one topic")
+        self.stream, self.topic, self.kafka, self.options = spec.name, kafka.topics[0], kafka, source.reader_options
+        self.producer: Any = None
+        self.partitions = 0
+
+    def open(self) -> None:
+        """Connect, count the topic's partitions and fence any earlier producer of this stream."""
+        from confluent_kafka import KafkaException, Producer
+
+        from spark_jobs.sources import kafka as source
+
+        try:
+            config = source.client_config(self.kafka, self.options)
+            config.pop("isolation.level", None)  # a consumer's setting
+            partitions = source.probe(self.kafka, self.options).get(self.topic)
+            self.producer = Producer(config | {"transactional.id": f"streams-generator-{self.stream}",
+                                               "linger.ms": 5})
+            self.producer.init_transactions(30)
+        except (source.KafkaUnavailable, KafkaException) as exc:
+            raise GeneratorError(f"cannot produce to topic {self.topic!r}: {exc}") from None
+        self.partitions = partitions or 1
+
+    def publish(self, values: list[bytes]) -> list[str]:
+        """Produce ``values`` in one transaction and wait for its commit; their positions."""
+        from confluent_kafka import KafkaException
+
+        assert self.producer is not None, "open() first"
+        positions: list[str | None] = [None] * len(values)
+        errors: list[str] = []
+
+        def delivered(i: int) -> Callable[[Any, Any], None]:
+            def report(err: Any, msg: Any) -> None:  # noqa: ANN401
+                if err is not None:
+                    errors.append(str(err))
+                else:
+                    positions[i] = f"{msg.topic()}/{msg.partition()}@{msg.offset()}"
+            return report
+
+        try:
+            self.producer.begin_transaction()
+            for i, value in enumerate(values):
+                self.producer.produce(self.topic, value=value, partition=i % self.partitions, on_delivery=delivered(i))
+                self.producer.poll(0)
+            self.producer.flush(60)
+            if errors or None in positions:
+                raise KafkaException(f"not delivered: {errors[:3] or 'no report within 60 s'}")
+            self.producer.commit_transaction(60)
+        except KafkaException as exc:
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(30)
+            raise GeneratorError(f"producing to topic {self.topic!r} failed (the file's transaction was aborted, "
+                                 f"so no reader sees part of it): {exc}") from None
+        return [p for p in positions if p is not None]
 
 
 @dataclass
@@ -129,14 +200,11 @@ class Settings:
 
 @dataclass
 class RunResult:
-    files: list[Path] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # written into the landing directory (none for a topic)
+    sequence: list[int] = field(default_factory=list)  # every file's number, a topic's transactions too
     records: int = 0
     stopped: bool = False  # ended early by a signal or request_stop()
     manifest: Path | None = None
-
-    @property
-    def sequence(self) -> list[int]:
-        return [int(PART_NAME.match(p.name).group(1)) for p in self.files]
 
 
 # ---- the generator --------------------------------------------------------------------------
@@ -146,13 +214,18 @@ class Generator:
     """Writes one stream's files; see the module docstring."""
 
     def __init__(self, spec: StreamSpec, layout: Layout):
-        if not isinstance(spec.source, FileSource):
-            raise GeneratorError(f"stream {spec.name!r} does not read files; nothing to generate")
-        landing = layout.landing
-        if "://" in landing:
-            raise GeneratorError(f"landing {landing!r} is not a local path; the generator writes local files only")
         self.spec, self.layout = spec, layout
-        self.landing = Path(landing)
+        self.topic: TopicWriter | None = None
+        if isinstance(spec.source, KafkaSource):
+            self.topic = TopicWriter(spec, layout)
+            self.landing = None
+        elif isinstance(spec.source, FileSource):
+            landing = layout.landing
+            if "://" in landing:
+                raise GeneratorError(f"landing {landing!r} is not a local path; the generator writes local files only")
+            self.landing = Path(landing)
+        else:
+            raise GeneratorError(f"stream {spec.name!r} reads neither files nor a Kafka topic; nothing to generate")
         self.root = Path(layout.data_root).resolve() / "generated" / spec.name
         self.staging = self.root / "staging"
         self.ledger_path = self.root / "ledger.jsonl"
@@ -174,13 +247,17 @@ class Generator:
         settings.check()
         self._stop = False
         for d in (self.root, self.staging, self.landing):
-            d.mkdir(parents=True, exist_ok=True)
+            if d is not None:
+                d.mkdir(parents=True, exist_ok=True)
         result = RunResult()
         with self._locked(), self._signals():
             state = self._load_state()
-            self._check_landing(state)
+            if self.landing is not None:
+                self._check_landing(state)
             for leftover in self.staging.iterdir():  # never renamed, so never seen by Spark
                 leftover.unlink()
+            if self.topic is not None:
+                self.topic.open()
             if state["clock_ms"] is None:
                 state["clock_ms"] = gt.parse_ts(settings.start or DEFAULT_START)
             elif settings.start is not None:
@@ -191,8 +268,10 @@ class Generator:
             rng = random.Random(f"{settings.seed}:{state['next_seq']}")
 
             def write(empty: bool, span_ms: float) -> None:
+                result.sequence.append(state["next_seq"])
                 path, n = self._write_file(state, settings, rng, empty, wall, span_ms)
-                result.files.append(path)
+                if path is not None:
+                    result.files.append(path)
                 result.records += n
                 run["last_seq"], run["records"] = state["next_seq"] - 1, run["records"] + n
                 self._save_state(state)
@@ -218,8 +297,9 @@ class Generator:
         records = gt.read_ledger(self.ledger_path)
         manifest = gt.expected(self.spec, records, self.layout, files=state["next_seq"] - 1, settings=state["runs"],
                                now_ms=None if now is None else round(now * 1000))
-        manifest["generator"] = {"landing": str(self.landing), "ledger": str(self.ledger_path),
-                                 "format": self.format}
+        manifest["generator"] = {"landing": str(self.landing) if self.topic is None else None,
+                                 "topic": self.topic.topic if self.topic is not None else None,
+                                 "ledger": str(self.ledger_path), "format": self.format}
         write_atomically(self.manifest_path, json.dumps(manifest, indent=1) + "\n", fsync=True)
         return self.manifest_path
 
@@ -296,24 +376,31 @@ class Generator:
     # ---- one file ---------------------------------------------------------------------------
 
     def _write_file(self, state: dict[str, Any], settings: Settings, rng: random.Random, empty: bool,
-                    wall: Callable[[], float], span_ms: float) -> tuple[Path, int]:
+                    wall: Callable[[], float], span_ms: float) -> tuple[Path | None, int]:
+        """One file of records: written into the landing directory, or produced to the topic as one
+        transaction (a file's records become visible together); then its ledger entries."""
         seq = state["next_seq"]
         name = f"part-{seq:06d}.{self.format}"
         if empty:
-            entries, data, file_max = [], b"", None
+            entries, records, file_max = [], [], None
         else:
-            entries, data, file_max = self.records.make(seq, state, settings, rng, int(wall() * 1000), span_ms)
-        path = self._publish(name, data, state, wall)
+            entries, records, file_max = self.records.make(seq, state, settings, rng, int(wall() * 1000), span_ms)
+        if self.topic is not None:
+            names = self.topic.publish([r.removesuffix(b"\n") for r in records]) if records else []
+            where = None
+        else:
+            where = self._publish(name, self.records.header() + b"".join(records) if records else b"", state, wall)
+            names = [name] * len(entries)
         if entries:
             with self.ledger_path.open("a", encoding="utf-8") as fh:
-                for e in entries:
-                    fh.write(json.dumps({"file": seq, "name": name, **e}) + "\n")
+                for e, n in zip(entries, names, strict=True):
+                    fh.write(json.dumps({"file": seq, "name": n, **e}) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
         # a file without records (0 bytes, or a bare CSV header) is counted as empty
         state["history"].append([seq, file_max, bool(entries)])
         state["next_seq"] = seq + 1
-        return path, len(entries)
+        return where, len(entries)
 
     def _publish(self, name: str, data: bytes, state: dict[str, Any], wall: Callable[[], float]) -> Path:
         """Write into staging, set the mtime, rename into landing."""

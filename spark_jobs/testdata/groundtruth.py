@@ -67,6 +67,7 @@ from spark_jobs.spec.models import (
     Aggregation,
     Enrichment,
     FileSource,
+    KafkaSource,
     Output,
     Passthrough,
     StreamSpec,
@@ -125,8 +126,16 @@ def max_window_ms(spec: StreamSpec) -> int:
     return max(lengths, default=0)
 
 
+#: files per micro-batch without a bound: a Kafka stream's batch takes every record produced
+#: since the last one, however many of the generator's files (transactions) they came in
+UNBOUNDED = 10**9
+
+
 def files_per_trigger(spec: StreamSpec) -> int:
-    return spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1
+    """How many of the generator's files one micro-batch can take at most."""
+    if isinstance(spec.source, FileSource):
+        return spec.source.max_files_per_trigger
+    return UNBOUNDED if isinstance(spec.source, KafkaSource) else 1
 
 
 def windows_for(ts_ms: int, window: Window) -> list[tuple[int, int]]:
@@ -410,7 +419,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         "files": files if files is not None else max((r.get("file", 0) for r in records), default=0),
         "ledger_records": len(records),
         "settings": settings,
-        "max_files_per_trigger": m,
+        "max_files_per_trigger": None if m == UNBOUNDED else m,
         "watermark": {
             "delay_seconds": delay / 1000,
             "max_event_time": None if max_event is None else format_ts(max_event),

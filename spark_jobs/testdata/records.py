@@ -135,7 +135,7 @@ class RecordMaker:
         self.delay = gt.watermark_delay_ms(spec)
         self.max_future = gt.max_future_ms(spec)
         self.window = gt.max_window_ms(spec)
-        self.m = spec.source.max_files_per_trigger
+        self.m = gt.files_per_trigger(spec)
         self.margin = min(LATE_MARGIN_MS, self.delay // 4)
         self.key_choices = [(e.key, gt.reference_keys(e, layout)) for e in spec.enrich]
         types = input_columns(spec)
@@ -152,8 +152,9 @@ class RecordMaker:
         self.malformed_reasons = self._malformed_reasons()
 
     def make(self, seq: int, state: dict[str, Any], settings: Settings, rng: random.Random,
-             now_ms: int, span_ms: float) -> tuple[list[dict], bytes, int | None]:
-        """The records of file ``seq``: (ledger entries in file order, file bytes, max ts reaching the watermark).
+             now_ms: int, span_ms: float) -> tuple[list[dict], list[bytes], int | None]:
+        """The records of file ``seq``: (ledger entries in file order, each record's bytes with its line
+        end, max ts reaching the watermark). A CSV file begins with :meth:`header`.
 
         Moves the clock in ``state`` and leaves there what the next file needs. ``now_ms``: the wall clock;
         ``span_ms``: the stretch of wall-clock time the on-time events of a wall-clock file cover.
@@ -263,9 +264,7 @@ class RecordMaker:
         for e in entries:
             if "entry" in e.get("of", {}):
                 e["of"] = {"file": seq, "line": lines_by_id[e["of"]["entry"]]}
-        chunks = [",".join(c.name for c in self.columns).encode() + b"\n"] if self.format == "csv" else []
-        for e in entries:
-            chunks.append(e.pop("_raw") if "_raw" in e else self._encode(e["event"]))
+        chunks = [e.pop("_raw") if "_raw" in e else self._encode(e["event"]) for e in entries]
         out = [{"line": e.pop("line"), **e} for e in entries]
 
         # what the next file needs
@@ -275,7 +274,11 @@ class RecordMaker:
                         and gt.parse_ts(e["event"][self.event_col]) > newest - self.delay + self.margin] if has_time else []
             state["prev"] = {"seq": seq, "events": [[line, {"flags": e["flags"], "event": e["event"]}]
                                                     for line, e in eligible[-1000:]]}
-        return out, b"".join(chunks), file_max
+        return out, chunks, file_max
+
+    def header(self) -> bytes:
+        """What a file begins with before its records: a CSV header line, nothing for JSON."""
+        return ",".join(c.name for c in self.columns).encode() + b"\n" if self.format == "csv" else b""
 
     def _history(self, state: dict[str, Any]) -> gt.FileHistory:
         hist = state["history"]

@@ -52,6 +52,8 @@ SQLITE_BUSY_TIMEOUT_SECONDS = 60.0
 PG_CONNECT_TIMEOUT_SECONDS = 15
 #: Quarantine columns compared (``quarantined_at`` is when, not what).
 QUARANTINE_COLUMNS = ("raw", "reason", "source_file")
+#: where a quarantined Kafka record was: ``topic/partition@offset``
+KAFKA_POSITION = re.compile(r"^[A-Za-z0-9._-]+/\d+@\d+$")
 
 
 def normalize(value: Any) -> Any:
@@ -261,9 +263,12 @@ def reason_kind(reason: str | None) -> str | None:
 
 
 def file_name(source_file: str | None) -> str | None:
-    """``file:///data/landing/part-000004.json`` -> ``part-000004.json``."""
+    """``file:///data/landing/part-000004.json`` -> ``part-000004.json``; a Kafka record's
+    position (``clicks/2@15``) as it is."""
     if source_file is None:
         return None
+    if KAFKA_POSITION.match(source_file):
+        return source_file
     return unquote(urlsplit(source_file).path).rstrip("/").rsplit("/", 1)[-1]
 
 

@@ -3,11 +3,10 @@ home, and condition waits (never bare sleeps)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import psutil
-import yaml
+from examples import example_spec, include_with  # noqa: F401 - used by the tests
 
 from runner.airflow import AirflowServices
 from runner.processes import BIN, free_port, wait_for  # noqa: F401 - used by the tests
@@ -19,22 +18,6 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def example_spec(name: str) -> dict:
-    """The project's example spec ``name`` (``include/streams/<name>.yaml``), as a dict to change."""
-    return yaml.safe_load((ROOT / "include" / "streams" / f"{name}.yaml").read_text())
-
-
-def include_with(root: Path, *specs: dict) -> Path:
-    """An ``include/`` under ``root``: the project's expectations and reference data, and the
-    given stream specs; its ``streams`` folder (the spec directory to point the platform at)."""
-    for folder in ("expectations", "reference"):
-        shutil.copytree(ROOT / "include" / folder, root / folder, dirs_exist_ok=True)
-    (root / "streams").mkdir(parents=True, exist_ok=True)
-    for spec in specs:
-        (root / "streams" / f"{spec['name']}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return root / "streams"
 
 
 class Airflow(AirflowServices):

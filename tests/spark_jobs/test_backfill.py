@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
+from examples import clicks_on_files
 
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
@@ -89,7 +89,7 @@ def test_unknown_stream_and_bad_arguments_exit_2(tmp_path: Path, capsys) -> None
 
 def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spark, tmp_path: Path) -> None:
     """The backfill reads the accepted rows, so it cannot parse the input differently from the stream."""
-    data = yaml.safe_load((default_spec_dir() / "clicks.yaml").read_text())
+    data = clicks_on_files()
     data["source"]["options"] = {"sep": ";"}
     data["outputs"] = [{"name": "views", "mode": "append", "query": {"type": "passthrough"},
                         "sink": {"type": "parquet", "path": "sinks/clicks/views"}}]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from examples import clicks_on_files
 from test_pipeline import T0, Run, at, run
 
 from spark_jobs import analysis
@@ -43,9 +44,9 @@ ACCEPTED = "accepted"
 
 
 def stream_spec(stream: str, name: str) -> dict:
-    """The stream's own spec, renamed (memory sink names are global), with memory sinks,
-    one file per micro-batch, and a pass-through output if it has none."""
-    data = yaml.safe_load((SPEC_DIR / f"{stream}.yaml").read_text())
+    """The stream's own spec (clicks: as it reads CSV files), renamed (memory sink names are
+    global), with memory sinks, one file per micro-batch, and a pass-through output if it has none."""
+    data = clicks_on_files() if stream == "clicks" else yaml.safe_load((SPEC_DIR / f"{stream}.yaml").read_text())
     data["name"] = name
     data["source"]["max_files_per_trigger"] = 1
     for out in data["outputs"]:

@@ -31,7 +31,8 @@ def clicks_plan(tmp_path: Path):  # noqa: ANN201 - a StreamPlan
 def test_every_path_is_resolved_once_under_the_data_root_or_the_spec_folder(tmp_path: Path, clicks_plan) -> None:
     data = str((tmp_path / "data").resolve())
     ingestion = clicks_plan.ingestion
-    assert clicks_plan.source.landing == f"{data}/landing/clicks"
+    assert clicks_plan.source.kind == "kafka" and clicks_plan.source.kafka.topics == ["clicks"]
+    assert clicks_plan.source.landing is None  # a topic, no landing directory
     assert ingestion.checkpoint == f"{data}/checkpoints/clicks/_ingest"
     assert ingestion.accepted == f"{data}/accepted/clicks"
     assert ingestion.quarantine == f"{data}/quarantine/clicks"

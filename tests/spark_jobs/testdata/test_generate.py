@@ -12,17 +12,30 @@ from pathlib import Path
 
 import pytest
 import yaml
+from examples import clicks_csv_spec, example_spec, include_with
 
+from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import duration_seconds
 from spark_jobs.testdata import generate as gen
 
 STREAMS = Path(__file__).resolve().parents[3] / "include" / "streams"
-SENSORS, CLICKS = STREAMS / "sensors.yaml", STREAMS / "clicks.yaml"
+SENSORS = STREAMS / "sensors.yaml"
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 MARGIN_MS = 30_000
 #: Shares high enough that every kind of record shows up in a few small files.
 BUSY = {"late_within": 0.1, "late_beyond": 0.1, "duplicates": 0.1, "malformed": 0.15, "unknown_keys": 0.1}
+
+
+@pytest.fixture(scope="module")
+def clicks_csv(tmp_path_factory) -> Path:
+    """The clicks example reading CSV files (it reads a Kafka topic): the CSV stream here."""
+    return clicks_csv_spec(tmp_path_factory.mktemp("clicks-csv"))
+
+
+@pytest.fixture(params=["json", "csv"])
+def spec_path(request) -> Path:
+    return SENSORS if request.param == "json" else request.getfixturevalue("clicks_csv")
 
 
 def run(spec_path, root, clock=None, **settings):
@@ -96,7 +109,6 @@ def parse_valid(line: bytes, spec) -> dict | None:
     return event
 
 
-@pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
 def test_files_are_renamed_complete_from_staging_in_sequence(tmp_path, monkeypatch, spec_path):
     spec = load_spec(spec_path)
     staging = tmp_path / "generated" / spec.name / "staging"
@@ -132,7 +144,6 @@ def test_files_are_renamed_complete_from_staging_in_sequence(tmp_path, monkeypat
     assert not {e["name"] for e in entries} & set(empty)
 
 
-@pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
 def test_records_match_the_ledger_and_malformed_ones_never_look_valid(tmp_path, spec_path):
     spec = load_spec(spec_path)
     run(spec_path, tmp_path, files=5, events_per_file=40, **BUSY)
@@ -177,7 +188,6 @@ def kinds(entries):
     return out
 
 
-@pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
 def test_manifest_counts_add_up(tmp_path, spec_path):
     spec = load_spec(spec_path)
     files = 2 * spec.source.max_files_per_trigger + 4  # events late beyond the watermark start at file 2m+1
@@ -256,8 +266,9 @@ def custom_spec(tmp_path):
 
 
 @pytest.mark.parametrize(("which", "events"), [("sensors", 60), ("clicks", 60), ("custom", 150)])
-def test_late_events_and_duplicates_are_placed_safely(tmp_path, which, events):
-    spec_path = {"sensors": SENSORS, "clicks": CLICKS}.get(which) or custom_spec(tmp_path)
+def test_late_events_and_duplicates_are_placed_safely(tmp_path, request, which, events):
+    spec_path = {"sensors": SENSORS}.get(which) or (request.getfixturevalue("clicks_csv") if which == "clicks"
+                                                    else custom_spec(tmp_path))
     spec = load_spec(spec_path)
     root = tmp_path / "data"
     # custom: a file spans 150 s of event time, more than the 2-minute watermark delay
@@ -302,10 +313,10 @@ def test_mtimes_increase_even_when_the_wall_clock_stands_still(tmp_path):
     assert all(b - a >= 1_000_000 for a, b in zip(mtimes, mtimes[1:], strict=False)), mtimes  # >= 1 ms apart
 
 
-def test_same_seed_gives_the_same_ledger(tmp_path):
-    run(CLICKS, tmp_path / "a", files=3, events_per_file=30, **BUSY)
-    run(CLICKS, tmp_path / "b", files=3, events_per_file=30, **BUSY)
-    run(CLICKS, tmp_path / "c", files=3, events_per_file=30, seed=8, **BUSY)
+def test_same_seed_gives_the_same_ledger(tmp_path, clicks_csv):
+    run(clicks_csv, tmp_path / "a", files=3, events_per_file=30, **BUSY)
+    run(clicks_csv, tmp_path / "b", files=3, events_per_file=30, **BUSY)
+    run(clicks_csv, tmp_path / "c", files=3, events_per_file=30, seed=8, **BUSY)
     assert ledger(tmp_path / "a", "clicks") == ledger(tmp_path / "b", "clicks")
     assert ledger(tmp_path / "a", "clicks") != ledger(tmp_path / "c", "clicks")
 
@@ -343,14 +354,14 @@ def test_rate_mode_paces_files_and_uses_the_wall_clock(tmp_path):
     assert manifest(tmp_path, "sensors")["settings"][0]["mode"] == "rate"
 
 
-def test_rate_mode_stops_after_the_current_file_on_sigterm(tmp_path):
+def test_rate_mode_stops_after_the_current_file_on_sigterm(tmp_path, clicks_csv):
     def send_term(clock):
         if clock.now >= 100.15:
             os.kill(os.getpid(), signal.SIGTERM)
 
     previous = signal.getsignal(signal.SIGTERM)
     clock = FakeClock(send_term)
-    result = run(CLICKS, tmp_path, rate=10, events_per_file=10, empty_files=0, clock=clock)  # no duration: until stopped
+    result = run(clicks_csv, tmp_path, rate=10, events_per_file=10, empty_files=0, clock=clock)  # no duration: until stopped
     assert result.stopped and result.sequence == [1, 2]
     assert signal.getsignal(signal.SIGTERM) is previous
     state = json.loads((tmp_path / "generated" / "clicks" / "state.json").read_text())
@@ -391,18 +402,17 @@ def test_unrecorded_landing_file_is_refused(tmp_path):
         run(SENSORS, tmp_path, files=1, events_per_file=5)
 
 
-def test_cli(tmp_path, capsys):
-    assert gen.main(["--spec", str(CLICKS), "--data-root", str(tmp_path), "--files", "2",
+def test_cli(tmp_path, capsys, clicks_csv):
+    assert gen.main(["--spec", str(clicks_csv), "--data-root", str(tmp_path), "--files", "2",
                      "--events-per-file", "10", "--empty-files", "0"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["files"] == 2 and summary["last_seq"] == 2
     assert summary["counts"]["input_records"] == summary["records"]
-    assert gen.main(["--spec", str(CLICKS), "--data-root", str(tmp_path), "--duration", "3"]) == 2
-    assert gen.main(["--spec", str(CLICKS), "--data-root", str(tmp_path), "--late-within", "2"]) == 2
+    assert gen.main(["--spec", str(clicks_csv), "--data-root", str(tmp_path), "--duration", "3"]) == 2
+    assert gen.main(["--spec", str(clicks_csv), "--data-root", str(tmp_path), "--late-within", "2"]) == 2
     assert "between 0 and 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec_path", [SENSORS, CLICKS], ids=["json", "csv"])
 def test_future_events_only_when_asked_far_beyond_max_future_and_quarantined(tmp_path, spec_path):
     spec = load_spec(spec_path)
     run(spec_path, tmp_path / "plain", files=3, events_per_file=40, **BUSY)
@@ -432,3 +442,42 @@ def test_future_share_is_checked(tmp_path):
         run(SENSORS, tmp_path, files=1, future=1.5)
     with pytest.raises(gen.GeneratorError, match="must not exceed 1"):
         run(SENSORS, tmp_path, files=1, late_within=0.5, duplicates=0.3, future=0.3)
+
+
+def test_a_topic_gets_each_file_as_one_transaction_and_the_ledger_its_positions(tmp_path, monkeypatch,
+                                                                                 kafka_broker, kafka_topic):
+    data = example_spec("clicks")
+    data["source"]["topics"] = [kafka_topic]
+    spec_path = include_with(tmp_path / "include", data) / "clicks.yaml"
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    with pytest.raises(gen.GeneratorError, match=r"cannot produce to topic .*KAFKA_BOOTSTRAP_SERVERS.* not set"):
+        run(spec_path, tmp_path / "data", files=1)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap)
+
+    result = run(spec_path, tmp_path / "data", files=4, events_per_file=30, empty_files=1, **BUSY)
+    assert result.sequence == [1, 2, 3, 4, 5] and result.files == []  # nothing lands in a directory
+    entries = ledger(tmp_path / "data", "clicks")
+    values = {f"{m.topic()}/{m.partition()}@{m.offset()}": m.value() for m in kafka_broker.consume(kafka_topic)}
+    assert sorted(values) == sorted(e["name"] for e in entries) and len(values) == result.records
+    assert {int(p.split("/")[1].split("@")[0]) for p in values} == {0, 1, 2}  # the partitions in turn
+    kinds_seen = set()
+    for e in entries:
+        value = values[e["name"]]
+        kinds_seen.add(e["kind"])
+        if e["kind"] == "malformed":
+            assert value.decode("utf-8", "backslashreplace") == e["raw"]
+        else:
+            assert json.loads(value) == e["event"]
+    assert {"ok", "duplicate", "malformed"} <= kinds_seen
+    assert manifest(tmp_path / "data", "clicks")["counts"]["input_records"] == len(entries)
+
+    # a generator that dies mid-file leaves nothing of it visible: the next one fences it and aborts it
+    spec = load_spec(spec_path)
+    layout = Layout(spec, tmp_path / "data", spec_path.parent)
+    dying = gen.TopicWriter(spec, layout)
+    dying.open()
+    dying.producer.begin_transaction()
+    dying.producer.produce(kafka_topic, value=b"half a file")
+    dying.producer.flush(10)
+    gen.TopicWriter(spec, layout).open()
+    assert b"half a file" not in [m.value() for m in kafka_broker.consume(kafka_topic)]

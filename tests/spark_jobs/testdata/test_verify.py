@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from examples import clicks_csv_spec
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
@@ -428,13 +429,13 @@ def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Gene
 
 def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path) -> None:  # noqa: ANN001
     """CSV records are kept as their line (U+FFFD for invalid bytes) or, if parsed, as JSON."""
-    spec_path = default_spec_dir() / "clicks.yaml"
+    spec_path = clicks_csv_spec(tmp_path / "include")
     result = generate.generate(spec_path, tmp_path / "data", generate.Settings(
         files=2, events_per_file=20, empty_files=0, malformed=0.4, future=0.1, seed=4))
     manifest = json.loads(result.manifest.read_text())
     assert {"wrong_type", "too_few_fields", "invalid_utf8", "future"} <= {e["reason"] for e in manifest["quarantine"]}
     spec = load_spec(spec_path)
-    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    layout = Layout(spec, tmp_path / "data", spec_path.parent)
     query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
     query[INGEST_QUERY].awaitTermination(120)
     assert query[INGEST_QUERY].exception() is None
