@@ -153,6 +153,15 @@ class KafkaBroker:
         admin = AdminClient(self.client_config())
         admin.create_partitions([NewPartitions(name, total)])[name].result(timeout=60)
 
+    def delete_records(self, topic: str, partition: int, before: int) -> None:
+        """Delete the records of ``topic``'s ``partition`` below offset ``before``, as retention does."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.client_config())
+        for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
+            future.result(timeout=60)
+
     def produce(self, topic: str, values: list[bytes | str | None], partition: int | None = None,
                 keys: list[bytes | str | None] | None = None) -> None:
         """Produce ``values`` in order (to ``partition``, else by key or round robin) and wait

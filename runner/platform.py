@@ -212,7 +212,7 @@ class Platform:
                 if health.status == Status.IDLE:
                     pending.discard(name)
                     self.out(f"    {name}: took everything that arrived ({_batches(health)})")
-                elif health.status in (Status.DEAD, Status.CORRUPT):
+                elif health.status in (Status.DEAD, Status.CORRUPT, Status.BLOCKED):
                     down_since.setdefault(name, time.monotonic())
                     if time.monotonic() - down_since[name] > 60:
                         pending.discard(name)

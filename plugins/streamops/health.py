@@ -69,10 +69,15 @@ class Status(StrEnum):
     STALLED = "stalled"
     DEAD = "dead"
     CORRUPT = "corrupt"
+    #: its input cannot be read on from where the checkpoint is (records deleted unread): an
+    #: operator decides; a restart would fail the same way
+    BLOCKED = "blocked"
 
 
 #: Statuses a supervisor must act on.
-NEEDS_ACTION = frozenset({Status.STALLED, Status.DEAD, Status.CORRUPT})
+NEEDS_ACTION = frozenset({Status.STALLED, Status.DEAD, Status.CORRUPT, Status.BLOCKED})
+#: Statuses no restart mends: the supervisor fails loudly and leaves the checkpoint as it is.
+NO_RESTART = frozenset({Status.CORRUPT, Status.BLOCKED})
 #: Statuses of a stream that runs as it should.
 RUNNING = (Status.HEALTHY, Status.IDLE, Status.LAGGING)
 
@@ -110,6 +115,8 @@ class Snapshot:
     #: a Kafka source: how many records one trigger takes (its limit, else what the last took)
     records_per_trigger: int = 0
     notes: list[str] = field(default_factory=list)
+    #: why the source cannot be read on from the checkpoint (Kafka records deleted unread)
+    blocked: list[str] = field(default_factory=list)
 
     @property
     def kafka(self) -> bool:
@@ -227,10 +234,19 @@ def _kafka_backlog(plan: StreamPlan, layout: Layout, then: float, progress: dict
         return {"notes": [f"records behind unknown: {exc}"]}
     notes = [f"partition {t}/{p} appeared after the stream started; it is read from its first offset"
              for t, p in behind.new_partitions]
+    blocked = []
+    if (lost := behind.lost_text()) is not None:
+        if source.kafka.fail_on_data_loss:
+            blocked.append(f"{lost}. The stream fails rather than skip them (source.fail_on_data_loss). To go on "
+                           "without them, set fail_on_data_loss: false and deploy it again; to keep them, "
+                           "restore the records and backfill")
+        else:
+            notes.append(f"{lost}; they are skipped (source.fail_on_data_loss: false)")
     earlier = History(layout.history_file).series(then - 30, then, metrics=["backlog_records"]).get(
         (STREAM, "backlog_records"), [])
     per_trigger = source.kafka.max_offsets_per_trigger or int(progress.get("input_rows") or 0)
     return {"backlog_records": behind.total, "records_behind": behind.by_partition(), "notes": notes,
+            "blocked": blocked,
             "records_per_trigger": per_trigger, "then": int(earlier[-1].last) if earlier else None}
 
 
@@ -263,6 +279,8 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     problems = [p for q in snap.queries.values() for p in q.problems]
     if problems:
         return Status.CORRUPT, problems[0]
+    if snap.blocked:
+        return Status.BLOCKED, snap.blocked[0]
     if not snap.driver_alive:
         if snap.launching_since is not None and snap.taken_at - snap.launching_since <= stall_window_seconds:
             return Status.STARTING, (f"its supervisor began to start a driver {snap.taken_at - snap.launching_since:.0f}s "
@@ -334,7 +352,7 @@ def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: Str
         watermark=newest.get("watermark"),
         input_rows_per_second=newest.get("input_rows_per_second"),
         processed_rows_per_second=newest.get("processed_rows_per_second"),
-        problems=[p for q in snap.queries.values() for p in q.problems],
+        problems=[p for q in snap.queries.values() for p in q.problems] + snap.blocked,
         notes=[n for q in snap.queries.values() for n in q.notes] + snap.notes,
         checked_at=snap.taken_at, backlog_records=snap.backlog_records, records_behind=snap.records_behind,
     )

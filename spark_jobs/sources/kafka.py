@@ -173,6 +173,9 @@ class Lag:
     behind: dict[tuple[str, int], int] = field(default_factory=dict)
     #: partitions the broker has that the checkpoint does not know yet (added while running)
     new_partitions: list[tuple[str, int]] = field(default_factory=list)
+    #: records deleted before the stream read them (retention, a recreated topic): per
+    #: partition, the first offset gone and the first still there
+    lost: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -182,13 +185,22 @@ class Lag:
         """``{"topic/partition": records}``, as the Streams page and the events show it."""
         return {f"{t}/{p}": n for (t, p), n in sorted(self.behind.items())}
 
+    def lost_text(self) -> str | None:
+        """What was deleted unread, for an operator: ``offsets 0 to 7 of clicks/0``; None if nothing."""
+        if not self.lost:
+            return None
+        parts = [f"offsets {a} to {b - 1} of {t}/{p}" for (t, p), (a, b) in sorted(self.lost.items())]
+        return (f"records were deleted from the topic before the stream read them ({', '.join(parts)}): "
+                "retention removed them while the stream was behind or stopped, or the topic was recreated")
+
 
 def lag(kafka: KafkaPlan, checkpoint: str | os.PathLike[str], options: dict[str, Any] | None = None,
         timeout: float = PROBE_SECONDS) -> Lag:
     """Records behind per partition: the broker's end offset minus where the newest
     committed batch read up to. A partition the checkpoint does not know counts from where
     Spark will start it: its first offset (a partition added while running, or any before
-    the first commit of an ``earliest`` stream), else its end."""
+    the first commit of an ``earliest`` stream), else its end. Where the checkpoint points
+    below the partition's first offset, the records between were deleted unread (``lost``)."""
     partitions = probe(kafka, options, timeout)
     ends = end_offsets(kafka, partitions, options, timeout)
     committed = committed_offsets(checkpoint)
@@ -196,6 +208,8 @@ def lag(kafka: KafkaPlan, checkpoint: str | os.PathLike[str], options: dict[str,
     for key, (low, high) in ends.items():
         if key in committed:
             result.behind[key] = max(0, high - max(committed[key], low))
+            if committed[key] < low:
+                result.lost[key] = (committed[key], low)
             continue
         if committed:
             result.new_partitions.append(key)

@@ -22,7 +22,7 @@ from spark_jobs.runtime.lease import (
 )
 from spark_jobs.spec.layout import default_spec_dir
 from streamops import tenure
-from streamops.health import RUNNING, Status
+from streamops.health import NO_RESTART, RUNNING, Health, Status
 from streamops.hooks.stream import StreamHook
 from streamops.restarts import RestartBudget
 
@@ -97,8 +97,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     hard) and started again; a dead driver is started again from its checkpoint. Restarts
     back off exponentially and stop after ``restart.max_attempts`` failures within
     ``restart.period_minutes`` (the count resets after a stable run); then the task fails
-    and its failure callback alerts. A corrupt checkpoint is never touched: the task fails
-    with a diagnosis. A driver left running by an earlier try of this task (a killed
+    and its failure callback alerts. A corrupt checkpoint is never touched, and a Kafka
+    stream whose unread records were deleted is not restarted: the task fails with a diagnosis. A driver left running by an earlier try of this task (a killed
     worker) is adopted, never doubled. The task ends successfully only when an operator
     stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
     other exit of the driver is a failed run. A try that a newer try of this task has
@@ -201,8 +201,8 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                     return {}
                 health = hook.health()
                 self.log.info("%s", health.summary())
-                if health.status == Status.CORRUPT:
-                    raise AirflowFailException(_corrupt_message(health.problems, hook))
+                if health.status in NO_RESTART:
+                    raise AirflowFailException(_no_restart_message(health, hook))
                 if (by := hook.held_by()) is not None:
                     self.log.info("stream %s was stopped on purpose (%s); not restarting it", self.stream, by)
                     return health.to_dict()
@@ -359,10 +359,10 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 self.log.info("%s", health.summary())
                 last_status = health.status
             if stopping_since is None and self.supervised_epoch is not None \
-                    and health.status in (Status.STALLED, Status.CORRUPT):
+                    and health.status in (Status.STALLED, *NO_RESTART):
                 self.log.warning("stream %s is %s: %s; stopping it", self.stream, health.status, health.reason)
-                if health.status == Status.CORRUPT:
-                    self._end_standby()  # a corrupt checkpoint is never taken over
+                if health.status in NO_RESTART:
+                    self._end_standby()  # a corrupt checkpoint, or input deleted unread, is never taken over
                 hook.request_stop(self.supervised_epoch, f"its supervisor ({self.tenure_name}): {health.status}")
                 stopping_since, reason = time.monotonic(), f"stopped because it was {health.status}"
             elif (stopping_since is None and active is not None and self.supervised_epoch is not None
@@ -524,8 +524,11 @@ def _invalid_spec(hook: StreamHook, budget: RestartBudget) -> str | None:
     return found
 
 
-def _corrupt_message(problems: list[str], hook: StreamHook) -> str:
-    lines = "\n  ".join(problems)
+def _no_restart_message(health: Health, hook: StreamHook) -> str:
+    """Why the supervisor fails instead of restarting: input deleted unread, or a corrupt checkpoint."""
+    lines = "\n  ".join(health.problems)
+    if health.status == Status.BLOCKED:
+        return f"stream {hook.stream}: it cannot read on from its checkpoint and is not restarted:\n  {lines}"
     return (f"stream {hook.stream}: the checkpoint is corrupt and is not reset automatically:\n  {lines}\n"
             f"What you can do: if only the newest offsets file is torn and its batch has no commit, delete that "
             f"file and trigger the stream again (the batch is planned anew). Otherwise move the checkpoint "

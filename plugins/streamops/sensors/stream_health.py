@@ -23,13 +23,13 @@ class StreamHealthSensor(BaseSensorOperator):
 
     :param stream: the stream's name. (templated)
     :param statuses: statuses that end the wait, e.g. ``["dead"]`` after a stop.
-    :param fail_on: statuses that fail the task at once (default: ``corrupt``).
+    :param fail_on: statuses that fail the task at once (default: ``corrupt``, ``blocked``).
     :param deferrable: wait in the triggerer; default True.
     """
 
     template_fields: Sequence[str] = ("stream",)
 
-    def __init__(self, *, stream: str, statuses: Sequence[str], fail_on: Sequence[str] = (Status.CORRUPT,),
+    def __init__(self, *, stream: str, statuses: Sequence[str], fail_on: Sequence[str] = (Status.CORRUPT, Status.BLOCKED),
                  spec_dir: str | None = None, data_root: str | None = None, deferrable: bool = True,
                  **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", 10)

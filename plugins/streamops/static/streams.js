@@ -4,7 +4,7 @@
 (function () {
   "use strict";
   const STATUS = {healthy: "#2e7d32", idle: "#2e7d32", passed: "#2e7d32", lagging: "#b7791f",
-                  starting: "#b7791f", stalled: "#c62828", dead: "#c62828", corrupt: "#c62828",
+                  starting: "#b7791f", stalled: "#c62828", dead: "#c62828", corrupt: "#c62828", blocked: "#c62828",
                   failed: "#c62828"};
   const MARKS = {start: "#2e7d32", restart: "#c62828", stop: "#555555", failure: "#c62828",
                  validation: "#1565c0", "validation failed": "#c62828"};

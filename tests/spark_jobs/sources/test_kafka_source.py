@@ -185,3 +185,37 @@ def test_lag_counts_a_partition_added_while_running_from_its_start(spark, tmp_pa
     lag = kafka.lag(plan.source.kafka, compile_plan(spec, layout).ingestion.checkpoint)
     assert lag.new_partitions == [(kafka_topic, 3)]
     assert lag.by_partition()[f"{kafka_topic}/3"] == 2 and lag.total == 2
+
+
+def test_records_deleted_before_they_were_read_block_the_stream_until_an_operator_decides(
+        spark, tmp_path: Path, kafka_broker, kafka_topic: str) -> None:
+    from streamops.health import Status, assess
+
+    data = kafka_spec(kafka_topic, kafka_broker.bootstrap, [PASSTHROUGH])
+    spec, layout = setup(tmp_path, data)
+    kafka_broker.produce(kafka_topic, [reading("e1", 1), reading("e2", 2)], partition=0)
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+    kafka_broker.produce(kafka_topic, [reading(f"e{i}", i) for i in range(3, 8)], partition=0)  # offsets 2 to 6
+    kafka_broker.delete_records(kafka_topic, 0, before=5)  # retention, while the stream was stopped: e3 to e5
+
+    plan = compile_plan(spec, layout)
+    behind = kafka.lag(plan.source.kafka, plan.ingestion.checkpoint)
+    assert behind.lost == {(kafka_topic, 0): (2, 5)} and behind.total == 2
+    health = assess(spec, layout)
+    assert health.status == Status.BLOCKED, health.summary()
+    assert f"offsets 2 to 4 of {kafka_topic}/0" in health.reason and "fail_on_data_loss: false" in health.reason
+    with pytest.raises(Exception, match="data may have been lost"):  # Spark refuses to skip them too
+        flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+    assert accepted_ids(spark, plan) == ["e1", "e2"]
+
+    # the operator accepts the loss: the stream reads on from the first record still there
+    lenient = parse_spec(data | {"source": data["source"] | {"fail_on_data_loss": False}})
+    assert "skipped (source.fail_on_data_loss: false)" in " ".join(assess(lenient, layout).notes)
+    flows.run_available_now(spark, analysis.analyze(spark, lenient, layout))
+    assert accepted_ids(spark, plan) == ["e1", "e2", "e6", "e7"]
+    assert assess(lenient, layout).status != Status.BLOCKED and kafka.lag(plan.source.kafka,
+                                                                       plan.ingestion.checkpoint).lost == {}
+
+
+def accepted_ids(spark, plan) -> list[str]:  # noqa: ANN001
+    return sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())
