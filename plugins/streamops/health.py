@@ -117,6 +117,8 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
     #: why the source cannot be read on from the checkpoint (Kafka records deleted unread)
     blocked: list[str] = field(default_factory=list)
+    #: the source's broker does not answer (what the probe said); None if it does, or not Kafka
+    unreachable: str | None = None
 
     @property
     def kafka(self) -> bool:
@@ -231,7 +233,7 @@ def _kafka_backlog(plan: StreamPlan, layout: Layout, then: float, progress: dict
     try:
         behind = lag(source.kafka, ingestion.checkpoint, source.reader_options, timeout=KAFKA_PROBE_SECONDS)
     except KafkaUnavailable as exc:
-        return {"notes": [f"records behind unknown: {exc}"]}
+        return {"notes": [f"records behind unknown: {exc}"], "unreachable": str(exc)}
     notes = [f"partition {t}/{p} appeared after the stream started; it is read from its first offset"
              for t, p in behind.new_partitions]
     blocked = []
@@ -287,6 +289,14 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
                                      "ago; it has not taken the lease yet")
         return Status.DEAD, "no live driver holds the checkpoint"
     started = snap.driver_started_at or snap.taken_at
+    if snap.unreachable is not None:
+        # the driver cannot read either: stalled once nothing committed for a stall window
+        ingestion = snap.queries.get(INGEST_QUERY)
+        quiet = snap.taken_at - max((ingestion.last_commit_time if ingestion else None) or 0.0, started)
+        if quiet > stall_window_seconds:
+            return Status.STALLED, (f"its source does not answer ({snap.unreachable}) and no batch committed for "
+                                    f"{quiet:.0f}s (stall window {stall_window_seconds:.0f}s)")
+        return Status.LAGGING, f"its source does not answer, records behind unknown: {snap.unreachable}"
     waiting = _waiting(snap)
     if waiting:
         # every query with input waiting must keep committing: the one quiet for longest decides

@@ -309,13 +309,23 @@ def test_a_kafka_streams_backlog_is_its_records_behind_per_partition(spark, tmp_
         assert health.records_behind == {f"{kafka_topic}/0": 0, f"{kafka_topic}/1": 5, f"{kafka_topic}/2": 0}
         assert health.status == Status.STALLED and "input is waiting (5 record(s))" in health.reason
         assert "backlog 5 record(s)" in health.summary()
+
+        # the broker gone while the driver runs: unhealthy at once, stalled after the stall window
+        silent = parse_spec(data | {"source": data["source"] | {"bootstrap_servers": "127.0.0.1:9"}})
+        health = assess(silent, layout)
+        assert health.backlog_records is None and health.status == Status.LAGGING, health.summary()
+        assert "its source does not answer" in health.reason and "127.0.0.1:9" in health.reason
+        later = assess(silent, layout, now=time.time() + 5 * 60 + 5)
+        assert later.status == Status.STALLED and "no batch committed for" in later.reason
     finally:
         proc.kill()
         proc.wait()
-    # the broker gone: the records behind are unknown, and the health says why
-    silent = parse_spec(data | {"source": data["source"] | {"bootstrap_servers": "127.0.0.1:9"}})
-    health = assess(silent, Layout(silent, tmp_path / "data", default_spec_dir()))
-    assert health.backlog_records is None
+    # the stream started again takes what waits: no record behind
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+    assert assess(spec, layout).records_behind == {f"{kafka_topic}/{p}": 0 for p in range(3)}
+    # no driver and no broker: the records behind are unknown, and the health says why
+    health = assess(silent, layout)
+    assert health.backlog_records is None and health.status == Status.DEAD
     assert any("records behind unknown: source.bootstrap_servers: no Kafka broker answered" in n for n in health.notes)
 
 
