@@ -116,10 +116,10 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def spark_submit(args: list[str], log: Path, timeout: float) -> dict[str, Any]:
-    """Run ``spark-submit --master local[2] <args>``; exit code, wall time, peak memory."""
+def spark_submit(args: list[str], log: Path, timeout: float, jars: list[str] | None = None) -> dict[str, Any]:
+    """Run ``spark-submit --master local[2] [--jars ...] <args>``; exit code, wall time, peak memory."""
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
-           "--conf", "spark.ui.showConsoleProgress=false", *args]
+           *(["--jars", ",".join(jars)] if jars else []), "--conf", "spark.ui.showConsoleProgress=false", *args]
     with open(log, "w") as out:
         started = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())

@@ -202,10 +202,16 @@ class Stream:
         return {"spark.log.level": os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"), **SESSION_CONF,
                 "spark.sql.shuffle.partitions": self.spec.spark.shuffle_partitions, **self.spec.spark.conf}
 
+    def source_job(self, layout: Layout) -> dict[str, Any]:
+        """The job file's ``source``: how ``bench/throughput_plain.py`` reads the input."""
+        src = self.spec.source
+        assert isinstance(src, FileSource)
+        return {"format": src.format, "schema": compile_plan(self.spec, layout).source.reader_ddl,
+                "options": src.options, "landing": layout.landing, "max_files_per_trigger": src.max_files_per_trigger}
+
     def plain_job(self, variant: str, root: Path) -> dict[str, Any]:
         """The job file of ``bench/throughput_plain.py`` for this stream's spec."""
         spec, layout, src = self.spec, self.layout(root), self.spec.source
-        assert isinstance(src, FileSource)
         outputs = []
         for o in spec.outputs:
             q, sink = o.query, o.sink
@@ -232,9 +238,7 @@ class Stream:
         return {
             "app": f"bench-{variant}:{self.name}", "variant": {"a": "parse", "b": "per-output"}[variant],
             "conf": conf,
-            "source": {"format": src.format, "schema": compile_plan(spec, layout).source.reader_ddl,
-                       "options": src.options, "landing": layout.landing,
-                       "max_files_per_trigger": src.max_files_per_trigger},
+            "source": self.source_job(layout),
             "columns": [c.name for c in src.columns], "required": [c.name for c in src.columns if c.required],
             "event_time": et and {"column": et.column, "watermark": et.watermark},
             "deduplicate": spec.deduplicate.key if spec.deduplicate else None,

@@ -5,7 +5,9 @@
 Only pyspark and the standard library: nothing of the platform is imported. The job file
 (written by the benchmark from a stream spec) holds the session settings, the source
 (format, schema with the corrupt-record column, reader options, landing directory,
-``maxFilesPerTrigger``), the stream's rules and outputs, and which variant to run:
+``maxFilesPerTrigger``; or a Kafka topic's options and the values' format, parsed with
+``from_json``/``from_csv`` the same way), the stream's rules and outputs, and which variant
+to run:
 
 ``parse`` (variant a)
     One streaming query: the landing files parsed (PERMISSIVE, corrupt-record column, the
@@ -52,6 +54,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 CORRUPT = "_corrupt_record"
+POSITION = "_position"
 SQLITE_TYPES = {T.StringType: "TEXT", T.LongType: "INTEGER", T.IntegerType: "INTEGER", T.DoubleType: "REAL",
                 T.BooleanType: "BOOLEAN", T.TimestampType: "TIMESTAMP", T.DateType: "DATE"}
 
@@ -64,13 +67,22 @@ def session(job: dict[str, Any]) -> SparkSession:
 
 
 def parsed(spark: SparkSession, source: dict[str, Any]) -> DataFrame:
+    """The source's records parsed, with ``POSITION``: a file's path, or a Kafka record's topic/partition@offset."""
+    if source["format"] == "kafka":
+        raw = spark.readStream.format("kafka").options(**source["options"]).load()
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        value = F.col("value").cast("string")
+        parse = (F.from_json(value, source["schema"], options) if source["value_format"] == "json"
+                 else F.from_csv(value, source["schema"], options))
+        position = F.format_string("%s/%d@%d", F.col("topic"), F.col("partition"), F.col("offset"))
+        return raw.select(parse.alias("record"), position.alias(POSITION)).select("record.*", POSITION)
     reader = (spark.readStream.format(source["format"]).schema(source["schema"]).option("mode", "PERMISSIVE")
               .option("columnNameOfCorruptRecord", CORRUPT).option("maxFilesPerTrigger", source["max_files_per_trigger"]))
     if source["format"] == "csv":
         reader = reader.option("header", True)
     for key, value in source["options"].items():
         reader = reader.option(key, value)
-    return reader.load(source["landing"])
+    return reader.load(source["landing"]).withColumn(POSITION, F.col("_metadata.file_path"))
 
 
 def valid_condition(job: dict[str, Any]):  # noqa: ANN201 - a Column
@@ -95,7 +107,7 @@ def every_column_read(job: dict[str, Any]):  # noqa: ANN201 - a Column, always t
 
 def accepted(spark: SparkSession, job: dict[str, Any]) -> DataFrame:
     """Valid rows, watermarked, deduplicated, enriched, with event_date."""
-    df = parsed(spark, job["source"]).where(valid_condition(job) & every_column_read(job)).drop(CORRUPT)
+    df = parsed(spark, job["source"]).where(valid_condition(job) & every_column_read(job)).drop(CORRUPT, POSITION)
     event_time = job["event_time"]
     if event_time:
         df = df.withWatermark(event_time["column"], event_time["watermark"])
@@ -198,7 +210,7 @@ def plan(spark: SparkSession, job: dict[str, Any]) -> list:
     """Start the variant's queries."""
     checkpoints = Path(job["checkpoints"])
     if job["variant"] == "parse":
-        return [start(parsed(spark, job["source"]), "parse", str(checkpoints / "parse"), "append",
+        return [start(parsed(spark, job["source"]).drop(POSITION), "parse", str(checkpoints / "parse"), "append",
                       {"type": "parquet", "path": job["parse_sink"]})]
     queries = []
     source = parsed(spark, job["source"])
@@ -207,7 +219,7 @@ def plan(spark: SparkSession, job: dict[str, Any]) -> list:
         F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns))).alias("raw"),
         F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record")).otherwise(F.lit("missing required field"))
         .alias("reason"),
-        F.col("_metadata.file_path").alias("source_file"),
+        F.col(POSITION).alias("source_file"),
         F.current_timestamp().alias("quarantined_at"))
     trigger = job.get("processing_time")
     queries.append(start(rejected, "quarantine", str(checkpoints / "quarantine"), "append",

@@ -151,10 +151,23 @@ class Platform:
 
     def shutdown(self, graceful: bool = True) -> None:
         """Stop everything; ``graceful``: let the streams take what landed, stop them through their
-        stop DAGs, validate what they wrote, then stop Airflow. Says where it is every 15 s."""
+        stop DAGs, validate what they wrote, then stop Airflow (always) and the broker. Says where it
+        is every 15 s."""
+        began = time.monotonic()
+        try:
+            self._wind_down(graceful)
+        finally:  # whatever went wrong above, no service of the platform outlives it
+            self.out("==> stopping Airflow")
+            self.airflow.stop()
+            if self.broker is not None:
+                self.out("==> stopping the Kafka broker")
+                self.broker.stop()
+        self.out(f"==> shut down in {time.monotonic() - began:.0f} s")
+
+    def _wind_down(self, graceful: bool) -> None:
+        """:meth:`shutdown` up to stopping Airflow: generators, streams, validation."""
         from streamops.hooks.stream import StreamHook
 
-        began = time.monotonic()
         for gen in self.generators.values():
             if gen.poll() is None:
                 gen.send_signal(signal.SIGTERM)
@@ -166,7 +179,7 @@ class Platform:
         graceful = graceful and self.deployed
         second_interrupt = lambda: self.interrupts > 1  # noqa: E731
         if graceful:
-            self.out("==> generators stopped; waiting for the streams to take what landed")
+            self.out("==> generators stopped; waiting for the streams to take what arrived")
             self.catch_up(second_interrupt)
         self.out("==> stopping the streams" + (" gracefully (stop DAGs)" if graceful else ""))
         if graceful and not second_interrupt():
@@ -183,12 +196,6 @@ class Platform:
             self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
         if self.deployed:
             self.quality_runs = self._quality_runs()
-        self.out("==> stopping Airflow")
-        self.airflow.stop()
-        if self.broker is not None:
-            self.out("==> stopping the Kafka broker")
-            self.broker.stop()
-        self.out(f"==> shut down in {time.monotonic() - began:.0f} s")
 
     def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
         """The quality DAGs' runs (before Airflow stops): how validation was started, and how it went."""

@@ -1,120 +1,178 @@
-"""Exactly once from a Kafka topic through real spark-submit runs killed with SIGKILL.
+"""Exactly once from a Kafka topic under the real platform: Airflow's scheduler, DAG
+processor, triggerer and API server, the stream deployed through its DAG and its driver
+restarted by its supervisor, reading a three-partition topic of a real broker.
 
-The sensors stream, reading a three-partition topic of a real broker instead of files, is
-fed a fixed input (valid readings, repeated ones, malformed, empty and incomplete
-records), run on a one-second trigger at most 60 records a micro-batch, killed with
-SIGKILL three times at random moments, and caught up with an available-now run. The
-accepted rows must then be exactly the valid distinct readings, the quarantine exactly
-the bad records (each once, by its topic/partition@offset position), every output must
-equal its query over the accepted rows (a Parquet sink, an append-mode window, an
-update-mode and a complete-mode table), and no two drivers may have held the stream.
+The clicks example, with a transform (a derived column), a windowed SQL output beside its
+own window and table outputs, and a Kafka sink, on a one-second trigger at most 60 records a
+micro-batch, is fed by the generator (each file one Kafka transaction: late, duplicate and
+malformed records among valid ones) and its driver killed with SIGKILL three times (mid-batch,
+right after a commit, at a random moment). Then every sink equals the ground truth, the
+quarantine holds exactly the bad records (by topic/partition@offset), every output equals its
+query over the accepted rows, every input record is accounted for (accepted + quarantined +
+duplicates + dropped late, measured from the progress events), a consumer that drops replayed
+batches reads each accepted record once from the Kafka sink, and no two drivers held the
+stream at once (the lease's history).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from airflow_harness import example_spec, include_with, one_driver_at_a_time
-from test_exactly_once import Driver, wait_for
+from airflow_harness import Airflow, deploy, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
+from spark_jobs import analysis
 from spark_jobs.frames import accepted_batch
 from spark_jobs.plan import compile_plan
-from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.checkpoint import batch_ids, batch_watermark_ms, last_batch, read_query_checkpoint
+from spark_jobs.runtime.lease import read_holder
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.sinks.kafka import BATCH_HEADER
 from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.loading import load_spec, parse_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import verify
+from spark_jobs.testdata import generate, verify
+from spark_jobs.testdata import groundtruth as gt
+from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
 
-READINGS = 1200
-T0 = datetime(2026, 1, 1)
-DEVICES = [f"dev-{i:03d}" for i in range(6)]
+SEED = 5
+TRANSFORM = "SELECT *, page LIKE '/product/%' AS product_page FROM input"
+PRODUCT_VIEWS = ("SELECT window.start AS window_start, window.end AS window_end, category, count(*) AS views "
+                 "FROM accepted WHERE product_page GROUP BY window(ts, '5 minutes'), category")
 
 
-def records(seed: int = 7) -> tuple[list[list[str | None]], set[str], int]:
-    """Per partition, the values to produce; the event ids to accept; how many records are bad."""
-    rng = random.Random(seed)
-    partitions: list[list[str | None]] = [[], [], []]
-    accepted: set[str] = set()
-    bad = 0
-    for i in range(READINGS):
-        part = partitions[i % 3]
-        reading = {"event_id": f"e{i}", "device_id": rng.choice(DEVICES),
-                   "ts": (T0 + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                   "temperature": round(rng.uniform(-5, 35), 1), "humidity": 50.0, "status": rng.choice(["ok", "warn"])}
-        part.append(json.dumps(reading))
-        accepted.add(reading["event_id"])
-        if i % 20 == 0:  # sent again: a duplicate within the watermark
-            part.append(json.dumps(reading))
-        if i % 37 == 0:
-            part.append(rng.choice(["{not json", "", None, '["a list"]']))
-            bad += 1
-        if i % 53 == 0:  # temperature is required
-            part.append(json.dumps({k: v for k, v in reading.items() if k != "temperature"} | {"event_id": f"x{i}"}))
-            bad += 1
-    return partitions, accepted, bad
+def kafka_spec(root: Path, topic: str, sink_topic: str) -> Path:
+    spec = example_spec("clicks")
+    spec["source"] |= {"topics": [topic], "max_offsets_per_trigger": 60}
+    spec["trigger"] = {"processing_time": "1 second"}
+    spec["transform"] = {"sql": TRANSFORM}
+    spec["outputs"] += [
+        {"name": "product_views_5m", "mode": "append", "query": {"type": "sql", "sql": PRODUCT_VIEWS},
+         "sink": {"type": "parquet", "path": "sinks/clicks/product_views_5m"}},
+        {"name": "to_topic", "mode": "append", "query": {"type": "passthrough", "columns": ["event_id", "page", "ts"]},
+         "sink": {"type": "kafka", "topic": sink_topic, "bootstrap_servers": "${KAFKA_BOOTSTRAP_SERVERS}"}},
+    ]
+    spec["supervision"] = {"stall_window": "90 seconds",
+                           "restart": {"max_attempts": 10, "backoff_initial_seconds": 1, "backoff_max_seconds": 4,
+                                       "stable_after_minutes": 10}}
+    return include_with(root, spec) / "clicks.yaml"
 
 
-def test_sigkills_lose_and_repeat_no_record(spark, tmp_path: Path, kafka_broker, kafka_topic: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    spec_data = example_spec("sensors")
-    spec_data["source"] = {"type": "kafka", "bootstrap_servers": "${E2E_KAFKA_SERVERS}", "topics": [kafka_topic],
-                           "format": "json", "columns": spec_data["source"]["columns"], "max_offsets_per_trigger": 60}
-    spec_data["outputs"].append({"name": "site_totals", "mode": "complete",
-                                 "query": {"type": "aggregate", "group_by": ["site"],
-                                           "aggregates": [{"name": "readings", "fn": "count"}]},
-                                 "sink": {"type": "table", "table": "sensors_site_totals"}})
-    spec_path = include_with(tmp_path / "include", spec_data) / "sensors.yaml"
-    data_root, logs = tmp_path / "data", tmp_path / "logs"
-    logs.mkdir()
+def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark, kafka_broker, kafka_topic: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(SEED)
+    sink_topic = f"{kafka_topic}-out"
+    kafka_broker.create_topic(sink_topic, partitions=2)
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_broker.bootstrap)  # the generator's and the health's
+    spec_path = kafka_spec(tmp_path / "include", kafka_topic, sink_topic)
+    data_root = tmp_path / "data"
     spec = load_spec(spec_path)
     layout = Layout(spec, data_root, spec_path.parent)
     plan = compile_plan(spec, layout)
-    ingestion = plan.checkpoint(INGEST_QUERY)
-    monkeypatch.setenv("E2E_KAFKA_SERVERS", kafka_broker.bootstrap)  # the drivers read ${E2E_KAFKA_SERVERS}
+    ingestion = Path(plan.checkpoint(INGEST_QUERY))
+    seed = iter(range(SEED, SEED + 100))
 
-    partitions, expected, bad = records()
-    for p, values in enumerate(partitions):
-        kafka_broker.produce(kafka_topic, values, partition=p)
-    total = sum(len(v) for v in partitions)
+    def feed(files: int) -> None:
+        assert generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(files),
+                              "--events-per-file", "40", "--seed", str(next(seed))]) == 0
 
-    drivers: list[Driver] = []
-    rng = random.Random(3)
+    def commits() -> int:
+        return len(batch_ids(ingestion, "commits"))
+
+    feed(6)
+    airflow = Airflow(tmp_path / "airflow", data_root, extra_env={"STREAMS_SPEC_DIR": str(spec_path.parent),
+                                                                   "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap})
     try:
-        for kill in range(3):
-            driver = Driver(spec_path, data_root, logs, "--processing-time", "1 second")
-            drivers.append(driver)
-            target = (last_batch(ingestion, "commits") or 0) + 3 + kill  # a replayed batch first, then new ones
-            wait_for(lambda t=target: (last_batch(ingestion, "commits") or 0) >= t, f"batch {target}", driver.proc)
-            time.sleep(rng.uniform(0.0, 1.5))  # the kill's moment itself, drawn at random: mid-batch or between
-            driver.kill()
-        behind = kafka.lag(plan.source.kafka, ingestion)
-        assert behind.total > 0, "the stream caught up before the last kill: the test proves nothing"
-        last = Driver(spec_path, data_root, logs, "--trigger", "available-now")
-        drivers.append(last)
-        assert last.wait() == 0, last.output()[-3000:]
+        airflow.start()
+        deploy(airflow, "clicks")
+        wait_for(lambda: commits() >= 2, "2 committed batches", timeout=300)
+        moments = ["mid-batch", "after a commit", "at a random time"]
+        rng.shuffle(moments)
+        for n, moment in enumerate(moments, start=1):
+            feed(6)
+            if moment == "mid-batch":
+                wait_for(lambda: (o := batch_ids(ingestion, "offsets")) and (c := batch_ids(ingestion, "commits"))
+                         and o[-1] > c[-1], "a batch in flight", timeout=120, every=0.02)
+            elif moment == "after a commit":
+                done = commits()
+                wait_for(lambda d=done: commits() > d, "a new commit", timeout=120, every=0.02)
+            else:
+                time.sleep(rng.uniform(0.0, 3.0))  # the kill's moment itself, drawn at random
+            holder = read_holder(layout.lease_dir)
+            assert holder is not None and holder.pid in stream_drivers(), "no live driver holds the lease"
+            os.kill(holder.pid, signal.SIGKILL)
+            killed_at = time.time()
+            wait_for(lambda p=holder.pid, t=killed_at: (h := read_holder(layout.lease_dir)) is not None
+                     and h.pid != p and any(f.stat().st_mtime > t for f in (ingestion / "commits").glob("[0-9]*")),
+                     f"a new driver to commit after SIGKILL {n} ({moment})", timeout=240, every=0.2)
+            print(f"SIGKILL {n} ({moment}): first new committed batch after {time.time() - killed_at:.1f}s")
+        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to take every record", timeout=300,
+                 every=2)
     finally:
-        for d in drivers:
-            if d.proc.poll() is None:
-                d.kill()
-
-    assert kafka.lag(plan.source.kafka, ingestion).total == 0
-    assert sum(kafka.committed_offsets(ingestion).values()) == total
-    ids = [r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()]
-    assert len(ids) == len(set(ids)), "a reading was accepted twice"
-    assert set(ids) == expected
-    quarantined = [r["source_file"] for r in spark.read.parquet(layout.data(spec.quarantine.path)).collect()]
-    assert len(quarantined) == len(set(quarantined)) == bad, "a bad record was lost or quarantined twice"
-    assert all(q.startswith(f"{kafka_topic}/") and "@" in q for q in quarantined)
-    reports = verify.agreement(spark, spec, layout)
-    assert [r.name for r in reports] == ["readings", "site_temperature_10m", "device_status", "site_totals"]
-    assert all(r.ok for r in reports), "\n".join(r.describe() for r in reports)
-    assert all(r.actual > 0 for r in reports)
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
     one_driver_at_a_time(layout)
+    assert kafka.lag(plan.source.kafka, ingestion).total == 0
+
+    # the ground truth: the transform only derives a column, so the spec's own outputs and the
+    # quarantine are as without it; the SQL output is checked against its query (agreement)
+    records = gt.read_ledger(data_root / "generated" / "clicks" / "ledger.jsonl")
+    plain = parse_spec(example_spec("clicks") | {"source": spec.source.model_dump(exclude_none=True)})
+    expected = gt.expected(plain, records, layout) | {"generator": {"ledger": None}}
+    report = verify.compare(spark, plain, layout, expected)
+    assert [r.name for r in report.outputs] == ["views_per_minute", "page_totals"]
+    assert report.ok, report.describe()
+    assert all(r.actual > 0 for r in report.outputs)
+    agreement = verify.agreement(spark, spec, layout)  # the spec's own query types, over the transform's rows
+    assert [r.name for r in agreement] == ["views_per_minute", "page_totals"]
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    # the windowed SQL output: the windows its last batch's watermark closed, as its query computes them
+    resolved = analysis.resolve_plan(spark, spec, layout)  # the accepted rows' columns: the transform's
+    accepted_batch(spark, resolved.ingestion).createOrReplaceTempView("accepted")
+    product = Path(plan.checkpoint("product_views_5m"))
+    watermark = batch_watermark_ms(product, last_batch(product, "commits"))
+    want = spark.sql(PRODUCT_VIEWS).where(f"window_end <= timestamp_millis({watermark})").collect()
+    got = spark.read.parquet(layout.data("sinks/clicks/product_views_5m")).collect()
+    assert want and sorted(map(tuple, got)) == sorted(map(tuple, want))
+
+    # every input record accounted for, as the platform measured it: each committed batch's own
+    # "ingested" event (written before its commit) says what it accepted, quarantined and dropped
+    # late; Spark's progress event (written after the commit, so a SIGKILL right after a commit
+    # loses it) says what it read and what deduplication dropped
+    counts = expected["counts"]
+    assert counts["input_records"] == len(records) and counts["duplicates"] > 0 and counts["quarantined"] > 0
+    checkpoint = read_query_checkpoint(str(ingestion), with_files=False)
+    events = [e for e in read_events(layout.events_file) if e.get("id") == checkpoint.query_id
+              and isinstance(e.get("batch_id"), int) and e["batch_id"] <= checkpoint.last_committed]
+    ingested = {e["batch_id"]: e for e in events if e["event"] == "ingested"}  # a replayed batch: its last run
+    progress = {e["batch_id"]: e for e in events if e["event"] == "progress"}
+    assert sorted(ingested) == list(range(checkpoint.last_committed + 1))
+    for kind, expect in (("accepted", counts["accepted"]), ("quarantined", counts["quarantined"]),
+                         ("late", counts["dropped_late"])):
+        assert sum(e[kind] for e in ingested.values()) == expect, kind
+    unmeasured = sorted(set(ingested) - set(progress))
+    read = sum(e["input_rows"] for e in progress.values())
+    duplicates = sum(e.get("dropped_duplicates") or 0 for e in progress.values())
+    print(f"batches without a progress event (killed right after their commit): {unmeasured}")
+    if not unmeasured:
+        assert (read, duplicates) == (counts["input_records"], counts["duplicates"])
+    assert read <= counts["input_records"] and duplicates <= counts["duplicates"]
+    assert sum(e["rows"] for e in ingested.values()) + counts["duplicates"] == counts["input_records"]
+
+    # the Kafka sink, at least once: a consumer that drops a batch id it has taken reads each record once
+    accepted = sorted(r["event_id"] for r in accepted_batch(spark, resolved.ingestion).collect())
+    seen: dict[str, list[str]] = {}
+    for m in kafka_broker.consume(sink_topic):
+        batch = dict(m.headers() or [])[BATCH_HEADER].decode()
+        seen.setdefault(batch, []).append(json.loads(m.value())["event_id"])
+    taken = sorted(i for ids in seen.values() for i in set(ids))
+    assert taken == accepted and len(accepted) == counts["accepted"]
