@@ -173,10 +173,10 @@ class Watcher(threading.Thread):
         self.seen: dict[str, dict[str, float]] = {name: {} for name in parquet}
         self.counts: dict[str, list[tuple[float, int]]] = {name: [] for name in tables}
         self._files: dict[str, set[str]] = {name: set() for name in parquet}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             now = time.time()
             for name, path in self.parquet.items():
                 for f in sorted(sink_files(path) - self._files[name]):
@@ -191,7 +191,7 @@ class Watcher(threading.Thread):
             time.sleep(0.02)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
     def counted(self, name: str, views: int) -> float | None:
@@ -283,7 +283,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--records", type=int, default=200_000, help="valid events in the topic (default 200,000)")
+    p.add_argument("--records", type=int, default=100_000, help="valid events in the topic (default 100,000)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
     p.add_argument("--fresh", type=int, default=40, help="records of the freshness runs (default 40)")
     p.add_argument("--timeout", type=float, default=3600)

@@ -211,7 +211,7 @@ def plan(spark: SparkSession, job: dict[str, Any]) -> list:
     checkpoints = Path(job["checkpoints"])
     if job["variant"] == "parse":
         return [start(parsed(spark, job["source"]).drop(POSITION), "parse", str(checkpoints / "parse"), "append",
-                      {"type": "parquet", "path": job["parse_sink"]})]
+                      {"type": "parquet", "path": job["parse_sink"]}, job.get("processing_time"))]
     queries = []
     source = parsed(spark, job["source"])
     columns = [F.col(c) for c in job["columns"]]
