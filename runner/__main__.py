@@ -8,7 +8,7 @@ streams write. It prints where to look and, every few seconds, each stream's sta
 
 While it runs, the quality DAGs validate as units of the sinks close (Airflow assets).
 Ctrl-C (or the end of ``--minutes``) shuts it down in order, saying every 15 seconds what
-it waits for: the generators stop, the streams catch up with what landed, they stop
+it waits for: the generators stop, the streams catch up with what arrived, they stop
 gracefully through their stop DAGs, the quality DAGs validate what they wrote, Airflow
 stops; then a summary per stream (rows in, accepted, quarantined, duplicates, dropped
 late, rows per sink against the generator's ground truth, restarts, units validated and

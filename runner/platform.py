@@ -150,7 +150,7 @@ class Platform:
     # -- stop
 
     def shutdown(self, graceful: bool = True) -> None:
-        """Stop everything; ``graceful``: let the streams take what landed, stop them through their
+        """Stop everything; ``graceful``: let the streams take what arrived, stop them through their
         stop DAGs, validate what they wrote, then stop Airflow (always) and the broker. Says where it
         is every 15 s."""
         began = time.monotonic()
@@ -227,7 +227,7 @@ class Platform:
                 else:
                     down_since.pop(name, None)
             if pending and say.due():
-                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for the streams to take what landed: " + "; ".join(
+                self.out(f"    [{time.strftime('%H:%M:%S')}] waiting for the streams to take what arrived: " + "; ".join(
                     f"{name}: {healths[name].status}, {healths[name].backlog_text} waiting, "
                     f"{_batches(healths[name])}" for name in sorted(pending)))
             return not pending
