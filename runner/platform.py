@@ -53,10 +53,8 @@ class Platform:
                               for t in spec.source.topics or []})
         # a broker of its own for the streams that read topics, unless the environment names one
         self.broker = KafkaBroker(data_root / "kafka") if self.topics and not os.environ.get(KAFKA_ENV) else None
-        if self.broker is not None:
-            os.environ[KAFKA_ENV] = self.broker.bootstrap  # for the generators and this process's health checks
-        env = {"STREAMS_SPEC_DIR": str(spec_dir)} | ({KAFKA_ENV: os.environ[KAFKA_ENV]} if self.topics else {})
-        self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master, extra_env=env)
+        self.airflow = AirflowServices(data_root / "airflow", data_root, port=port, spark_master=master,
+                                       extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
         self.generators: dict[str, subprocess.Popen] = {}
         self.quality_runs: dict[str, list[dict[str, Any]]] = {}
         self.started_at = time.time()
@@ -70,7 +68,9 @@ class Platform:
         if self.broker is not None:
             self.out(f"==> Kafka: a broker (KRaft) on {self.broker.bootstrap}, its data in {self.broker.home}")
             self.broker.start()
+            os.environ[KAFKA_ENV] = self.broker.bootstrap  # for the generators and this process's health checks
         if self.topics:
+            self.airflow.env[KAFKA_ENV] = os.environ[KAFKA_ENV]  # for the drivers, sensors and the Streams page
             created = ensure_topics(os.environ[KAFKA_ENV], self.topics, TOPIC_PARTITIONS)
             self.out(f"==> Kafka topic(s) {', '.join(self.topics)} on {os.environ[KAFKA_ENV]}"
                      + (f" (created: {', '.join(created)})" if created else ""))

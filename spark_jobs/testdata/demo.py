@@ -2,8 +2,8 @@
 
 For every spec in the spec folder: generate a fixed input (with late, duplicate and
 malformed events; a stream that reads a Kafka topic gets it produced to a broker on
-loopback, started here unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), run the stream job through ``spark-submit`` (Spark local mode) until
-the input is processed, validate every sink with Great Expectations (``quality_job.py``:
+loopback, started here unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), run the stream job
+through ``spark-submit`` (Spark local mode) until the input is processed, validate every sink with Great Expectations (``quality_job.py``:
 closed units, accounting measured from progress events and the quarantine sink, Data
 Docs), then compare every sink with the generator's ground truth. Exit status 1 if any
 sink differs from the ground truth or fails validation.

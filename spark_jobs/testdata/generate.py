@@ -11,6 +11,12 @@ renamed into the landing directory, so Spark never sees a partial file. Names ar
 ``part-<seq:06d>.<json|csv>`` with one sequence per stream; modification times increase
 strictly with the sequence (Spark's file source orders new files by modification time).
 
+A stream that reads a Kafka topic gets the same files' records produced to its topic
+instead (:class:`TopicWriter`): each file as one transaction, its records to the
+partitions in turn, each record's position (``topic/partition@offset``) its ledger
+``name``. Such a stream's micro-batches take whatever was produced since the last one,
+so no record is late beyond the watermark for certain: the generator makes none for it.
+
 What a file holds (on-time, late, duplicate, future and malformed records, their event
 times and values) is made by :mod:`spark_jobs.testdata.records`.
 Every record goes to ``ledger.jsonl``; ``state.json`` lets a later run continue the

@@ -98,8 +98,9 @@ class StreamSupervisorOperator(SparkSubmitOperator):
     back off exponentially and stop after ``restart.max_attempts`` failures within
     ``restart.period_minutes`` (the count resets after a stable run); then the task fails
     and its failure callback alerts. A corrupt checkpoint is never touched, and a Kafka
-    stream whose unread records were deleted is not restarted: the task fails with a diagnosis. A driver left running by an earlier try of this task (a killed
-    worker) is adopted, never doubled. The task ends successfully only when an operator
+    stream whose unread records were deleted is not restarted: the task fails with a
+    diagnosis. A driver left running by an earlier try of this task (a killed worker) is
+    adopted, never doubled. The task ends successfully only when an operator
     stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
     other exit of the driver is a failed run. A try that a newer try of this task has
     replaced (``streamops.tenure``) leaves the stream alone. With ``supervision.standby``
