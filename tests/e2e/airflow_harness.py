@@ -41,22 +41,28 @@ def stream_drivers() -> list[int]:
     return pids
 
 
+#: the events that record a committed batch: the ingestion's own (written inside the batch, after
+#: its sinks) and Spark's progress (written after the commit)
+COMMIT_EVENTS = frozenset({"ingested", "progress"})
+
+
 def one_driver_at_a_time(layout: Layout) -> None:
     """Judge a stream's run by what matters, its lease's history: no two drivers held its checkpoint
-    at once, and none committed after its epoch ended (every committed batch's progress event, of
-    the ingestion, each output and table sink, names its driver's epoch and was written before the
-    next epoch began). Another stream's driver, a standby that waits, or a driver that is dying
-    without its lease, is not a second driver."""
+    at once, and none committed after its epoch ended (every committed batch's event, of the
+    ingestion and each output, names its driver's epoch and was written before the next epoch
+    began). Another stream's driver, a standby that waits, or a driver that is dying without its
+    lease (a resumed zombie whose query fails on the checkpoint the next driver moved on, and says
+    so), is not a second driver."""
     records = history(layout.lease_dir)
     assert records, "no driver ever held the stream"
     assert overlaps(records) == [], f"two drivers held the checkpoint at once: {records}"
     starts = {h.epoch: h.started_at for h in records}
     for event in read_events(layout.events_file):
-        if event.get("epoch") is None:
-            continue  # not written by a driver holding the lease (a standby warming, a supervisor)
+        if event.get("epoch") is None or event.get("event") not in COMMIT_EVENTS:
+            continue  # not a commit, or not by a driver holding the lease (a standby warming, a supervisor)
         successor = starts.get(event["epoch"] + 1)
         assert successor is None or event["logged_at"] < successor, \
-            f"a driver of epoch {event['epoch']} wrote after the next one took over: {event}"
+            f"a driver of epoch {event['epoch']} committed after the next one took over: {event}"
 
 
 def deploy(airflow: Airflow, stream: str) -> None:

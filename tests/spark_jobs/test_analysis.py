@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner.kafka import ensure_topics
 from spark_jobs import analysis, check
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError, StreamSpec
+from spark_jobs.spec.models import KafkaSource, SpecError, StreamSpec
 
 CORPUS = Path(__file__).resolve().parent / "bad_sql"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -34,7 +35,13 @@ def analyze_file(spark, path: Path, spec: StreamSpec | None = None) -> StreamPla
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_every_example_spec_passes(spark, path: Path) -> None:  # noqa: ANN001
+def test_every_example_spec_passes(spark, path: Path, request: pytest.FixtureRequest,  # noqa: ANN001
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    source = load_spec(path).source
+    if isinstance(source, KafkaSource):  # clicks: the tests' broker, holding its topic, where the spec looks
+        broker = request.getfixturevalue("kafka_broker")
+        ensure_topics(broker.bootstrap, source.topics or [], partitions=3)
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap)
     analyze_file(spark, path)
 
 

@@ -329,6 +329,40 @@ def test_a_kafka_streams_backlog_is_its_records_behind_per_partition(spark, tmp_
     assert any("records behind unknown: source.bootstrap_servers: no Kafka broker answered" in n for n in health.notes)
 
 
+def test_a_broker_stopped_under_a_running_driver_makes_the_stream_unhealthy_naming_it(tmp_path: Path) -> None:
+    from runner.kafka import KafkaBroker
+    from spark_jobs.spec.loading import parse_spec
+
+    broker = KafkaBroker(tmp_path / "broker").start()
+    try:
+        broker.create_topic("readings", partitions=2)
+        spec = parse_spec({"name": "k", "source": {"type": "kafka", "bootstrap_servers": broker.bootstrap,
+                                                   "topics": ["readings"], "format": "json",
+                                                   "columns": [{"name": "id", "type": "string", "required": True}]},
+                           "quarantine": {"path": "quarantine/k"},
+                           "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append",
+                                        "sink": {"type": "parquet", "path": "sinks/k"}}],
+                           "checkpoint": "checkpoints/k"})
+        layout = Layout(spec, tmp_path / "data", default_spec_dir())
+        broker.produce("readings", ['{"id": "a"}', '{"id": "b"}', '{"id": "c"}'], partition=1)
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(layout.lease_dir)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "held"
+            running = assess(spec, layout)
+            assert running.records_behind == {"readings/0": 0, "readings/1": 3}, running.summary()
+            broker.stop()
+            health = assess(spec, layout)
+            assert health.status == Status.LAGGING and health.backlog_records is None, health.summary()
+            assert f"its source does not answer, records behind unknown: source.bootstrap_servers: no Kafka broker " \
+                   f"answered at {broker.bootstrap}" in health.reason
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        broker.stop()
+
+
 @pytest.mark.parametrize(("then", "now", "per_trigger", "status"), [
     (100, 400, 200, Status.LAGGING),   # grew, and more than a trigger takes
     (500, 400, 200, Status.HEALTHY),   # shrinking
