@@ -63,8 +63,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
-from processes import MASTER, child_env, kill_tree, spark_submit
-from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, batches_of
+from processes import MASTER, child_env, kill_tree
+from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, run_variant
 
 from runner.kafka import KafkaBroker, ensure_topics
 from spark_jobs.plan import compile_plan
@@ -90,6 +90,9 @@ class TopicStream(Stream):
 
     def prepare(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)  # the topic is the input: nothing to copy
+
+    def jars(self) -> list[str]:
+        return connector_jars()  # Spark's Kafka connector
 
     def source_job(self, layout: Layout) -> dict[str, Any]:
         src = self.spec.source
@@ -136,28 +139,13 @@ def table_views(db: Path, table: str) -> int | None:
 
 
 def run(stream: TopicStream, variant: str, root: Path, timeout: float) -> dict[str, Any]:
-    stream.prepare(root)
-    log = root / "spark-submit.log"
-    if variant == "c":
-        args = [str(STREAM_JOB), "--spec", str(stream.spec_path), "--data-root", str(root), "--trigger", "available-now"]
-    else:
-        job = root / "job.json"
-        job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
-        args = [str(PLAIN_JOB), "--job", str(job)]
-    result = spark_submit(args, log, timeout, jars=connector_jars())
-    if result["exit_code"] != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"variant {variant} exited {result['exit_code']}; {log}:\n{tail}")
-    batches, complete = batches_of(stream, variant, root)
-    begin, end = min(b["start"] for b in batches), max(b["end"] for b in batches)
-    counts = stream.manifest_counts()
+    """One run of ``throughput.run_variant``, its table checked against the ground truth."""
+    sample = run_variant(stream, variant, root, timeout)
     views = table_views(root / "tables.db", "clicks_page_totals")
-    if views != counts["accepted"]:
-        raise RuntimeError(f"variant {variant}: the table counts {views} views, the ground truth {counts['accepted']}")
-    records = counts["input_records"]
-    return {"records": records, "batch_s": end - begin, "records_per_s": records / (end - begin),
-            "records_per_s_wall": records / result["wall_s"], "batches": len(batches), "progress_complete": complete,
-            "table_views": views, **result}
+    accepted = stream.manifest_counts()["accepted"]
+    if views != accepted:
+        raise RuntimeError(f"variant {variant}: the table counts {views} views, the ground truth {accepted}")
+    return {**sample, "table_views": views}
 
 
 # ---- freshness ------------------------------------------------------------------------------------
@@ -313,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             for variant in ("bc" if i % 2 == 0 else "cb"):
                 sample = run(stream, variant, work / f"run-{variant}-{i}", args.timeout)
                 samples[variant].append(sample)
-                note(f"repeat {i + 1}, {variant}: {sample['records_per_s']:.0f} records/s "
+                note(f"repeat {i + 1}, {variant}: {sample['rows_per_s']:.0f} records/s "
                      f"({sample['batch_s']:.1f} s of batches, {sample['wall_s']:.1f} s wall)")
         for variant in ("b", "c"):
             fresh[variant] = freshness(variant, broker, specs["freshness"], work / f"fresh-{variant}", args.fresh)
@@ -324,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    median = {v: statistics.median(s["records_per_s"] for s in samples[v]) for v in samples}
+    median = {v: statistics.median(s["rows_per_s"] for s in samples[v]) for v in samples}
     ratio = median["c"] / median["b"]
     lines = [f"records/s (median of {args.repeats}): plain Spark (b) {median['b']:.0f}, platform (c) {median['c']:.0f}, "
              f"c/b {ratio:.2f}"]

@@ -191,6 +191,10 @@ class Stream:
     def layout(self, root: Path) -> Layout:
         return Layout(self.spec, root, self.spec_path.parent)
 
+    def jars(self) -> list[str]:
+        """Jars its drivers need beside Spark's own (none for files)."""
+        return []
+
     def prepare(self, root: Path) -> None:
         """A fresh data root holding hard links of the generated landing files (same mtimes)."""
         src, dst = Path(self.layout(self.input_root).landing), Path(self.layout(root).landing)
@@ -319,7 +323,7 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float) -> dic
         job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
-    run = spark_submit(args, log, timeout)
+    run = spark_submit(args, log, timeout, jars=stream.jars())
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{stream.name} variant {variant} exited {run['exit_code']}; {log}:\n{tail}")
