@@ -6,10 +6,11 @@ ARG AIRFLOW_VERSION=3.3.2
 ARG PYTHON_VERSION=3.11
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 
-# Java for Spark (drivers run in the Airflow services, executors on the workers)
+# Java for Spark (drivers run in the Airflow services, executors on the workers); a JDK, to
+# build the platform's local file system below
 USER root
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven procps curl \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven procps curl \
  && apt-get autoremove -yqq --purge && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/default-java \
  && mkdir -p /opt/streams/data && chown -R airflow:0 /opt/streams
@@ -35,6 +36,13 @@ COPY --chown=airflow:0 spark_jobs spark_jobs
 COPY --chown=airflow:0 plugins plugins
 COPY --chown=airflow:0 dags dags
 COPY --chown=airflow:0 include include
+# the platform's local file system (include/deploy/java), built as ./platform setup builds it: every
+# driver gets it (a chmod or readlink process per file written otherwise)
+RUN jars="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
+ && mkdir -p /tmp/local-fs .jars/local-fs \
+ && javac --release 17 -nowarn -Xlint:-options -cp "$(ls "$jars"/hadoop-client-api-*.jar)" -d /tmp/local-fs \
+        include/deploy/java/streams/platform/hadoop/*.java \
+ && jar cf .jars/local-fs/local-fs.jar -C /tmp/local-fs streams && rm -rf /tmp/local-fs
 
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/streams/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/streams/plugins \

@@ -50,26 +50,23 @@ import json
 import os
 import platform as host
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import yaml
+from freshness import Watcher, percentile, table_views
 from processes import MASTER, child_env, kill_tree
 from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, run_variant
 
 from runner.kafka import KafkaBroker, ensure_topics
 from spark_jobs.plan import compile_plan
-from spark_jobs.runtime.checkpoint import sink_files
-from spark_jobs.runtime.session import connector_jars
+from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import KafkaSource
@@ -130,14 +127,6 @@ def write_specs(folder: Path) -> dict[str, Path]:
 # ---- throughput -----------------------------------------------------------------------------------
 
 
-def table_views(db: Path, table: str) -> int | None:
-    try:
-        with sqlite3.connect(db) as conn:
-            return int(conn.execute(f'SELECT coalesce(sum(views), 0) FROM "{table}"').fetchone()[0])
-    except sqlite3.Error:
-        return None
-
-
 def run(stream: TopicStream, variant: str, root: Path, timeout: float) -> dict[str, Any]:
     """One run of ``throughput.run_variant``, its table checked against the ground truth."""
     sample = run_variant(stream, variant, root, timeout)
@@ -149,42 +138,6 @@ def run(stream: TopicStream, variant: str, root: Path, timeout: float) -> dict[s
 
 
 # ---- freshness ------------------------------------------------------------------------------------
-
-
-class Watcher(threading.Thread):
-    """When each record became readable in each sink: new files of Parquet sinks (their
-    ``_spark_metadata`` log), the growing count of views in a table."""
-
-    def __init__(self, parquet: dict[str, str], tables: dict[str, tuple[Path, str]]):
-        super().__init__(daemon=True)
-        self.parquet, self.tables = parquet, tables
-        self.seen: dict[str, dict[str, float]] = {name: {} for name in parquet}
-        self.counts: dict[str, list[tuple[float, int]]] = {name: [] for name in tables}
-        self._files: dict[str, set[str]] = {name: set() for name in parquet}
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            now = time.time()
-            for name, path in self.parquet.items():
-                for f in sorted(sink_files(path) - self._files[name]):
-                    self._files[name].add(f)
-                    local = f.removeprefix("file://")
-                    for event_id in pq.read_table(local, columns=["event_id"]).column("event_id").to_pylist():
-                        self.seen[name].setdefault(event_id, now)
-            for name, (db, table) in self.tables.items():
-                views = table_views(db, table)
-                if views is not None and (not self.counts[name] or views > self.counts[name][-1][1]):
-                    self.counts[name].append((now, views))
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-    def counted(self, name: str, views: int) -> float | None:
-        """When the table first counted ``views`` views."""
-        return next((t for t, n in self.counts[name] if n >= views), None)
 
 
 def produce_steadily(broker: KafkaBroker, topic: str, ids: list[str], every: float) -> dict[str, float]:
@@ -211,7 +164,8 @@ def freshness(variant: str, broker: KafkaBroker, spec_path: Path, root: Path, re
     spec = load_spec(spec_path)
     layout = Layout(spec, root, spec_path.parent)
     if variant == "c":
-        args = [str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root), "--processing-time", "1 second"]
+        args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root),
+                "--processing-time", "1 second"]
         parquet = {"first sink (accepted rows)": compile_plan(spec, layout).accepted}
         tables = {"table (second stage)": (root / "tables.db", "clicks_page_totals")}
     else:
@@ -259,11 +213,6 @@ def freshness(variant: str, broker: KafkaBroker, spec_path: Path, root: Path, re
         latencies[n] = [watcher.counted(n, base[n] + k + 1) - acked[i] for k, i in enumerate(ids)]
     return {name: {"median_s": statistics.median(v), "p99_s": percentile(v, 0.99), "max_s": max(v), "samples": v}
             for name, v in latencies.items()}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 # ---- main -----------------------------------------------------------------------------------------

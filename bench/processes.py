@@ -116,10 +116,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def spark_submit(args: list[str], log: Path, timeout: float, jars: list[str] | None = None) -> dict[str, Any]:
-    """Run ``spark-submit --master local[2] [--jars ...] <args>``; exit code, wall time, peak memory."""
+def spark_submit(args: list[str], log: Path, timeout: float, jars: list[str] | None = None,
+                 conf: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``spark-submit --master local[2] [--jars ...] [--conf ...] <args>``; exit code, wall time, peak memory."""
+    confs = [arg for k, v in (conf or {}).items() for arg in ("--conf", f"{k}={v}")]
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
-           *(["--jars", ",".join(jars)] if jars else []), "--conf", "spark.ui.showConsoleProgress=false", *args]
+           *(["--jars", ",".join(jars)] if jars else []), "--conf", "spark.ui.showConsoleProgress=false", *confs, *args]
     with open(log, "w") as out:
         started = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())

@@ -57,6 +57,7 @@ from spark_jobs.runtime.checkpoint import (
     landing_backlog,
     read_query_checkpoint,
 )
+from spark_jobs.runtime.session import submit_args
 from spark_jobs.spec.layout import project_root
 from spark_jobs.spec.models import INGEST_QUERY
 
@@ -75,7 +76,7 @@ class Copy:
         self.mfpt = self.stream.spec.source.max_files_per_trigger
         env = child_env()
         if kind in ("platform", "standby"):
-            args = [str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
+            args = [*submit_args(), str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
             self.checkpoints = [Path(compile_plan(self.stream.spec, self.layout).checkpoint(INGEST_QUERY))]
         else:
             job = self.stream.plain_job("b", root)

@@ -31,7 +31,18 @@ to run:
     plus one query writing the rejected rows (corrupt record or a required column
     missing: raw record, reason, source file, time) to the quarantine (Parquet).
 
-Every query runs with the available-now trigger (or ``processing_time`` if the job file
+``batch`` (variant d)
+    The same work as ONE plain Spark batch job over the same landing files: parse once
+    (same reader, no ``maxFilesPerTrigger``), write the rejected rows to the quarantine,
+    keep the valid rows deduplicated on the key (all of them: a batch has no watermark,
+    so it also keeps the rows a stream drops as late), the broadcast joins and
+    ``event_date``, then every output computed from them into the same sinks (a window's
+    every pane; an update-mode table holds its final rows, as a complete-mode one). The
+    parsed input and the accepted rows are persisted, each computed once, as a batch job
+    written with care would. Its one "batch" in ``result`` spans from before the first
+    read to after the last write.
+
+Every streaming query runs with the available-now trigger (or ``processing_time`` if the job file
 gives one: then until the process is ended); they all start at once and the job ends
 when all have finished. At the end the job writes ``result`` (JSON) with every batch of
 every query (``query.recentProgress``: start, trigger execution time, input rows), so that
@@ -45,7 +56,7 @@ import argparse
 import json
 import sqlite3
 import sys
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +89,17 @@ def parsed(spark: SparkSession, source: dict[str, Any]) -> DataFrame:
         return raw.select(parse.alias("record"), position.alias(POSITION)).select("record.*", POSITION)
     reader = (spark.readStream.format(source["format"]).schema(source["schema"]).option("mode", "PERMISSIVE")
               .option("columnNameOfCorruptRecord", CORRUPT).option("maxFilesPerTrigger", source["max_files_per_trigger"]))
+    return _files(reader, source)
+
+
+def parsed_batch(spark: SparkSession, source: dict[str, Any]) -> DataFrame:
+    """The landing files parsed as one batch, by the same reader."""
+    reader = (spark.read.format(source["format"]).schema(source["schema"]).option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT))
+    return _files(reader, source)
+
+
+def _files(reader, source: dict[str, Any]) -> DataFrame:  # noqa: ANN001 - a stream or batch reader
     if source["format"] == "csv":
         reader = reader.option("header", True)
     for key, value in source["options"].items():
@@ -105,14 +127,17 @@ def every_column_read(job: dict[str, Any]):  # noqa: ANN201 - a Column, always t
     return nulls >= 0
 
 
-def accepted(spark: SparkSession, job: dict[str, Any]) -> DataFrame:
-    """Valid rows, watermarked, deduplicated, enriched, with event_date."""
-    df = parsed(spark, job["source"]).where(valid_condition(job) & every_column_read(job)).drop(CORRUPT, POSITION)
+def accepted(spark: SparkSession, job: dict[str, Any], source: DataFrame | None = None) -> DataFrame:
+    """Valid rows, watermarked, deduplicated, enriched, with event_date (of ``source``, a batch:
+    deduplicated without a watermark; else the landing files as a stream)."""
+    source = parsed(spark, job["source"]) if source is None else source
+    df = source.where(valid_condition(job) & every_column_read(job)).drop(CORRUPT, POSITION)
     event_time = job["event_time"]
-    if event_time:
+    if event_time and df.isStreaming:
         df = df.withWatermark(event_time["column"], event_time["watermark"])
     if job["deduplicate"]:
-        df = df.dropDuplicatesWithinWatermark(job["deduplicate"])
+        df = df.dropDuplicatesWithinWatermark(job["deduplicate"]) if df.isStreaming else df.dropDuplicates(
+            job["deduplicate"])
     for ref in job["joins"]:
         reader = spark.read.format(ref["format"])
         if ref["format"] == "csv":
@@ -206,6 +231,45 @@ def start(frame: DataFrame, name: str, checkpoint: str, mode: str, sink: dict[st
     return writer.start()
 
 
+def rejected_rows(job: dict[str, Any], source: DataFrame) -> DataFrame:
+    columns = [F.col(c) for c in job["columns"]]
+    return source.where(~valid_condition(job)).select(
+        F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns))).alias("raw"),
+        F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record")).otherwise(F.lit("missing required field"))
+        .alias("reason"),
+        F.col(POSITION).alias("source_file"),
+        F.current_timestamp().alias("quarantined_at"))
+
+
+def write_batch(frame: DataFrame, sink: dict[str, Any], mode: str) -> None:
+    """One output of the batch job into its sink: Parquet files, or the table's rows replaced."""
+    if sink["type"] == "parquet":
+        writer = frame.write.mode("append")
+        if sink.get("partition_by"):
+            writer = writer.partitionBy(*sink["partition_by"])
+        writer.parquet(sink["path"])
+    else:
+        table_batches(frame, sink, "complete")(frame, 0)
+
+
+def batch(spark: SparkSession, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Variant d: the stream's work as one batch job; its one "batch" (start, duration, rows read)."""
+    from pyspark import StorageLevel
+
+    started = datetime.now(UTC)
+    source = parsed_batch(spark, job["source"]).persist(StorageLevel.MEMORY_AND_DISK)
+    rows = source.count()
+    write_batch(rejected_rows(job, source).coalesce(1), {"type": "parquet", "path": job["quarantine"]}, "append")
+    kept = accepted(spark, job, source).persist(StorageLevel.MEMORY_AND_DISK)
+    for out in job["outputs"]:
+        write_batch(output_frame(kept, job, out), out["sink"], out["mode"])
+    ended = datetime.now(UTC)
+    kept.unpersist()
+    source.unpersist()
+    return [{"query": "batch", "batch_id": 0, "timestamp": started.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+             "trigger_ms": (ended - started).total_seconds() * 1000, "input_rows": rows}]
+
+
 def plan(spark: SparkSession, job: dict[str, Any]) -> list:
     """Start the variant's queries."""
     checkpoints = Path(job["checkpoints"])
@@ -213,14 +277,7 @@ def plan(spark: SparkSession, job: dict[str, Any]) -> list:
         return [start(parsed(spark, job["source"]).drop(POSITION), "parse", str(checkpoints / "parse"), "append",
                       {"type": "parquet", "path": job["parse_sink"]}, job.get("processing_time"))]
     queries = []
-    source = parsed(spark, job["source"])
-    columns = [F.col(c) for c in job["columns"]]
-    rejected = source.where(~valid_condition(job)).select(
-        F.coalesce(F.col(CORRUPT), F.to_json(F.struct(*columns))).alias("raw"),
-        F.when(F.col(CORRUPT).isNotNull(), F.lit("malformed record")).otherwise(F.lit("missing required field"))
-        .alias("reason"),
-        F.col(POSITION).alias("source_file"),
-        F.current_timestamp().alias("quarantined_at"))
+    rejected = rejected_rows(job, parsed(spark, job["source"]))
     trigger = job.get("processing_time")
     queries.append(start(rejected, "quarantine", str(checkpoints / "quarantine"), "append",
                          {"type": "parquet", "path": job["quarantine"]}, trigger))
@@ -236,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     job = json.loads(Path(args.job).read_text())
     spark = session(job)
+    if job["variant"] == "batch":
+        result = {"variant": "batch", "failed": [], "batches": batch(spark, job)}
+        Path(job["result"]).write_text(json.dumps(result))
+        spark.stop()
+        return 0
     queries = []
     failed = []
     try:

@@ -23,6 +23,7 @@ import error naming the spec file and field, and nothing is deployed from it.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.runtime.session import connector_jars
+from spark_jobs.runtime.session import connector_jars, local_fs_conf
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
@@ -74,8 +75,21 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
 
 
 def _jars() -> str | None:
-    """The connectors' jars for spark-submit's ``--jars`` (Spark's Kafka connector), if set up."""
+    """The jars for spark-submit's ``--jars`` (Spark's Kafka connector, the platform's local file system), if set up."""
     return ",".join(connector_jars()) or None
+
+
+def _conf(spec: StreamSpec | None = None) -> dict[str, str]:
+    """spark-submit's ``--conf`` settings: the platform's local file system if built, then (for a
+    stream's driver) the spec's shuffle partitions and ``spark.conf``, which win."""
+    conf = local_fs_conf()
+    if spec is not None:
+        own = {k: str(v) for k, v in spec.spark.conf.items()}
+        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
+            if key in own and key in conf:  # the spec's class path, and the platform's jar
+                own[key] = f"{own[key]}{os.pathsep}{conf[key]}"
+        conf |= {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **own}
+    return conf
 
 
 def _default_args(spec: StreamSpec) -> dict[str, Any]:
@@ -107,8 +121,7 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
              catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
         StreamSupervisorOperator(
             task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
-            conf={"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
-                  **{k: str(v) for k, v in spec.spark.conf.items()}},
+            conf=_conf(spec),
             driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory,
             jars=_jars(), **paths)
         StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
@@ -189,9 +202,9 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
         bounds = check_range()
         start, end = "{{ ti.xcom_pull(task_ids='check_range')['start'] }}", "{{ ti.xcom_pull(task_ids='check_range')['end'] }}"
         backfill = BackfillOperator(task_id="backfill", stream=spec.name, conn_id=spec.spark.connection,
-                                    start=start, end=end, jars=_jars(), **paths)
+                                    start=start, end=end, jars=_jars(), conf=_conf(), **paths)
         validate = ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection,
-                                          backfill_start=start, backfill_end=end, **paths)
+                                          backfill_start=start, backfill_end=end, jars=_jars(), conf=_conf(), **paths)
         bounds >> backfill >> validate
     dags[backfill_dag.dag_id] = backfill_dag
 
@@ -204,6 +217,7 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
     with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=quality_schedule(rules, assets), start_date=START,
              catchup=False, max_active_runs=1, tags=[*tags, "quality"],
              default_args={**_default_args(spec), "retries": 0}) as quality_dag:
-        ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, **paths)
+        ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
+                               conf=_conf(), **paths)
     dags[quality_dag.dag_id] = quality_dag
     return dags

@@ -30,18 +30,49 @@ CONNECTORS_DIR = Path(__file__).resolve().parents[2] / ".jars" / "spark-connecto
 
 def connector_jars() -> list[str]:
     """The jars every driver gets (``spark-submit --jars``, ``spark.jars``) beside Spark's own:
-    Spark's Kafka connector. From ``$STREAMS_CONNECTOR_JARS`` (a folder) if set; none if
-    setup has not fetched them (a Kafka stream then fails its analysis, saying so)."""
+    Spark's Kafka connector, from ``$STREAMS_CONNECTOR_JARS`` (a folder) if set, none if setup
+    has not fetched them (a Kafka stream then fails its analysis, saying so); and the
+    platform's local file system (:func:`local_fs_conf`) if built, for executors elsewhere."""
     folder = Path(os.environ.get("STREAMS_CONNECTOR_JARS", CONNECTORS_DIR))
-    return sorted(str(p) for p in folder.glob("*.jar"))
+    local_fs = local_fs_conf().get("spark.driver.extraClassPath")
+    return sorted(str(p) for p in folder.glob("*.jar")) + ([local_fs] if local_fs else [])
+
+
+#: where ``./platform setup`` builds the platform's Hadoop local file system (``include/deploy/java``)
+LOCAL_FS_JAR = Path(__file__).resolve().parents[2] / ".jars" / "local-fs" / "local-fs.jar"
+LOCAL_FS_PACKAGE = "streams.platform.hadoop"
+
+
+def local_fs_conf() -> dict[str, str]:
+    """Spark settings that send ``file:`` paths through the platform's local file system
+    (``include/deploy/java``): Hadoop's own, except that it sets permissions and looks for
+    symbolic links in the JVM, where Hadoop without its native library starts a ``chmod`` or
+    ``readlink`` process, dozens per micro-batch.
+
+    For spark-submit's command line: the class must be on the driver's class path before it
+    touches its first file. Executors find it at the same path where it exists (the compose
+    file's Spark workers), else through ``--jars`` (:func:`connector_jars`). A session with a
+    master (:func:`build_session`) gets it too. From ``$STREAMS_LOCAL_FS_JAR`` if set (empty:
+    none); none if setup has not built it, and Hadoop's stock one serves."""
+    jar = os.environ.get("STREAMS_LOCAL_FS_JAR", str(LOCAL_FS_JAR))
+    if not jar or not Path(jar).is_file():
+        return {}
+    return {"spark.driver.extraClassPath": jar, "spark.executor.extraClassPath": jar,
+            "spark.hadoop.fs.file.impl": f"{LOCAL_FS_PACKAGE}.ForklessLocalFileSystem",
+            "spark.hadoop.fs.AbstractFileSystem.file.impl": f"{LOCAL_FS_PACKAGE}.ForklessLocalFs"}
+
+
+def submit_args() -> list[str]:
+    """``--conf`` arguments of :func:`local_fs_conf`, for a spark-submit command line."""
+    return [arg for key, value in local_fs_conf().items() for arg in ("--conf", f"{key}={value}")]
 
 
 def build_session(app_name: str, spec: StreamSpec | None = None, master: str | None = None,
                   extra: Mapping[str, Any] | None = None) -> SparkSession:
     """A SparkSession with the platform's settings, then ``extra`` (the job's own), then
     the spec's shuffle partitions and ``spark.conf`` (which win: a user who sets a key means it).
-    ``master`` is for tests and tools, whose session also gets the connectors' jars;
-    ``spark-submit`` sets both otherwise."""
+    ``master`` is for tests and tools, whose session also gets the connectors' jars and the
+    platform's local file system; ``spark-submit`` sets them otherwise."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -49,8 +80,10 @@ def build_session(app_name: str, spec: StreamSpec | None = None, master: str | N
         builder = builder.master(master)
     builder = builder.config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"))
     conf: dict[str, Any] = dict(SESSION_CONF)
-    if master and connector_jars():
-        conf["spark.jars"] = ",".join(connector_jars())
+    if master:
+        conf.update(local_fs_conf())
+        if connector_jars():
+            conf["spark.jars"] = ",".join(connector_jars())
     conf.update(extra or {})
     if spec is not None:
         conf["spark.sql.shuffle.partitions"] = spec.spark.shuffle_partitions

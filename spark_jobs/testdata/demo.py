@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs.runtime.session import connector_jars
+from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import (
     Layout,
@@ -42,7 +42,7 @@ def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, 
     jars = connector_jars()
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master,
            *(["--jars", ",".join(jars)] if jars else []),
-           "--conf", "spark.ui.showConsoleProgress=false", str(job),
+           "--conf", "spark.ui.showConsoleProgress=false", *submit_args(), str(job),
            "--spec", str(spec_path), "--data-root", str(data_root), *extra]
     with open(log_path, "w") as log:
         return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode

@@ -150,6 +150,28 @@ def test_an_application_gets_the_dags_that_run_stop_and_restart_it(tmp_path: Pat
         "stream_rate_counts"].doc_md
 
 
+def test_every_driver_writes_through_the_platform_s_local_file_system_beside_a_spec_s_class_path(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    jar = tmp_path / "local-fs.jar"
+    jar.write_bytes(b"")
+    monkeypatch.setenv("STREAMS_LOCAL_FS_JAR", str(jar))
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    sensors.write_text(sensors.read_text() + "\nspark: {conf: {spark.driver.extraClassPath: /opt/udfs.jar}}\n")
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(DAGS)
+    assert not bag.import_errors
+    for dag_id, task_id in (("stream_sensors", "supervise"), ("stream_sensors_backfill", "backfill"),
+                            ("stream_sensors_backfill", "validate"), ("stream_sensors_quality", "validate")):
+        task = bag.dags[dag_id].get_task(task_id)
+        assert task.conf["spark.hadoop.fs.file.impl"] == "streams.platform.hadoop.ForklessLocalFileSystem", task_id
+        assert str(jar) in task.jars.split(","), task_id
+    supervise = bag.dags["stream_sensors"].get_task("supervise")
+    assert supervise.conf["spark.driver.extraClassPath"] == f"/opt/udfs.jar:{jar}"
+    assert bag.dags["stream_clicks"].get_task("supervise").conf["spark.driver.extraClassPath"] == str(jar)
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""

@@ -25,7 +25,7 @@ from spark_jobs.runtime.checkpoint import (
     batch_ids,
     last_batch,
 )
-from spark_jobs.runtime.session import connector_jars
+from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
@@ -59,7 +59,7 @@ class Driver:
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         jars = ["--jars", ",".join(connector_jars())] if connector_jars() else []
         cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-               "--conf", "spark.ui.enabled=false", *jars, str(STREAM_JOB),
+               "--conf", "spark.ui.enabled=false", *jars, *submit_args(), str(STREAM_JOB),
                "--spec", str(spec_path), "--data-root", str(data_root), *extra]
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

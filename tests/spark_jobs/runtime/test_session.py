@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import yaml
 
 from spark_jobs.runtime.session import (
+    LOCAL_FS_PACKAGE,
     SESSION_CONF,
     build_session,
+    local_fs_conf,
 )
 from spark_jobs.spec.layout import default_spec_dir
 from spark_jobs.spec.loading import parse_spec
@@ -29,3 +35,82 @@ def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None: 
     finally:
         for key, value in before.items():
             spark.conf.set(key, value)
+
+
+def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_process(spark, tmp_path) -> None:  # noqa: ANN001
+    """Hadoop's local file system, without its native library, starts ``chmod`` for every file
+    it creates and ``readlink`` for every rename of a FileContext (checkpoint files); the
+    platform's does both in the JVM, with the same outcome."""
+    from conftest import skip_for_missing_package
+
+    if not local_fs_conf():
+        skip_for_missing_package("a JDK (javac), to build the platform's local file system (./platform setup)")
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI.create("file:///")
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf)
+    assert fs.getClass().getName() == f"{LOCAL_FS_PACKAGE}.ForklessLocalFileSystem"
+    assert fs.getRawFileSystem().getClass().getName() == f"{LOCAL_FS_PACKAGE}.ForklessRawLocalFileSystem"
+    fc = jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf)
+    assert fc.getDefaultFileSystem().getClass().getName() == f"{LOCAL_FS_PACKAGE}.ForklessLocalFs"
+
+    # twenty files written and renamed as a checkpoint log writes them: Hadoop's own starts at
+    # least one process for each (the machine's other work may start a few meanwhile)
+    gateway = spark.sparkContext._gateway
+    parent = gateway.new_array(jvm.org.apache.hadoop.fs.Options.CreateOpts, 1)
+    parent[0] = jvm.org.apache.hadoop.fs.Options.CreateOpts.createParent()
+    started = _processes_started()
+    for i in range(20):
+        temporary, final = (jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/log/{name}") for name in (f".{i}.tmp", str(i)))
+        out = fc.create(temporary, jvm.java.util.EnumSet.of(jvm.org.apache.hadoop.fs.CreateFlag.CREATE),
+                        parent)
+        out.write(b"v1")
+        out.close()
+        fc.rename(temporary, final, gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 0))
+    assert _processes_started() - started < 10, "the JVM starts processes to write files"
+    assert sorted(p.name for p in (tmp_path / "log").iterdir() if not p.name.startswith(".")) == sorted(
+        str(i) for i in range(20))
+
+    path = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/dir/a.txt")
+    mode = jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o640)
+    out = fs.create(path, mode, True, 4096, 1, 1 << 20, None)  # a new directory too
+    out.write(b"one")
+    out.close()
+    assert (tmp_path / "dir" / "a.txt").read_bytes() == b"one"
+    assert oct((tmp_path / "dir" / "a.txt").stat().st_mode & 0o777) == oct(0o640 & ~_umask())
+    fs.setPermission(path, jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o600))
+    assert oct((tmp_path / "dir" / "a.txt").stat().st_mode & 0o777) == "0o600"
+
+    # a FileContext rename, as Spark's checkpoint logs commit a file: refused onto an existing
+    # file unless told to overwrite, as Hadoop's own
+    (tmp_path / "dir" / "b.txt").write_text("two")
+    rename = jvm.org.apache.hadoop.fs.Options.Rename
+    target = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/dir/b.txt")
+    none = gateway.new_array(rename, 1)
+    none[0] = rename.NONE
+    with pytest.raises(Exception, match="FileAlreadyExists|already exists"):
+        fc.rename(path, target, none)
+    overwrite = gateway.new_array(rename, 1)
+    overwrite[0] = rename.OVERWRITE
+    fc.rename(path, target, overwrite)
+    assert (tmp_path / "dir" / "b.txt").read_bytes() == b"one" and not (tmp_path / "dir" / "a.txt").exists()
+    with pytest.raises(Exception, match="FileNotFound|does not exist"):
+        fc.getFileLinkStatus(path)
+    # a symbolic link is still one
+    (tmp_path / "link").symlink_to(tmp_path / "dir" / "b.txt")
+    status = fs.getFileLinkStatus(jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/link"))
+    assert status.getLen() == 3
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _processes_started() -> int:
+    """How many processes this machine has started since it booted (the JVM's among them)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("processes "):
+            return int(line.split()[1])
+    raise AssertionError("no process count in /proc/stat")

@@ -1,0 +1,284 @@
+"""Freshness on files: from a file landing to its rows being readable in each sink, the
+platform against plain Spark.
+
+    python bench/freshness.py [--files N] [--every S] [--rows-per-file N] [--repeats N] [--keep]
+
+Each variant runs alone, as ``spark-submit --master local[2]`` with a processing-time trigger
+of 1 second and the same session settings, in a fresh data root:
+
+- plain Spark: ONE streaming query, ``bench/throughput_plain.py`` variant ``parse``: the
+  landing files parsed into one Parquet sink;
+- the platform: ``spark_jobs/stream_job.py`` running the four-output stream of
+  ``bench/throughput.py`` (``clicks_four_outputs``): its pass-through output, which the
+  ingestion writes (the first sink), and its complete- and update-mode tables in SQLite (a
+  second stage, reading the accepted rows). Its sliding window emits a pane when the
+  watermark passes the pane's end, minutes after the rows: it is left out.
+
+Once a variant has read a first file (and its tables counted it), ``--files`` files land at
+a steady rate, one every ``--every`` seconds, each of ``--rows-per-file`` valid clicks of
+the moment (unique ids): written beside the landing directory, then renamed into it, so a
+file appears whole. A file is readable in a Parquet sink when a file committed in the
+sink's ``_spark_metadata`` log holds its last row, and in a table when the table's views
+count it. Per sink: the median, p99 and max of the files' latencies in each run; medians
+of ``--repeats`` runs. Ratios: the platform's first sink against plain Spark (aim at most
+1.5), and each sink's median minus plain Spark's, in triggers (aim at most 2 more).
+
+Output: a table on stdout and ``bench/results/freshness.json``. Every process started here
+is ended by its pid, also on failure; the working folder is removed unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform as host
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+from processes import MASTER, child_env, kill_tree
+
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import sink_files
+from spark_jobs.runtime.session import submit_args
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+
+TRIGGER_S = 1.0
+#: aims: the first sink at most this times plain Spark's median; every sink at most this many triggers later
+FIRST_SINK_RATIO, EXTRA_TRIGGERS = 1.5, 2
+
+
+class Watcher(threading.Thread):
+    """When each record became readable in each sink: new files of Parquet sinks (their
+    ``_spark_metadata`` log), the growing count of views in a table."""
+
+    def __init__(self, parquet: dict[str, str], tables: dict[str, tuple[Path, str]]):
+        super().__init__(daemon=True)
+        self.parquet, self.tables = parquet, tables
+        self.seen: dict[str, dict[str, float]] = {name: {} for name in parquet}
+        self.counts: dict[str, list[tuple[float, int]]] = {name: [] for name in tables}
+        self._files: dict[str, set[str]] = {name: set() for name in parquet}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            now = time.time()
+            for name, path in self.parquet.items():
+                for f in sorted(sink_files(path) - self._files[name]):
+                    self._files[name].add(f)
+                    local = f.removeprefix("file://")
+                    for event_id in pq.read_table(local, columns=["event_id"]).column("event_id").to_pylist():
+                        self.seen[name].setdefault(event_id, now)
+            for name, (db, table) in self.tables.items():
+                views = table_views(db, table)
+                if views is not None and (not self.counts[name] or views > self.counts[name][-1][1]):
+                    self.counts[name].append((now, views))
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def counted(self, name: str, views: int) -> float | None:
+        """When the table first counted ``views`` views."""
+        return next((t for t, n in self.counts[name] if n >= views), None)
+
+    def caught_up(self) -> bool:
+        """Every table counts every record the first Parquet sink holds."""
+        read = len(next(iter(self.seen.values())))
+        return all(self.counts[n] and self.counts[n][-1][1] >= read for n in self.tables)
+
+
+def table_views(db: Path, table: str) -> int | None:
+    try:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute(f'SELECT coalesce(sum(views), 0) FROM "{table}"').fetchone()[0])
+    except sqlite3.Error:
+        return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def stats(latencies: list[float]) -> dict[str, Any]:
+    return {"median_s": statistics.median(latencies), "p99_s": percentile(latencies, 0.99), "max_s": max(latencies),
+            "samples": latencies}
+
+
+# ---- files landing --------------------------------------------------------------------------------
+
+
+def write_specs(folder: Path) -> Path:
+    """The four-output benchmark stream with a 1-second trigger; its path."""
+    from throughput import FOUR, bench_specs
+
+    path = bench_specs(folder)[FOUR]
+    spec = yaml.safe_load(path.read_text())
+    spec["trigger"] = {"processing_time": f"{TRIGGER_S:g} second"}
+    path.write_text("# Written by bench/freshness.py; bench/throughput.py's four-output stream, 1-second trigger.\n"
+                    + yaml.safe_dump(spec, sort_keys=False))
+    load_spec(path)
+    return path
+
+
+class Lander:
+    """Lands CSV files of valid clicks: written beside the landing directory, renamed into it."""
+
+    def __init__(self, landing: Path, rows: int):
+        self.landing, self.rows = landing, rows
+        self.staging = landing.parent / f".{landing.name}-staging"
+        self.landing.mkdir(parents=True, exist_ok=True)
+        self.staging.mkdir(parents=True, exist_ok=True)
+
+    def land(self, name: str) -> tuple[list[str], float]:
+        """One file; its event ids and when it landed."""
+        ids = [f"{name}-{i:03d}" for i in range(self.rows)]
+        ts = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        staged = self.staging / f"{name}.csv"
+        with open(staged, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["event_id", "user_id", "page", "ts", "duration_ms"])
+            out.writerows([event_id, f"user-{i % 7}", "/search", ts, 100] for i, event_id in enumerate(ids))
+        os.rename(staged, self.landing / staged.name)
+        return ids, time.time()
+
+
+def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int) -> dict[str, Any]:
+    """Start the variant, land a first file and wait until every sink has it, then land
+    ``files`` files one every ``every`` seconds; each sink's latencies."""
+    from throughput import FOUR, PLAIN_JOB, STREAM_JOB, Stream
+
+    root.mkdir(parents=True)
+    spec = load_spec(spec_path)
+    layout = Layout(spec, root, spec_path.parent)
+    if variant == "platform":
+        args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root)]
+        parquet = {"first sink (pass-through, by the ingestion)": compile_plan(spec, layout).accepted}
+        tables = {f"{t} table (second stage)": (root / "tables.db", f"bench_{t}")
+                  for t in ("page_totals", "user_activity")}
+    else:
+        job = Stream(FOUR, spec_path, root, "a").plain_job("a", root) | {"processing_time": f"{TRIGGER_S:g} second"}
+        (root / "job.json").write_text(json.dumps(job, indent=1))
+        args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
+        parquet, tables = {"Parquet sink": job["parse_sink"]}, {}
+    lander = Lander(Path(layout.landing), rows)
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
+           "--conf", "spark.ui.showConsoleProgress=false", *args]
+    watcher = Watcher(parquet, tables)
+    with open(root / "spark-submit.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+
+    def wait(until: Any, what: str, timeout: float) -> None:  # noqa: ANN401 - a callable
+        deadline = time.monotonic() + timeout
+        while not until():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{variant}: {what} did not happen; see {root / 'spark-submit.log'}")
+            time.sleep(0.05)
+
+    first = next(iter(parquet))
+    try:
+        watcher.start()
+        warm, _ = lander.land("warm")
+        wait(lambda: warm[-1] in watcher.seen[first], "a first file read", 300)
+        wait(watcher.caught_up, "every table counting the first file", 120)
+        base = {name: watcher.counts[name][-1][1] for name in tables}
+        landed: list[tuple[list[str], float]] = []
+        start = time.monotonic()
+        for k in range(files):
+            while time.monotonic() < start + k * every:
+                time.sleep(0.005)
+            landed.append(lander.land(f"f{k:04d}"))
+        wait(lambda: all(ids[-1] in watcher.seen[n] for n in parquet for ids, _ in landed)
+             and all(watcher.counted(n, base[n] + rows * files) is not None for n in tables),
+             "every file readable in every sink", 180)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+        watcher.stop()
+    result: dict[str, Any] = {}
+    for n in parquet:
+        result[n] = stats([max(watcher.seen[n][i] for i in ids) - at for ids, at in landed])
+    for n in tables:
+        result[n] = stats([watcher.counted(n, base[n] + rows * (k + 1)) - at for k, (_, at) in enumerate(landed)])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=30, help="files landing in each run (default 30)")
+    p.add_argument("--every", type=float, default=2.0, help="seconds between two files (default 2)")
+    p.add_argument("--rows-per-file", type=int, default=50, help="clicks in each file (default 50)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
+    p.add_argument("--keep", action="store_true", help="keep the working folder")
+    args = p.parse_args(argv)
+    os.environ.update(TZ="UTC", SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    os.environ.pop("STREAMS_DB_URL", None)
+    time.tzset()
+    work = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
+    started = time.monotonic()
+
+    def note(what: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
+
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "platform": []}
+    try:
+        spec_path = write_specs(work / "include")
+        for i in range(args.repeats):
+            for variant in (("plain", "platform") if i % 2 == 0 else ("platform", "plain")):
+                result = run(variant, spec_path, work / f"{variant}-{i}", args.files, args.every, args.rows_per_file)
+                runs[variant].append(result)
+                note(f"repeat {i + 1}, {variant}: " + "; ".join(
+                    f"{n}: median {r['median_s']:.2f} s, p99 {r['p99_s']:.2f} s" for n, r in result.items()))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    summary = {v: {n: {k: statistics.median(r[n][k] for r in rs) for k in ("median_s", "p99_s", "max_s")}
+                   for n in rs[0]} for v, rs in runs.items()}
+    plain = summary["plain"]["Parquet sink"]["median_s"]
+    lines = [f"freshness, {args.files} files of {args.rows_per_file} rows, one every {args.every:g} s, "
+             f"{TRIGGER_S:g}-second trigger; medians of {args.repeats} runs:"]
+    for variant, sinks in summary.items():
+        for n, s in sinks.items():
+            lines.append(f"  {variant:<9} {n:<46} median {s['median_s']:5.2f} s  p99 {s['p99_s']:5.2f} s  "
+                         f"max {s['max_s']:5.2f} s")
+    first = next(iter(summary["platform"].values()))["median_s"]
+    aims = {"first sink / plain": {"value": first / plain, "aim": f"<= {FIRST_SINK_RATIO}",
+                                   "met": first / plain <= FIRST_SINK_RATIO}}
+    for n, s in summary["platform"].items():
+        extra = (s["median_s"] - plain) / TRIGGER_S
+        aims[f"{n}: triggers after plain"] = {"value": extra, "aim": f"<= {EXTRA_TRIGGERS}",
+                                              "met": extra <= EXTRA_TRIGGERS}
+    lines.append("aims:")
+    lines += [f"  {k} {a['aim']}: {a['value']:.2f} {'met' if a['met'] else 'MISSED'}" for k, a in aims.items()]
+    print("\n".join(lines))
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    import pyspark
+
+    (results / "freshness.json").write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "system": host.platform(),
+                    "pyspark": pyspark.__version__},
+        "master": MASTER, "files": args.files, "every_s": args.every, "rows_per_file": args.rows_per_file,
+        "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims, "runs": runs,
+        "lines": lines}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
