@@ -15,7 +15,8 @@ of 1 second and the same session settings, in a fresh data root:
   watermark passes the pane's end, minutes after the rows: it is left out.
 
 Once a variant has read a first file (and its tables counted it), ``--files`` files land at
-a steady rate, one every ``--every`` seconds, each of ``--rows-per-file`` valid clicks of
+a steady rate, one every ``--every`` seconds (not a whole number of triggers, so that the
+files meet the trigger at every phase), each of ``--rows-per-file`` valid clicks of
 the moment (unique ids): written beside the landing directory, then renamed into it, so a
 file appears whole. A file is readable in a Parquet sink when a file committed in the
 sink's ``_spark_metadata`` log holds its last row, and in a table when the table's views
@@ -221,7 +222,9 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=30, help="files landing in each run (default 30)")
-    p.add_argument("--every", type=float, default=2.0, help="seconds between two files (default 2)")
+    p.add_argument("--every", type=float, default=1.37,
+                   help="seconds between two files (default 1.37: no whole number of triggers, so the files "
+                        "meet the trigger at every phase)")
     p.add_argument("--rows-per-file", type=int, default=50, help="clicks in each file (default 50)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")

@@ -4,7 +4,7 @@
 
 For each stream, one input is generated (``spark_jobs.testdata.generate``: about ``--rows`` valid
 events over ``--files`` files, with its default shares of malformed records, duplicates,
-late events and one empty file), and three variants process exactly those landing files
+late events and one empty file), and the variants below process exactly those landing files
 with ``spark-submit --master local[2]``, the available-now trigger and the same session
 settings (``spark_jobs.runtime.session.SESSION_CONF``, the spec's shuffle partitions and
 ``spark.conf``; the plain scripts also keep every query's progress in memory):
@@ -35,6 +35,8 @@ d. ``bench/throughput_plain.py`` variant ``batch``: the same work as ONE plain S
 
 ``--files-per-trigger N`` sets ``max_files_per_trigger`` of every spec (default 10, as in
 the example specs; 4 is a live stream's small batches, ``--files`` one micro-batch).
+The platform's drivers get its local file system (``include/deploy/java``), as every driver
+the platform starts does; plain Spark runs on Hadoop's own unless ``--plain-local-fs``.
 
 Streams: ``sensors`` (``include/streams/``), ``clicks`` (``include/streams/clicks.yaml``
 reading CSV files instead of its Kafka topic), input of the same size, and two specs this
@@ -71,8 +73,8 @@ name and text, aggregates by result key with floats to 1e-9), so (b) computes wh
 spec asks for.
 
 Output: a table on stdout, ``bench/results/throughput.json`` (every sample, medians,
-ratios, checks, machine) and ``bench/results/throughput.png``. ``--quick``: 50,000 rows,
-one repeat (a smoke check). Every process started is ended by its pid, also on failure;
+ratios, checks, machine) and ``bench/results/throughput.png`` (``--out NAME``: ``NAME.json``
+and ``NAME.png``). ``--quick``: 50,000 rows, one repeat (a smoke check). Every process started is ended by its pid, also on failure;
 the working folder (in the temp dir) is removed at the end unless ``--keep``.
 """
 
@@ -320,7 +322,7 @@ def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bo
         layout = stream.layout(root)
         found = [{"query": e["query"], "batch_id": e["batch_id"], "start": _epoch(e["timestamp"]),
                   "end": _epoch(e["timestamp"]) + (e.get("duration_ms") or {}).get("triggerExecution", 0) / 1000,
-                  "input_rows": e.get("input_rows", 0)}
+                  "input_rows": e.get("input_rows", 0), "parts": e.get("duration_ms") or {}}
                  for e in read_events(layout.events_file) if e.get("event") == "progress"]
         checkpoints = compile_plan(stream.spec, layout).checkpoints
     else:
@@ -334,7 +336,7 @@ def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bo
     return found, complete
 
 
-def run_variant(stream: Stream, variant: str, root: Path, timeout: float) -> dict[str, Any]:
+def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_local_fs: bool = False) -> dict[str, Any]:
     stream.prepare(root)
     log = root / "spark-submit.log"
     if variant == "c":
@@ -344,7 +346,9 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float) -> dic
         job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
-    run = spark_submit(args, log, timeout, jars=stream.jars(), conf=local_fs_conf() if variant == "c" else None)
+    # the platform's drivers write through its local file system; plain Spark through Hadoop's, unless asked
+    conf = local_fs_conf() if variant == "c" or plain_local_fs else None
+    run = spark_submit(args, log, timeout, jars=stream.jars(), conf=conf)
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{stream.name} variant {variant} exited {run['exit_code']}; {log}:\n{tail}")
@@ -360,10 +364,18 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float) -> dic
                "d": ["batch"]}[variant]
     files = {name: len(sink_files(path)) if variant != "d" else len(list(Path(path).rglob("*.parquet")))
              for name, path in stream.file_sinks(variant, root).items()}  # a batch job's sinks have no log
+    # one micro-batch of the queries reading the input: how long, and (platform) where it went
+    reading_batches = [b for b in batches if b["query"] in reading and b["input_rows"]]
+    per_batch = {"batch_ms": statistics.median((b["end"] - b["start"]) * 1000 for b in reading_batches)
+                 if reading_batches and variant != "d" else None}
+    if variant == "c" and reading_batches:
+        per_batch["parts_ms"] = {k: statistics.median(b["parts"].get(k, 0) for b in reading_batches)
+                                 for k in sorted({k for b in reading_batches for k in b["parts"]})}
     return {"rows": rows, "batch_s": end - begin, "rows_per_s": rows / (end - begin),
             "rows_per_s_wall": rows / run["wall_s"], "startup_s": begin - run["started_at"],
             "batches": len(batches), "progress_complete": complete,
             "rows_read": {q: read.get(q, 0) for q in reading}, "files": files, "files_total": sum(files.values()),
+            "per_batch": per_batch,
             "load_average_before": load, **run}
 
 
@@ -503,6 +515,12 @@ def summarize(samples: dict[str, dict[str, list[dict]]], aims: list[tuple[str, s
     for stream, by_variant in samples.items():
         medians = {v: {k: statistics.median(r[k] for r in runs) for k in MEDIANS} | {"files": runs[0]["files"]}
                    for v, runs in by_variant.items() if runs}
+        for v, runs in by_variant.items():
+            if runs and runs[0]["per_batch"]["batch_ms"] is not None:
+                medians[v]["batch_ms"] = statistics.median(r["per_batch"]["batch_ms"] for r in runs)
+            if runs and "parts_ms" in runs[0]["per_batch"]:
+                medians[v]["parts_ms"] = {k: statistics.median(r["per_batch"]["parts_ms"].get(k, 0) for r in runs)
+                                          for k in runs[0]["per_batch"]["parts_ms"]}
         ratios = {}
         for other in ("a", "b", "d"):
             if "c" in medians and other in medians:
@@ -528,6 +546,13 @@ def table(summary: dict[str, Any], checks: dict[str, Any], streams: dict[str, St
         ratios = "   ".join(f"{r} {s['ratios'][r]:.2f} (wall {s['ratios'][r + ' wall']:.2f})"
                             for r in ("c/a", "c/b", "c/d") if r in s["ratios"])
         lines.append(f"{'':<22} {ratios}")
+    lines.append("")
+    lines.append("one micro-batch of the queries reading the input (median ms; c: the ingestion, and where it went):")
+    for name, s in summary.items():
+        for v, m in s["medians"].items():
+            if "batch_ms" in m:
+                parts = ", ".join(f"{k} {ms:.0f}" for k, ms in m.get("parts_ms", {}).items() if k != "triggerExecution")
+                lines.append(f"  {name} {v}: {m['batch_ms']:.0f}" + (f" ({parts})" if parts else ""))
     lines.append("")
     lines.append("files per sink (committed in _spark_metadata):")
     for name, s in summary.items():
@@ -601,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, help="valid events per stream (default 1,000,000; 50,000 with --quick)")
     p.add_argument("--files", type=int, default=40, help="files the rows are spread over (default 40)")
     p.add_argument("--repeats", type=int, help="runs of every variant (default 3; 1 with --quick)")
+    p.add_argument("--plain-local-fs", action="store_true",
+                   help="run plain Spark (a, b, d) on the platform's local file system too (default: Hadoop's)")
     p.add_argument("--files-per-trigger", type=int, default=10,
                    help="max_files_per_trigger of every spec (default 10; --files + 1: one micro-batch)")
     p.add_argument("--quick", action="store_true", help="50,000 rows, one repeat: a smoke check")
@@ -609,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=7200, help="seconds one spark-submit may take (default 7200)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", action="store_true", help="keep the working folder (inputs, data roots, logs)")
+    p.add_argument("--variants", default="abcd", help="which variants run (default abcd)")
+    p.add_argument("--out", default="throughput", help="results' name in bench/results/ (default throughput)")
     args = p.parse_args(argv)
     rows = args.rows or (50_000 if args.quick else 1_000_000)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -631,11 +660,12 @@ def main(argv: list[str] | None = None) -> int:
     streams: dict[str, Stream] = {}
     try:
         written = bench_specs(work / "include", args.files_per_trigger)
-        specs = {"sensors": (written["sensors"], "sensors", "abcd"), "clicks": (written["clicks"], "clicks", "abcd"),
-                 FOUR: (written[FOUR], "clicks_bench", "abcd"), ONE: (written[ONE], "clicks_bench", "abcd")}
+        variants = "".join(v for v in VARIANTS if v in args.variants)
+        specs = {"sensors": (written["sensors"], "sensors"), "clicks": (written["clicks"], "clicks"),
+                 FOUR: (written[FOUR], "clicks_bench"), ONE: (written[ONE], "clicks_bench")}
         inputs: dict[str, Path] = {}
         for name in args.streams:
-            spec_path, group, variants = specs[name]
+            spec_path, group = specs[name]
             if group not in inputs:  # the two CSV specs share one input, generated with the four-output spec
                 inputs[group] = work / f"input-{group}"
                 run_generator(written[FOUR] if group == "clicks_bench" else spec_path, inputs[group], args.files,
@@ -651,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
                 order = stream.variants[i % len(stream.variants):] + stream.variants[:i % len(stream.variants)]
                 for v in order:
                     root = work / "runs" / f"{name}-{v}-{i}"
-                    result = run_variant(stream, v, root, args.timeout)
+                    result = run_variant(stream, v, root, args.timeout, args.plain_local_fs)
                     samples[name][v].append(result)
                     note(f"{name} {v} ({VARIANTS[v]}) {i + 1}/{repeats}: {result['batch_s']:.1f}s of batches, "
                          f"{result['wall_s']:.1f}s wall, {result['rows_per_s']:.0f} rows/s, "
@@ -689,21 +719,22 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(table(summary, checks, streams)))
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "throughput.json"
+    out = RESULTS / f"{args.out}.json"
     import pyspark
 
     out.write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "platform": host.platform(), "machine": host.machine(),
                     "python": sys.version.split()[0], "pyspark": pyspark.__version__},
         "master": MASTER, "rows": rows, "files": args.files, "events_per_file": events_per_file, "repeats": repeats,
-        "files_per_trigger": args.files_per_trigger,
+        "files_per_trigger": args.files_per_trigger, "plain_local_fs": args.plain_local_fs,
+        "platform_local_fs": bool(local_fs_conf()),
         "quick": args.quick, "seed": args.seed, "wall_s": wall, "variants": VARIANTS,
         "aims": [{"stream": s, "ratio": r, "aim": a} for s, r, a in aimed],
         "summary": summary, "checks": checks, "samples": samples}, indent=1, default=str))
-    chart(summary, RESULTS / "throughput.png",
+    chart(summary, RESULTS / f"{args.out}.png",
           f"available-now throughput, Spark {MASTER}, {os.cpu_count()} cores, ~{rows:,} rows per stream: "
           f"medians of {repeats}")
-    print(f"\nwall time {wall / 60:.1f} min; written: {out}, {RESULTS / 'throughput.png'}")
+    print(f"\nwall time {wall / 60:.1f} min; written: {out}, {RESULTS / f'{args.out}.png'}")
     return 0 if all(c.get("ok") for c in checks.values()) else 1
 
 
