@@ -37,14 +37,13 @@ def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None: 
             spark.conf.set(key, value)
 
 
-def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_process(spark, tmp_path) -> None:  # noqa: ANN001
+def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_process(
+        spark, tmp_path, missing_system_package) -> None:  # noqa: ANN001
     """Hadoop's local file system, without its native library, starts ``chmod`` for every file
     it creates and ``readlink`` for every rename of a FileContext (checkpoint files); the
     platform's does both in the JVM, with the same outcome."""
-    from conftest import skip_for_missing_package
-
     if not local_fs_conf():
-        skip_for_missing_package("a JDK (javac), to build the platform's local file system (./platform setup)")
+        missing_system_package("a JDK (javac), to build the platform's local file system (./platform setup)")
     jvm = spark._jvm
     conf = spark._jsc.hadoopConfiguration()
     uri = jvm.java.net.URI.create("file:///")
