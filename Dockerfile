@@ -25,8 +25,8 @@ RUN mkdir -p runner spark_jobs/spec spark_jobs/runtime spark_jobs/sinks spark_jo
              plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors plugins/streamops/triggers \
              plugins/streamops/static plugins/streamops/templates spark_jobs/quality/templates \
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check
-# Spark's Kafka connector from Maven Central, baked in (every driver gets it through --jars; nothing
-# is fetched at run time), as `./platform setup` fetches it
+# Spark's Kafka connector and Delta Lake from Maven Central, baked in (every driver gets them through --jars; nothing
+# is fetched at run time), as `./platform setup` fetches them
 COPY --chown=airflow:0 include/deploy/maven/spark-connectors.xml include/deploy/maven/
 RUN mvn -q -B -f include/deploy/maven/spark-connectors.xml dependency:copy-dependencies \
         -DoutputDirectory=/opt/streams/.jars/spark-connectors \

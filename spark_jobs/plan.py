@@ -40,6 +40,7 @@ from spark_jobs.spec.models import (
     Aggregation,
     Column,
     ConsoleSink,
+    DeltaSink,
     FileSource,
     KafkaSink,
     KafkaSource,
@@ -157,7 +158,7 @@ def result_columns(spec: StreamSpec, output: Output) -> list[str] | None:
 def result_key(spec: StreamSpec, output: Output) -> list[str]:
     """The key of an output's result rows: a table's key, else window bounds and group keys."""
     q = output.query
-    if isinstance(output.sink, TableSink) and output.sink.key:
+    if isinstance(output.sink, TableSink | DeltaSink) and output.sink.key:
         return list(output.sink.key)
     if isinstance(q, Aggregation):
         return ([WINDOW_START, WINDOW_END] if q.window else []) + list(q.group_by)
@@ -310,9 +311,9 @@ class IngestionPlan:
 
 @dataclass(frozen=True)
 class SinkPlan:
-    kind: str  # parquet, table, kafka, console, memory
-    path: str | None = None  # parquet
-    partition_by: list[str] = field(default_factory=list)  # parquet
+    kind: str  # parquet, delta, table, kafka, console, memory
+    path: str | None = None  # parquet, delta
+    partition_by: list[str] = field(default_factory=list)  # parquet, delta
     url: str | None = None  # table
     table: str | None = None  # table
     topic: str | None = None  # kafka
@@ -431,6 +432,8 @@ def _jsonable(value: Any) -> Any:
 def _sink(layout: Layout, sink: Any) -> SinkPlan:
     if isinstance(sink, ParquetSink):
         return SinkPlan("parquet", path=layout.data(sink.path), partition_by=list(sink.partition_by))
+    if isinstance(sink, DeltaSink):
+        return SinkPlan("delta", path=layout.data(sink.path), partition_by=list(sink.partition_by))
     if isinstance(sink, TableSink):
         return SinkPlan("table", url=layout.table_url(sink), table=sink.table)
     if isinstance(sink, KafkaSink):

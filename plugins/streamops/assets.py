@@ -27,7 +27,7 @@ def asset_name(stream: str, output: str) -> str:
 
 
 def sink_uri(sink: SinkPlan) -> str:
-    if sink.kind == "parquet":
+    if sink.kind in ("parquet", "delta"):
         return sink.path if "://" in sink.path else Path(sink.path).resolve().as_uri()
     url = urlsplit(sink.url)
     if url.scheme.startswith("sqlite"):
@@ -37,14 +37,14 @@ def sink_uri(sink: SinkPlan) -> str:
 
 
 def sink_assets(plan: StreamPlan, paths: dict[str, Any]) -> list[Asset]:
-    """The stream's persisted sinks (Parquet, tables; not console or memory) as assets, each with
+    """The stream's persisted sinks (Parquet, Delta, tables; not console or memory) as assets, each with
     the watcher that fires when its units close."""
     stream = plan.stream
     return [Asset(name=asset_name(stream, o.name), uri=sink_uri(o.sink), group="stream sinks",
                   extra={"stream": stream, "output": o.name, "sink": o.sink.kind},
                   watchers=[AssetWatcher(name=f"{asset_name(stream, o.name)}.units",
                                          trigger=SinkUnitsTrigger(stream=stream, output=o.name, **paths))])
-            for o in plan.outputs if o.sink.kind in ("parquet", "table")]
+            for o in plan.outputs if o.sink.kind in ("parquet", "delta", "table")]
 
 
 def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:

@@ -26,6 +26,7 @@ from spark_jobs.runtime.history import (
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_QUERY,
+    DeltaSink,
     FileSource,
     Output,
     ParquetSink,
@@ -258,6 +259,7 @@ def _accounting(layout: Layout) -> str:
 def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, output: Output) -> int:
     sink = output.sink
     where = (layout.data(sink.path) if isinstance(sink, ParquetSink) else
+             f"Delta table {layout.data(sink.path)}" if isinstance(sink, DeltaSink) else
              f"table {sink.table}" if isinstance(sink, TableSink) else f"{sink.type} sink (not kept)")
     quality = quality_of(layout, output.name)
     if quality is None:

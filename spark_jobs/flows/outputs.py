@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from spark_jobs import frames
 from spark_jobs.plan import OutputPlan, StreamPlan
+from spark_jobs.sinks.delta import foreach_delta_batch
 from spark_jobs.sinks.kafka import foreach_kafka_batch
 from spark_jobs.sinks.table import foreach_table_batch
 from spark_jobs.spec.models import Aggregation
@@ -24,7 +25,7 @@ def output_writer(spark: SparkSession, plan: StreamPlan, output: OutputPlan) -> 
         source = frames.accepted_stream(spark, plan.ingestion)
     frame = frames.output_frame(source, plan, output)
     sink = output.sink
-    if sink.kind == "parquet":  # one file per partition value per micro-batch
+    if sink.kind in ("parquet", "delta"):  # one file per partition value per micro-batch
         if sink.partition_by:
             frame = frame.repartition(*sink.partition_by)
         else:  # an aggregation's few rows: its stateful tasks stay parallel, one task writes
@@ -35,6 +36,8 @@ def output_writer(spark: SparkSession, plan: StreamPlan, output: OutputPlan) -> 
         writer = writer.format("parquet").option("path", sink.path)
         if sink.partition_by:
             writer = writer.partitionBy(*sink.partition_by)
+    elif sink.kind == "delta":
+        writer = writer.foreachBatch(foreach_delta_batch(plan.stream, output))
     elif sink.kind == "table":
         writer = writer.foreachBatch(foreach_table_batch(frame, plan.stream, output))
     elif sink.kind == "kafka":

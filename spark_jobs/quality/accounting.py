@@ -49,6 +49,7 @@ from typing import Any
 
 from spark_jobs.spec.models import (
     Aggregation,
+    DeltaSink,
     Output,
     ParquetSink,
     Passthrough,
@@ -139,9 +140,11 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
 def accepted_measure(spec: StreamSpec, output: Output) -> str | None:
     """How an output's accepted rows are read from its sink, or None if they cannot be."""
     q = output.query
-    if isinstance(q, Passthrough) and isinstance(output.sink, ParquetSink):
+    if isinstance(q, Passthrough) and (isinstance(output.sink, ParquetSink)
+                                       or (isinstance(output.sink, DeltaSink) and output.mode == "append")):
         return "rows"
-    if isinstance(q, Aggregation) and q.window is None and isinstance(output.sink, TableSink):
+    if isinstance(q, Aggregation) and q.window is None and (
+            isinstance(output.sink, TableSink) or (isinstance(output.sink, DeltaSink) and output.mode != "append")):
         for agg in q.aggregates:
             if agg.fn == "count" and agg.column is None:
                 return f"sum:{agg.name}"

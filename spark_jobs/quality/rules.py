@@ -44,6 +44,7 @@ from spark_jobs.spec.models import (
     WINDOW_END,
     WINDOW_START,
     Aggregation,
+    DeltaSink,
     Duration,
     Output,
     ParquetSink,
@@ -198,11 +199,11 @@ def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[
         q = output.query
         freshness = duration_seconds(r.freshness) if r.freshness else None
         checks = (derived_expectations(spec, output), [next(iter(e.items())) for e in r.expectations])
-        if isinstance(output.sink, TableSink):
-            found.append(Target(output, "snapshot", None, None, None, *checks))
+        if isinstance(output.sink, TableSink) or (isinstance(output.sink, DeltaSink) and output.mode != "append"):
+            found.append(Target(output, "snapshot", None, None, None, *checks))  # a table: whole, as of a batch
         elif output.sink.type == "kafka":
-            skipped.append(f"{output.name}: a Kafka topic is not validated (Parquet and table sinks are)")
-        elif not isinstance(output.sink, ParquetSink):
+            skipped.append(f"{output.name}: a Kafka topic is not validated (Parquet, Delta and table sinks are)")
+        elif not isinstance(output.sink, ParquetSink | DeltaSink):
             skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
         elif isinstance(q, CODE_QUERIES):
             columns = (code_columns or {}).get(output.name, [])

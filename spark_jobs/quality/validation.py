@@ -46,12 +46,14 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.sinks import table as table_sink
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     CODE_QUERIES,
     INGEST_QUERY,
     WINDOW_START,
+    DeltaSink,
     Output,
     ParquetSink,
     SpecError,
@@ -257,10 +259,26 @@ class Validator:
         path = url.removeprefix("file://")
         return path[len(root) + 1:] if path.startswith(root) else None
 
-    def _unit_record(self, unit: str, start: datetime | None, end: datetime | None, rows: int) -> dict[str, Any]:
-        return {"unit": unit, "start": iso(start) if start else None, "end": iso(end) if end else None,
-                "rows": rows, "status": "pending", "failed": [], "run": self.run_id,
-                "validated_at": iso(datetime.now(UTC))}
+    def _unit_record(self, unit: str, start: datetime | None, end: datetime | None, rows: int,
+                     version: int | None = None) -> dict[str, Any]:
+        """A unit's record in the ledger; ``version``: the Delta table's version its rows were read at."""
+        record = {"unit": unit, "start": iso(start) if start else None, "end": iso(end) if end else None,
+                  "rows": rows, "status": "pending", "failed": [], "run": self.run_id,
+                  "validated_at": iso(datetime.now(UTC))}
+        return record | ({"version": version} if version is not None else {})
+
+    def _sink_rows(self, output: Output, version: int | None = None) -> tuple[DataFrame | None, int | None]:
+        """An output's committed rows: a Parquet sink's through its log; a Delta table's as of
+        ``version`` (default: its newest, read once), which is returned with them: a unit
+        validated again at that version sees the same rows, whatever was written since."""
+        path = self.layout.data(output.sink.path)
+        if not isinstance(output.sink, DeltaSink):
+            return read_committed(self.spark, path), None
+        if version is None:
+            version = delta_sink.latest_version(self.spark, path)
+            if version is None:
+                return None, None
+        return delta_sink.read_version(self.spark, path, version), version
 
     # ---- closed units of the live sinks -------------------------------------------------------
 
@@ -280,8 +298,10 @@ class Validator:
 
         wm_ms = closing.closed(self.plan, target).through_ms or 0  # how far its units are final
         prev_ms = entry.get("watermark_ms")
-        frame = read_committed(self.spark, self.layout.data(output.sink.path))
+        frame, version = self._sink_rows(output)
         report["watermark"] = iso(from_ms(wm_ms)) if wm_ms else None
+        if version is not None:
+            report["version"] = version
         if frame is None or wm_ms <= 0 or (prev_ms is not None and wm_ms <= prev_ms):
             report["note"] = "no unit closed since the last run"
             self._check_stale(target, entry, wm_ms, report)
@@ -328,7 +348,7 @@ class Validator:
                 continue
             start, end = bounds(row["unit"], row["start"] if starts else None)
             key = unit_of(row["unit"])
-            units[key] = self._unit_record(key, start, end, row["count"])
+            units[key] = self._unit_record(key, start, end, row["count"], version)
         if not units and not unplaced:
             entry["watermark_ms"] = wm_ms
             report["note"] = "no rows in the units closed since the last run"
@@ -361,6 +381,8 @@ class Validator:
 
     def _validate_snapshot(self, target: Target, schema: StructType, query_id: str | None,
                            entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(target.output.sink, DeltaSink):
+            return self._validate_delta_snapshot(target, schema, query_id, entry, report)
         writer = self._table_writer(target.output, schema, query_id)
         for _ in range(5):  # a batch applied while reading: read again
             applied = writer.applied_batches()
@@ -379,6 +401,27 @@ class Validator:
         report["seconds"] = round(time.monotonic() - started, 2)
         report["units"], report["docs"] = list(units.values()), docs
         self.ledger.record_units(target.output.name, report["units"])
+        entry["snapshot_batch"] = last
+        return report
+
+    def _validate_delta_snapshot(self, target: Target, schema: StructType, query_id: str | None,
+                                 entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+        """A Delta table whole, as of its newest version: the unit is the last batch it holds."""
+        output = target.output
+        frame, version = self._sink_rows(output)
+        last = None if version is None else delta_sink.last_batch(
+            delta_sink.committed_batches(self.spark, self.layout.data(output.sink.path)), query_id, version)
+        if frame is None or last is None or last == entry.get("snapshot_batch"):
+            report["note"] = "no batch applied since the last run"
+            return report
+        unit = f"batch {last}"
+        report["version"] = version
+        units = {unit: self._unit_record(unit, None, None, frame.count(), version)}
+        started = time.monotonic()
+        _, docs = self.validate_units(target, schema, frame.select(*schema.names), units, lambda _v: unit, {})
+        report["seconds"] = round(time.monotonic() - started, 2)
+        report["units"], report["docs"] = list(units.values()), docs
+        self.ledger.record_units(output.name, report["units"])
         entry["snapshot_batch"] = last
         return report
 
@@ -451,12 +494,21 @@ class Validator:
     def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
         if measure is None:
             return None, None
+        column = measure.removeprefix("sum:")
+        if isinstance(output.sink, DeltaSink):  # rows and last batch as of one version
+            path = self.layout.data(output.sink.path)
+            frame, version = self._sink_rows(output)
+            if frame is None or version is None:
+                return 0, None
+            last = delta_sink.last_batch(delta_sink.committed_batches(self.spark, path), query_id, version)
+            if measure == "rows":
+                return frame.count(), last
+            return int(frame.agg({column: "sum"}).collect()[0][0] or 0), last
         if measure == "rows":
             assert isinstance(output.sink, ParquetSink)
             path = self.layout.data(output.sink.path)
             frame = read_committed(self.spark, path)
             return (0 if frame is None else frame.count()), sink_last_batch(path)
-        column = measure.removeprefix("sum:")
         writer = self._table_writer(output, self.schema(output), query_id)
         for _ in range(5):
             applied = writer.applied_batches()
@@ -468,7 +520,7 @@ class Validator:
     def _code_result_columns(self) -> dict[str, list[str]]:
         """The result columns of the SQL and Python outputs to Parquet (what cuts them into units)."""
         return {o.name: list(self.schema(o).names) for o in self.spec.outputs
-                if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink)}
+                if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink | DeltaSink)}
 
     # ---- the whole run ------------------------------------------------------------------------
 

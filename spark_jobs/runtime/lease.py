@@ -271,6 +271,11 @@ def fence() -> None:
         _current.check()
 
 
+def held_epoch() -> int | None:
+    """The epoch of this process's lease, or None if it holds none (a test, a backfill)."""
+    return _current.epoch if _current is not None else None
+
+
 class DriverLease:
     """This driver's hold on a stream's checkpoint (see the module).
 

@@ -30,8 +30,9 @@ CONNECTORS_DIR = Path(__file__).resolve().parents[2] / ".jars" / "spark-connecto
 
 def connector_jars() -> list[str]:
     """The jars every driver gets (``spark-submit --jars``, ``spark.jars``) beside Spark's own:
-    Spark's Kafka connector, from ``$STREAMS_CONNECTOR_JARS`` (a folder) if set, none if setup
-    has not fetched them (a Kafka stream then fails its analysis, saying so); and the
+    Spark's Kafka connector and Delta Lake, from ``$STREAMS_CONNECTOR_JARS`` (a folder) if set,
+    none if setup has not fetched them (a Kafka stream then fails its analysis, a Delta table
+    its first write, saying so); and the
     platform's local file system (:func:`local_fs_conf`) if built, for executors elsewhere."""
     folder = Path(os.environ.get("STREAMS_CONNECTOR_JARS", CONNECTORS_DIR))
     local_fs = local_fs_conf().get("spark.driver.extraClassPath")
@@ -62,6 +63,28 @@ def local_fs_conf() -> dict[str, str]:
             "spark.hadoop.fs.AbstractFileSystem.file.impl": f"{LOCAL_FS_PACKAGE}.ForklessLocalFs"}
 
 
+#: Delta Lake's session settings: its SQL commands (OPTIMIZE, VACUUM) and its DeltaTable API
+#: (MERGE) need its extension and catalog. A table's log is replayed in a few tasks, not 50
+#: (the platform's tables are many and small; a spec's ``spark.conf`` can raise it).
+DELTA_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.snapshotPartitions": "4",
+}
+DELTA_JAR_PREFIX = "delta-spark_"
+
+
+def delta_conf() -> dict[str, str]:
+    """:data:`DELTA_CONF` if setup has fetched Delta's jars, else nothing (a Delta table then
+    fails its first write: "Failed to find the data source: delta")."""
+    return dict(DELTA_CONF) if any(Path(j).name.startswith(DELTA_JAR_PREFIX) for j in connector_jars()) else {}
+
+
+def uses_delta(spec: StreamSpec) -> bool:
+    """Whether a stream keeps any Delta table: then its sessions get :func:`delta_conf`."""
+    return any(o.sink.type == "delta" for o in spec.outputs)
+
+
 def submit_args() -> list[str]:
     """``--conf`` arguments of :func:`local_fs_conf`, for a spark-submit command line."""
     return [arg for key, value in local_fs_conf().items() for arg in ("--conf", f"{key}={value}")]
@@ -72,7 +95,9 @@ def build_session(app_name: str, spec: StreamSpec | None = None, master: str | N
     """A SparkSession with the platform's settings, then ``extra`` (the job's own), then
     the spec's shuffle partitions and ``spark.conf`` (which win: a user who sets a key means it).
     ``master`` is for tests and tools, whose session also gets the connectors' jars and the
-    platform's local file system; ``spark-submit`` sets them otherwise."""
+    platform's local file system; ``spark-submit`` sets them otherwise. Delta Lake's settings
+    go to a session with a master and to one for a stream with Delta tables; they are static,
+    so they must be set here, before the session exists."""
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
@@ -84,6 +109,8 @@ def build_session(app_name: str, spec: StreamSpec | None = None, master: str | N
         conf.update(local_fs_conf())
         if connector_jars():
             conf["spark.jars"] = ",".join(connector_jars())
+    if master or (spec is not None and uses_delta(spec)):
+        conf.update(delta_conf())
     conf.update(extra or {})
     if spec is not None:
         conf["spark.sql.shuffle.partitions"] = spec.spark.shuffle_partitions

@@ -1,1 +1,2 @@
-"""Where outputs land beyond Spark's own file sink: relational tables (``table``)."""
+"""Where outputs land beyond Spark's own file sink: Delta Lake tables (``delta``), relational
+tables (``table``), Kafka topics (``kafka``)."""

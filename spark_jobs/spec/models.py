@@ -470,6 +470,20 @@ class ParquetSink(Strict):
     partition_by: list[str] = Field(default_factory=list)
 
 
+class DeltaSink(Strict):
+    """A Delta Lake table at ``path``, written exactly once per micro-batch through its
+    transaction log: append mode appends the batch, complete mode replaces the table with it,
+    update mode merges it on ``key`` (an aggregation's window bounds and groups by default).
+    A batch replayed after a crash is recognized by the log and skipped."""
+
+    type: Literal["delta"]
+    path: DataPath
+    partition_by: list[str] = Field(default_factory=list)
+    key: list[str] | None = Field(default=None, description="update mode: the result columns a batch's rows "
+                                                            "are merged on; an aggregation's window and groups "
+                                                            "by default")
+
+
 class TableSink(Strict):
     """A relational table written by an idempotent upsert per micro-batch.
 
@@ -530,7 +544,7 @@ class MemorySink(Strict):
     type: Literal["memory"]
 
 
-Sink = Annotated[ParquetSink | TableSink | KafkaSink | ConsoleSink | MemorySink, Field(discriminator="type")]
+Sink = Annotated[ParquetSink | DeltaSink | TableSink | KafkaSink | ConsoleSink | MemorySink, Field(discriminator="type")]
 Query = Annotated[Passthrough | Aggregation | SqlQuery | PythonQuery, Field(discriminator="type")]
 
 

@@ -28,6 +28,7 @@ from spark_jobs.spec.models import (
     WINDOW_END,
     WINDOW_START,
     ConsoleSink,
+    DeltaSink,
     FileSource,
     KafkaSink,
     KafkaSource,
@@ -154,6 +155,17 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
             for j, c in enumerate(sink.partition_by if result is not None else []):
                 if c not in result:
                     add((f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {result}"))
+        if isinstance(sink, DeltaSink):
+            result = result_columns(spec, out)
+            for j, c in enumerate(sink.partition_by if result is not None else []):
+                if c not in result:
+                    add((f"{where}.sink.partition_by[{j}]", f"unknown column {c!r}; the result has {result}"))
+            for j, c in enumerate(sink.key or [] if result is not None else []):
+                if c not in result:
+                    add((f"{where}.sink.key[{j}]", f"unknown column {c!r}; the result has {result}"))
+            if out.mode == "update" and not result_key(spec, out):
+                add((f"{where}.sink.key", "update mode into a Delta table merges each batch on a key: name the "
+                                          "result columns that identify a row"))
         if isinstance(sink, KafkaSink):
             result = result_columns(spec, out)
             for j, c in enumerate(sink.key or [] if result is not None else []):
@@ -206,7 +218,7 @@ def shared_path_problems(specs: dict[str, StreamSpec]) -> dict[str, list[tuple[s
             ckpt = checkpoint_paths(spec)[out.name]
             field = f"outputs[{i}].checkpoint" if out.checkpoint else "checkpoint"
             owners.append((source, field, "checkpoint", ckpt))
-            if isinstance(out.sink, ParquetSink):
+            if isinstance(out.sink, ParquetSink | DeltaSink):
                 owners.append((source, f"outputs[{i}].sink.path", "sink", out.sink.path))
         if spec.quarantine:
             owners.append((source, "quarantine.path", "sink", spec.quarantine.path))
@@ -241,7 +253,7 @@ def _loc(loc: Iterable[Any]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif previous in ("source", "query", "sink") and part in (
-                "files", "kafka", "rate", "spark", "parquet", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
+                "files", "kafka", "rate", "spark", "parquet", "delta", "table", "console", "memory", "passthrough", "aggregate", "sql", "python"):
             pass  # the discriminator tag pydantic adds to the location of a typed field
         else:
             out += f".{part}" if out else str(part)

@@ -37,6 +37,7 @@ from spark_jobs.runtime.clock import iso_ms
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     CODE_QUERIES,
+    DeltaSink,
     Output,
     ParquetSink,
     StreamSpec,
@@ -78,6 +79,15 @@ def _read_parquet(spark: SparkSession, path: str, columns: tuple[str, ...] = ())
             return []
         raise
     return [r.asDict() for r in rows]
+
+
+def _read_delta(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+    """The latest version of a Delta table; an absent table is an empty one."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return []
+    return [r.asDict() for r in spark.read.format("delta").load(path).collect()]
 
 
 def _quote(name: str) -> str:
@@ -142,10 +152,16 @@ def read_table(url: str, table: str) -> list[dict[str, Any]]:
     return [{k: normalize(v) for k, v in r.items()} for r in rows]
 
 
+#: the sinks whose rows can be read back and compared
+READABLE_SINKS = (ParquetSink, DeltaSink, TableSink)
+
+
 def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> list[dict[str, Any]]:
     sink = output.sink
     if isinstance(sink, ParquetSink):
         return [{k: normalize(v) for k, v in r.items()} for r in _read_parquet(spark, layout.data(sink.path))]
+    if isinstance(sink, DeltaSink):
+        return [{k: normalize(v) for k, v in r.items()} for r in _read_delta(spark, layout.data(sink.path))]
     if isinstance(sink, TableSink):
         return read_table(layout.table_url(sink), sink.table)
     raise ValueError(f"output {output.name}: the {sink.type} sink cannot be read back")
@@ -398,7 +414,7 @@ def compare(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dic
     manifest = decide_edges(spark, spec, layout, manifest)
     reports = []
     for output in spec.outputs:
-        if isinstance(output.sink, ParquetSink | TableSink) and output.name in manifest["outputs"]:
+        if isinstance(output.sink, READABLE_SINKS) and output.name in manifest["outputs"]:
             reports.append(compare_rows(output.name, manifest["outputs"][output.name],
                                         read_output(spark, spec, layout, output)))
     rows = read_quarantine(spark, spec, layout)
@@ -459,7 +475,7 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
     accepted = frames.accepted_batch(spark, plan.ingestion)
     reports = []
     for output in spec.outputs:
-        if not isinstance(output.sink, ParquetSink | TableSink) or isinstance(output.query, CODE_QUERIES):
+        if not isinstance(output.sink, READABLE_SINKS) or isinstance(output.query, CODE_QUERIES):
             continue  # a SQL or Python query's closed results cannot be told from its open ones here
         frame = frames.output_frame(accepted, plan, plan.output(output.name))
         q = output.query

@@ -319,3 +319,63 @@ def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, i
     for unit in report["units"]:
         start, end = (datetime.fromisoformat(unit[k].replace("Z", "+00:00")) for k in ("start", "end"))
         assert end - start == timedelta(minutes=10) and unit["status"] == "passed", unit
+
+
+def delta_sensors(include: Path) -> Path:
+    """The sensors stream with every output in a Delta table (its spec rewritten in ``include``)."""
+    import yaml
+
+    spec_path = include / "streams" / "sensors.yaml"
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    for output in data["outputs"]:
+        sink = output["sink"]
+        output["sink"] = {"type": "delta", "path": f"delta/sensors/{output['name']}",
+                          **({"partition_by": sink["partition_by"]} if sink.get("partition_by") else {})}
+    spec_path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return spec_path
+
+
+def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spark, include: Path, tmp_path: Path,
+                                                                            job_run) -> None:  # noqa: ANN001
+    from spark_jobs.sinks import delta as delta_sink
+    from spark_jobs.testdata import generate, verify
+
+    spec_path = delta_sensors(include)
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "6",  # 80 minutes: an hour closes
+                          "--events-per-file", "40", "--event-interval-ms", "20000", "--seed", "5"]) == 0
+    v = validator(spark, include, root)
+    job_run(v.spec, v.layout)
+    manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
+    report = verify.compare(spark, v.spec, v.layout, manifest)
+    assert report.ok and all(o.actual > 0 for o in report.outputs), report.describe()
+
+    result = v.run()
+    assert result["ok"], result["problems"]
+    by_output = {o["output"]: o for o in result["outputs"]}
+    assert by_output["readings"]["kind"] == "period" and by_output["site_temperature_10m"]["kind"] == "window"
+    for name in ("readings", "site_temperature_10m", "device_status"):
+        path = v.layout.data(f"delta/sensors/{name}")
+        version = delta_sink.latest_version(spark, path)
+        assert by_output[name]["version"] == version, name
+        assert by_output[name]["units"] and all(u["version"] == version for u in by_output[name]["units"]), name
+    snapshot = by_output["device_status"]
+    assert snapshot["kind"] == "snapshot"
+    assert [u["unit"] for u in snapshot["units"]] == [f"batch {last_batch(v.plan.checkpoint('device_status'), 'commits')}"]
+    balances = {b["output"]: b for b in result["accounting"]["balances"]}
+    assert balances["readings"]["status"] == balances["device_status"]["status"] == "balanced", balances
+    assert balances["readings"]["accepted"] == manifest["counts"]["accepted"]
+
+    # later batches write new versions; the validated version still reads the same rows
+    status_path = v.layout.data("delta/sensors/device_status")
+    validated = snapshot["version"]
+    before = sorted(tuple(r) for r in delta_sink.read_version(spark, status_path, validated).collect())
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "2",
+                          "--events-per-file", "30", "--seed", "6"]) == 0
+    job_run(v.spec, v.layout)
+    assert delta_sink.latest_version(spark, status_path) > validated
+    assert sorted(tuple(r) for r in delta_sink.read_version(spark, status_path, validated).collect()) == before
+    again = validator(spark, include, root).run()
+    assert again["ok"], again["problems"]
+    unit = next(o for o in again["outputs"] if o["output"] == "device_status")["units"][0]
+    assert unit["version"] == delta_sink.latest_version(spark, status_path) and unit["unit"] != snapshot["units"][0]["unit"]

@@ -1,0 +1,166 @@
+"""The Delta Lake sink: an output's micro-batches as commits of a Delta table, exactly once.
+
+Every batch is one commit that carries Delta's transaction marker (``txnAppId``,
+``txnVersion``): the application is the output's streaming query (its id, kept in its
+checkpoint, so that a new checkpoint is a new application whose batch ids start again), the
+version its batch id. A batch replayed after a crash whose commit is already in the table's
+log is skipped by Delta itself, as Delta's own streaming sink does; this one fences every
+commit with the stream's lease first (``spark_jobs.runtime.lease``).
+
+* append: the batch's rows are appended (partitioned as the sink says);
+* complete: the batch, which is the whole result, replaces the table;
+* update: the batch is merged on the output's key: a row whose key is in the table replaces
+  it, any other is inserted. Keys compare null-safely (a group may be null).
+
+Every commit's ``userMetadata`` names its stream, output, query, batch and lease epoch
+(:func:`commit_metadata`): the table's history says which batch wrote each version, and a
+validation that reads a version knows the last batch it holds (:func:`last_batch`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from spark_jobs.plan import OutputPlan
+from spark_jobs.runtime.checkpoint import query_id
+from spark_jobs.runtime.lease import fence, held_epoch
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+#: session settings through which Delta's MERGE takes a transaction marker and a commit's metadata
+_TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+def commit_metadata(stream: str, output: str, query_id: str, batch_id: int) -> str:
+    """What a commit says of itself (its ``userMetadata``), as JSON."""
+    return json.dumps({"stream": stream, "output": output, "query": query_id, "batch_id": batch_id,
+                       "epoch": held_epoch()}, sort_keys=True)
+
+
+def committed_batches(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+    """The table's versions written by a stream's batches, oldest first: ``version``,
+    ``operation`` and what the commit said of itself (:func:`commit_metadata`)."""
+    from delta.tables import DeltaTable
+
+    out = []
+    for row in DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect():
+        try:
+            said = json.loads(row.userMetadata) if row.userMetadata else None
+        except ValueError:
+            said = None
+        if isinstance(said, dict) and "batch_id" in said:
+            out.append({"version": row.version, "operation": row.operation, **said})
+    return sorted(out, key=lambda c: c["version"])
+
+
+def latest_version(spark: SparkSession, path: str) -> int | None:
+    """The table's newest version, or None if there is no table yet."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0].version)
+
+
+def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:
+    """The table as of ``version``: the same rows however often it is read, whatever was written since."""
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def last_batch(commits: list[dict[str, Any]], query_id: str | None, version: int) -> int | None:
+    """The last batch of query ``query_id`` in the table as of ``version`` (:func:`committed_batches`)."""
+    ids = [c["batch_id"] for c in commits if c["version"] <= version and c.get("query") == query_id]
+    return max(ids) if ids else None
+
+
+def merge_condition(key: list[str]) -> str:
+    """The MERGE condition of a batch (``s``) into the table (``t``) on ``key``, null-safe."""
+    return " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key)
+
+
+class DeltaWriter:
+    """Writes an output's batches into its Delta table (see the module)."""
+
+    def __init__(self, stream: str, output: OutputPlan):
+        sink = output.sink
+        assert sink.kind == "delta" and sink.path
+        if output.mode == "update" and not output.key:
+            raise ValueError(f"output {output.name}: update mode into a Delta table needs a key to merge on")
+        self.stream, self.output, self.path = stream, output, sink.path
+        self._query_id: str | None = None
+        self._last_batch: int | None = None  # the last batch this writer saw
+
+    def query_id(self) -> str:
+        """The output's streaming query, as its checkpoint names it (known from its first batch)."""
+        if self._query_id is None:
+            self._query_id = query_id(self.output.checkpoint) if self.output.checkpoint else None
+            if self._query_id is None:
+                raise RuntimeError(f"output {self.output.name}: no query id in checkpoint {self.output.checkpoint}")
+        return self._query_id
+
+    def app_id(self) -> str:
+        """The transaction's application: the output's streaming query."""
+        return f"{self.stream}.{self.output.name}@{self.query_id()}"
+
+    def write(self, batch: DataFrame, batch_id: int) -> None:
+        # A batch that may be a replay (the first after a start, or one seen before) may have its
+        # commit in the table already: Delta then skips the write without running the batch. Its
+        # stateful operators must run all the same (Spark checks that every state store committed
+        # the batch), so it is computed first; a live stream's other batches are not.
+        replay = self._last_batch is None or batch_id <= self._last_batch
+        if replay:
+            batch = batch.persist()
+            batch.count()
+        try:
+            self._commit(batch, batch_id)
+        finally:
+            if replay:
+                batch.unpersist()
+        self._last_batch = batch_id
+
+    def _commit(self, batch: DataFrame, batch_id: int) -> None:
+        metadata = commit_metadata(self.stream, self.output.name, self.query_id(), batch_id)
+        mode = self.output.mode
+        fence()  # only while this driver holds the stream (spark_jobs.runtime.lease)
+        if mode == "update" and self._exists(batch.sparkSession):
+            self._merge(batch, batch_id, metadata)
+            return
+        writer = (batch.write.format("delta").mode("overwrite" if mode == "complete" else "append")
+                  .option("txnAppId", self.app_id()).option("txnVersion", batch_id).option("userMetadata", metadata))
+        if self.output.sink.partition_by:
+            writer = writer.partitionBy(*self.output.sink.partition_by)
+        writer.save(self.path)
+
+    def _exists(self, spark: SparkSession) -> bool:
+        from delta.tables import DeltaTable
+
+        return DeltaTable.isDeltaTable(spark, self.path)
+
+    def _merge(self, batch: DataFrame, batch_id: int, metadata: str) -> None:
+        from delta.tables import DeltaTable
+
+        # The batch's session is its query's own (Spark clones one per query): the marker
+        # set here is seen by this MERGE alone, never by another output's batch.
+        spark = batch.sparkSession
+        conf = {_TXN_APP: self.app_id(), _TXN_VERSION: str(batch_id), _USER_METADATA: metadata}
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        try:
+            (DeltaTable.forPath(spark, self.path).alias("t")
+             .merge(batch.alias("s"), merge_condition(self.output.key))
+             .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        finally:
+            for key in conf:
+                spark.conf.unset(key)
+
+
+def foreach_delta_batch(stream: str, output: OutputPlan) -> Callable[[DataFrame, int], None]:
+    """The foreachBatch function that writes an output's batches into its Delta table."""
+    return DeltaWriter(stream, output).write
