@@ -40,11 +40,12 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.spec.models import DURATION_PATTERN, StreamSpec
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, sink_assets
 from streamops.health import RUNNING
+from streamops.operators.maintenance import MaintainTablesOperator
 from streamops.operators.quality import ValidateStreamOperator
 from streamops.operators.stream import (
     BackfillOperator,
@@ -220,4 +221,22 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
         ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
                                conf=_conf(), **paths)
     dags[quality_dag.dag_id] = quality_dag
+
+    tables = [o for o in plan.outputs if o.sink.kind == "delta"]
+    if tables:
+        upkeep = spec.maintenance
+        what = ", ".join(filter(None, ["compaction (OPTIMIZE)" if upkeep.compact else "",
+                                       f"vacuum (retention {upkeep.vacuum_retention})" if upkeep.vacuum else ""]))
+        maintenance_doc = (f"{_doc(spec, plan, 'upkeep of its Delta tables')}\n\nDelta tables: "
+                           f"{', '.join(f'`{o.name}`' for o in tables)}. Each run: {what or 'nothing (both off)'}, "
+                           f"while the stream runs. Schedule: {upkeep.schedule or 'by hand'}. The `retention` param "
+                           f"overrides the vacuum's; a vacuum shorter than a reader needs is refused, naming it.")
+        with DAG(dag_id(spec.name, "maintenance"), doc_md=maintenance_doc, schedule=upkeep.schedule,
+                 start_date=START, catchup=False, max_active_runs=1, tags=[*tags, "maintenance"],
+                 params={"retention": Param(None, type=["null", "string"], pattern=DURATION_PATTERN.pattern,
+                                            description="vacuum retention, e.g. '7 days'; empty: the spec's")},
+                 default_args={**_default_args(spec), "retries": 0}) as maintenance_dag:
+            MaintainTablesOperator(task_id="maintain", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
+                                   conf=_conf(), retention="{{ params.retention or '' }}", **paths)
+        dags[maintenance_dag.dag_id] = maintenance_dag
     return dags

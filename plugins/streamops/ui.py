@@ -41,6 +41,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.session import uses_delta
 from spark_jobs.runtime.standby import standbys
 from spark_jobs.spec.layout import (
     Layout,
@@ -245,13 +246,33 @@ ACTIONS = {
     "restart": ("restart", "graceful stop, then resume from the checkpoint"),
     "backfill": ("backfill", "recompute an event-time range from the accepted rows, then validate it"),
     "validate": ("quality", "validate the units closed since the last validation"),
+    "maintain": ("maintenance", "compact and vacuum the stream's Delta tables"),
 }
 #: The actions of a stream that is an application of the user's own: its DAGs (dag_factory)
 APPLICATION_ACTIONS = ("start", "stop", "restart")
 
 
 def _actions(spec: StreamSpec) -> dict[str, tuple[str, str]]:
-    return {a: v for a, v in ACTIONS.items() if spec.application is None or a in APPLICATION_ACTIONS}
+    has_tables = uses_delta(spec)  # the maintenance DAG exists for a stream with Delta tables only
+    return {a: v for a, v in ACTIONS.items()
+            if (spec.application is None or a in APPLICATION_ACTIONS) and (a != "maintain" or has_tables)}
+
+
+#: runs of the maintenance DAG shown on a stream's page
+RECENT_RUNS = 5
+
+
+def _recent_runs(dag: str) -> list[dict[str, Any]]:
+    """The DAG's latest runs: id, state, start and end."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        runs = session.scalars(select(DagRun).where(DagRun.dag_id == dag)
+                               .order_by(DagRun.run_after.desc()).limit(RECENT_RUNS)).all()
+        return [{"run_id": r.run_id, "state": str(r.state), "start": r.start_date.isoformat() if r.start_date else None,
+                 "end": r.end_date.isoformat() if r.end_date else None} for r in runs]
 
 
 @app.get("/{stream}/", response_class=HTMLResponse)
@@ -261,10 +282,14 @@ def stream_page(stream: str, request: Request, user: User, triggered: str | None
     chosen = _range(range)
     actions = [{"name": action, "what": what, "dag": dag_id(stream, role)}
                for action, (role, what) in _actions(spec).items()]
+    tables = views.delta_tables(spec, _layout(spec)) if uses_delta(spec) else []
+    maintenance = dag_id(stream, "maintenance")
+    runs = _recent_runs(maintenance) if tables and _allowed(user, maintenance) else []
     return TEMPLATES.get_template("stream.html").render(
         stream=stream, description=spec.description, triggered=triggered, status=stream_status(spec),
         ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
-        csrf_token=csrf_token(request), refresh=False, static="../")
+        csrf_token=csrf_token(request), refresh=False, static="../", tables=tables, maintenance=maintenance,
+        maintenance_runs=runs)
 
 
 @app.post("/{stream}/actions/{action}")

@@ -285,3 +285,39 @@ def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[st
     else:
         backlog = _trace("files waiting", data.get((STREAM, "backlog_files"), []), lambda p: p.max, yaxis="y2")
     return {"stream": spec.name, "since": iso(now - TREND_SECONDS), "until": iso(now), "traces": [processed, backlog]}
+
+
+#: how far back a table's history is read for its last compaction and vacuum
+HISTORY_SCANNED = 1000
+
+
+def delta_tables(spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
+    """Per Delta table of the stream (its Delta sinks): files, bytes and version of its newest
+    version, its last compaction and vacuum. Read with the ``deltalake`` library, no JVM."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    tables = []
+    for output in spec.outputs:
+        if not isinstance(output.sink, DeltaSink):
+            continue
+        path = layout.data(output.sink.path)
+        entry: dict[str, Any] = {"output": output.name, "path": path}
+        try:
+            table = DeltaTable(path)
+        except TableNotFoundError:
+            tables.append(entry | {"note": "no table yet"})
+            continue
+        adds = table.get_add_actions(flatten=False)
+        history = table.history(limit=HISTORY_SCANNED)
+        tables.append(entry | {"files": adds.num_rows, "bytes": sum(adds.column("size_bytes").to_pylist()),
+                               "version": table.version(), "compacted": _last(history, "OPTIMIZE"),
+                               "vacuumed": _last(history, "VACUUM END")})
+    return tables
+
+
+def _last(history: list[dict[str, Any]], operation: str) -> str | None:
+    """When the newest commit of ``operation`` in a table's history (newest first) was made."""
+    stamp = next((h["timestamp"] for h in history if h.get("operation") == operation), None)
+    return iso(stamp / 1000) if stamp is not None else None
+

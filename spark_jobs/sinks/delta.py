@@ -12,6 +12,9 @@ commit with the stream's lease first (``spark_jobs.runtime.lease``).
 * update: the batch is merged on the output's key: a row whose key is in the table replaces
   it, any other is inserted. Keys compare null-safely (a group may be null).
 
+A commit that loses to a concurrent one (a compaction rewrote the files a MERGE or an
+overwrite read: Delta's optimistic concurrency) is tried again, as the same batch.
+
 Every commit's ``userMetadata`` names its stream, output, query, batch and lease epoch
 (:func:`commit_metadata`): the table's history says which batch wrote each version, and a
 validation that reads a version knows the last batch it holds (:func:`last_batch`).
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +41,30 @@ log = logging.getLogger(__name__)
 #: session settings through which Delta's MERGE takes a transaction marker and a commit's metadata
 _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+#: a commit retried this often when another commit conflicts with it (a batch's, a compaction's)
+ATTEMPTS = 5
+_CONFLICT = re.compile(r"Concurrent\w*Exception|MetadataChangedException|ProtocolChangedException")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta's optimistic concurrency refusing a commit (worth retrying)."""
+    return bool(_CONFLICT.search(f"{type(exc).__name__} {exc}"))
+
+
+def retry_conflicts(what: str, action: Any, attempts: int = ATTEMPTS) -> Any:  # noqa: ANN401
+    """``action()``, again after a conflicting commit (at most ``attempts`` times in all)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if attempt == attempts or not is_conflict(exc):
+                raise
+            log.warning("%s conflicted with a concurrent commit (attempt %d of %d); retrying: %s",
+                        what, attempt, attempts, str(exc).splitlines()[0][:300])
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def commit_metadata(stream: str, output: str, query_id: str, batch_id: int) -> str:
@@ -118,8 +147,9 @@ class DeltaWriter:
         if replay:
             batch = batch.persist()
             batch.count()
-        try:
-            self._commit(batch, batch_id)
+        try:  # a commit that conflicts with another (a compaction's) is tried again, as the same batch
+            retry_conflicts(f"batch {batch_id} of {self.output.name} into {self.path}",
+                            lambda: self._commit(batch, batch_id))
         finally:
             if replay:
                 batch.unpersist()

@@ -91,6 +91,11 @@ class Layout:
         """Rules' results, ledger, reports and Data Docs of the stream's validations."""
         return Path(self.data(f"quality/{self.spec.name}"))
 
+    @property
+    def maintenance_dir(self) -> Path:
+        """The results of the upkeep of the stream's Delta tables (``spark_jobs.maintenance``)."""
+        return Path(self.data(f"maintenance/{self.spec.name}"))
+
     def backfill_dir(self, output: str) -> Path:
         """Where the backfills of an output go, one ``range=...`` folder per range."""
         return Path(self.data(f"backfill/{self.spec.name}/{output}"))

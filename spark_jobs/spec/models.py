@@ -640,6 +640,18 @@ class Supervision(Strict):
     standby: bool = False
 
 
+class Maintenance(Strict):
+    """Upkeep of the stream's Delta tables by its ``stream_<name>_maintenance`` DAG, while the
+    stream runs: compaction (OPTIMIZE), then VACUUM of the files that no version within
+    ``vacuum_retention`` references. A vacuum is refused, naming the reader, when a reader
+    of a table needs more (``spark_jobs.maintenance``)."""
+
+    schedule: str | None = Field(default="0 * * * *", description="cron; empty: by hand only")
+    compact: bool = True
+    vacuum: bool = True
+    vacuum_retention: Duration = "7 days"
+
+
 class Spark(Strict):
     """Settings passed to spark-submit for this stream.
 
@@ -670,6 +682,7 @@ class StreamSpec(Strict):
     trigger: Trigger = Field(default_factory=lambda: Trigger(processing_time="10 seconds"))
     checkpoint: DataPath
     supervision: Supervision = Field(default_factory=Supervision)
+    maintenance: Maintenance = Field(default_factory=Maintenance)
     spark: Spark = Field(default_factory=Spark)
 
 

@@ -172,6 +172,25 @@ def test_every_driver_writes_through_the_platform_s_local_file_system_beside_a_s
     assert bag.dags["stream_clicks"].get_task("supervise").conf["spark.driver.extraClassPath"] == str(jar)
 
 
+def test_a_stream_with_delta_tables_gets_a_maintenance_dag_on_its_spec_s_schedule(tmp_path: Path, monkeypatch) -> None:
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    sensors.write_text(sensors.read_text().replace("sink: {type: parquet, path: sinks/sensors/site_temperature_10m}",
+                                                   "sink: {type: delta, path: delta/sensors/site_temperature_10m}")
+                       + "\nmaintenance: {schedule: '30 2 * * *', vacuum_retention: 3 days}\n")
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(DAGS)
+    assert not bag.import_errors
+    assert "stream_clicks_maintenance" not in bag.dags  # no Delta table, no upkeep
+    dag = bag.dags["stream_sensors_maintenance"]
+    assert dag.timetable.expression == "30 2 * * *"
+    assert "`site_temperature_10m`" in dag.doc_md and "vacuum (retention 3 days)" in dag.doc_md
+    task = dag.get_task("maintain")
+    assert task.application.endswith("spark_jobs/maintenance.py") and task.retries == 0
+    assert dag.params["retention"] is None
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""

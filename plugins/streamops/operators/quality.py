@@ -51,7 +51,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         run = context["run_id"] if "run_id" in context else "manual"
-        result_file = hook.layout.quality_dir / "runs" / f"{_safe(run)}.json"
+        result_file = hook.layout.quality_dir / "runs" / f"{safe_name(run)}.json"
         result_file.unlink(missing_ok=True)
         self.application_args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml",
                                  "--result", str(result_file)]
@@ -65,7 +65,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
             result = json.loads(result_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise AirflowFailException(f"the validation job of {self.stream} wrote no result ({exc})") from None
-        _prune(result_file.parent)
+        prune_results(result_file.parent)
         from spark_jobs.quality_job import describe
 
         for line in describe(result):
@@ -84,12 +84,12 @@ class ValidateStreamOperator(SparkSubmitOperator):
                 "summary": result["summary"]}
 
 
-def _prune(folder: Path, keep: int = KEEP_RESULTS) -> None:
+def prune_results(folder: Path, keep: int = KEEP_RESULTS) -> None:
     """Keep the newest ``keep`` run results (the ledger keeps the history)."""
     files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
     for old in files[:-keep]:
         old.unlink(missing_ok=True)
 
 
-def _safe(run_id: str) -> str:
+def safe_name(run_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)

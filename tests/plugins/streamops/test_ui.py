@@ -221,8 +221,30 @@ def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
     app = parse_spec({"name": "rate_counts", "checkpoint": "checkpoints/rate_counts",
                       "application": {"path": "applications/rate_counts.py", "queries": ["counts"]}})
     assert list(_actions(app)) == ["start", "stop", "restart"]  # no backfill or quality DAG to trigger
-    sensors = parse_spec(yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text()))
-    assert _actions(sensors) == ACTIONS
+    data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
+    assert list(_actions(parse_spec(data))) == [a for a in ACTIONS if a != "maintain"]  # no Delta table to keep up
+    data["outputs"][1]["sink"] = {"type": "delta", "path": "delta/sensors/windows"}
+    assert _actions(parse_spec(data)) == ACTIONS
+
+
+def test_a_stream_with_delta_tables_shows_them_and_their_upkeep(client, tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    from spark_jobs.spec.layout import default_spec_dir
+
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    data = yaml.safe_load((specs / "sensors.yaml").read_text())
+    data["outputs"][1]["sink"] = {"type": "delta", "path": "delta/sensors/windows"}
+    (specs / "sensors.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    login(client)
+    page = client.get("/streams/sensors/").text
+    assert "<h2 id='tables'>Delta tables</h2>" in page
+    assert "<td>site_temperature_10m</td>" in page and "no table yet" in page
+    assert "Upkeep: <code>stream_sensors_maintenance</code>: no run yet" in page
+    assert "<form method='post' action='actions/maintain'>" in page
+    assert "Delta tables" not in client.get("/streams/clicks/").text
 
 
 def test_actions_from_another_site_are_refused_and_trigger_nothing(client) -> None:

@@ -128,3 +128,30 @@ def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> Non
                                         "stream_sensors.device_status"]
     assert quality_schedule(parse_rules({"on_new_output": False}, spec), assets) is None  # by hand only
     assert quality_schedule(parse_rules({"on_new_output": False, "schedule": "@daily"}, spec), assets) == "@daily"
+
+
+def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_jvm(spark, tmp_path: Path) -> None:
+    from spark_jobs import maintenance
+    from spark_jobs.spec.loading import parse_spec
+
+    data = {"name": "tables", "checkpoint": "checkpoints/tables",
+            "source": {"type": "rate", "rows_per_second": 1},
+            "outputs": [{"name": "rows", "mode": "append", "query": {"type": "passthrough"},
+                         "sink": {"type": "delta", "path": "delta/rows"}},
+                        {"name": "later", "mode": "append", "query": {"type": "passthrough"},
+                         "sink": {"type": "delta", "path": "delta/later"}}]}
+    spec = parse_spec(data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    path = layout.data("delta/rows")
+    for i in range(3):
+        spark.range(i * 10, i * 10 + 10).toDF("value").coalesce(1).write.format("delta").mode("append").save(path)
+    first = {t["output"]: t for t in views.delta_tables(spec, layout)}
+    assert (first["rows"]["files"], first["rows"]["version"], first["rows"]["compacted"]) == (3, 2, None)
+    assert first["rows"]["bytes"] == sum(p.stat().st_size for p in Path(path).glob("*.parquet"))
+    assert first["later"] == {"output": "later", "path": layout.data("delta/later"), "note": "no table yet"}
+
+    maintenance.optimize(spark, path)
+    maintenance.vacuum(spark, path, 0)
+    (table,) = [t for t in views.delta_tables(spec, layout) if t["output"] == "rows"]
+    assert table["files"] == 1 and table["version"] == 5  # OPTIMIZE, then VACUUM START and END
+    assert table["compacted"] <= table["vacuumed"] <= iso(time.time())
