@@ -256,6 +256,26 @@ def _kafka_sink_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     return problems
 
 
+def _delta_problems(spark: SparkSession, spec: StreamSpec) -> list[tuple[str, str]]:
+    """A stream with Delta tables needs Delta Lake's jars on the driver's class path, and a
+    session with its extension (``spark_jobs.runtime.session``), before any batch runs."""
+    from py4j.java_gateway import JavaClass
+
+    from spark_jobs.runtime.session import DELTA_CONF
+
+    fields = [f"outputs[{i}].sink.type" for i, out in enumerate(spec.outputs) if out.sink.type == "delta"]
+    if not fields:
+        return []
+    if not isinstance(spark._jvm.io.delta.tables.DeltaTable, JavaClass):
+        return [(fields[0], "Delta Lake's jars are not on the driver's class path: ./platform setup fetches them "
+                            "into .jars/spark-connectors and every driver gets them through spark-submit's --jars")]
+    extension = DELTA_CONF["spark.sql.extensions"]
+    if extension not in (spark.conf.get("spark.sql.extensions", None) or ""):
+        return [(fields[0], f"the Spark session lacks Delta Lake's SQL extension ({extension}): build it with "
+                            "spark_jobs.runtime.session.build_session and the stream's spec")]
+    return []
+
+
 def _probe_brokers(spec: StreamSpec, layout: Layout) -> None:
     """The brokers a stream reads and writes must answer and hold its topics, else
     :class:`KafkaUnavailable` naming the field (a situation to restart from, not a bad spec)."""
@@ -349,7 +369,7 @@ def analyze(spark: SparkSession, spec: StreamSpec, layout: Layout,
     problems = source_problems(spark, spec, layout)
     if problems:
         raise SpecError(path, problems)
-    problems = _kafka_sink_problems(spec)
+    problems = _kafka_sink_problems(spec) + _delta_problems(spark, spec)
     if problems:
         raise SpecError(path, problems)
     _probe_brokers(spec, layout)

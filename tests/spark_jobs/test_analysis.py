@@ -258,3 +258,19 @@ def test_a_spark_source_must_give_its_declared_columns(spark, tmp_path: Path, so
     got_field, text = problem
     assert got_field == field
     assert text.startswith(message), text
+
+
+def test_a_stream_with_delta_tables_is_refused_without_delta_s_jars_or_extension(spark) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from spark_jobs.analysis import _delta_problems
+    from spark_jobs.spec.loading import parse_spec
+
+    spec = parse_spec({"name": "to_delta", "checkpoint": "checkpoints/to_delta", "source": {"type": "rate"},
+                       "outputs": [{"name": "rows", "mode": "append", "query": {"type": "passthrough"},
+                                    "sink": {"type": "delta", "path": "delta/rows"}}]})
+    assert _delta_problems(spark, spec) == []  # the tests' session has both
+    no_jars = SimpleNamespace(_jvm=SimpleNamespace(io=SimpleNamespace(delta=SimpleNamespace(tables=SimpleNamespace(
+        DeltaTable=object())))))  # what py4j gives for a class the JVM does not have: no JavaClass
+    ((field, message),) = _delta_problems(no_jars, spec)
+    assert field == "outputs[0].sink.type" and "Delta Lake's jars are not on the driver's class path" in message

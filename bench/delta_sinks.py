@@ -1,6 +1,6 @@
 """Delta Lake sinks against Parquet sinks, and what compaction does to a day of small files.
 
-    python bench/delta.py [--rows N] [--files N] [--files-per-trigger N] [--repeats N]
+    python bench/delta_sinks.py [--rows N] [--files N] [--files-per-trigger N] [--repeats N]
                           [--day-files N] [--day-commits N] [--reads N] [--keep]
 
 1. **Throughput.** The four-output stream of ``bench/throughput.py`` (a pass-through
@@ -21,7 +21,7 @@
    medians of ``--reads``), compaction (``spark_jobs.maintenance.optimize``, timed), files
    and read time again.
 
-Output: a table on stdout and ``bench/results/delta.json``. Every process started is ended by
+Output: a table on stdout and ``bench/results/delta_sinks.json``. Every process started is ended by
 its pid; the working folder (in the temp dir) is removed unless ``--keep``.
 """
 
@@ -43,6 +43,7 @@ import yaml
 from processes import MASTER, descendants, kill_tree
 from throughput import FOUR, RESULTS, Stream, bench_specs, run_generator, run_variant
 
+from spark_jobs.runtime.session import connector_jars
 from spark_jobs.spec.loading import load_spec
 
 DELTA = "clicks_four_delta"
@@ -60,10 +61,17 @@ def delta_spec(four: Path) -> Path:
         output["sink"] = {"type": "delta", "path": f"delta/{DELTA}/{output['name']}",
                           **({"partition_by": partition_by} if partition_by else {})}
     path = four.with_name(f"{DELTA}.yaml")
-    path.write_text("# Written by bench/delta.py: bench/throughput.py's four-output stream into Delta tables.\n"
+    path.write_text("# Written by bench/delta_sinks.py: bench/throughput.py's four-output stream into Delta tables.\n"
                     + yaml.safe_dump(data, sort_keys=False))
     load_spec(path)
     return path
+
+
+class DeltaStream(Stream):
+    """The four-output stream into Delta tables: its drivers get Delta's jars, as the platform's do."""
+
+    def jars(self) -> list[str]:
+        return connector_jars()
 
 
 def check_delta(spark, stream: Stream, root: Path) -> dict[str, Any]:  # noqa: ANN001
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = {FOUR: written[FOUR], DELTA: delta_spec(written[FOUR])}
         source = work / "input"
         run_generator(written[FOUR], source, args.files, max(1, args.rows // args.files), args.seed)
-        streams = {name: Stream(name, path, source, "c") for name, path in specs.items()}
+        streams = {FOUR: Stream(FOUR, specs[FOUR], source, "c"), DELTA: DeltaStream(DELTA, specs[DELTA], source, "c")}
         note(f"{streams[FOUR].input_rows()} input records in {args.files + 1} files, "
              f"{args.files_per_trigger} files a micro-batch; working folder {work}")
         kept: dict[str, Path] = {}
@@ -183,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in ("batch_s", "wall_s", "rows_per_s")}
                for name, runs in samples.items()}
     ratio = medians[DELTA]["rows_per_s"] / medians[FOUR]["rows_per_s"]
-    result = {"command": "python bench/delta.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python bench/delta_sinks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "platform": host.platform()},
               "input_records": streams[FOUR].input_rows(), "files_per_trigger": args.files_per_trigger,
               "samples": samples, "medians": medians, "delta_over_parquet": ratio, "check": check, "day": day}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "delta.json").write_text(json.dumps(result, indent=1, default=str))
+    (RESULTS / "delta_sinks.json").write_text(json.dumps(result, indent=1, default=str))
     print()
     print("| sinks | batches (median) | wall | rows/s |\n| --- | --- | --- | --- |")
     for name, label in ((FOUR, "Parquet and SQLite"), (DELTA, "Delta")):
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     b, a = day["before"], day["after"]
     print(f"a day: {b['files']} files in the partition, read in {b['read_s']:.2f} s; compaction "
           f"{day['compaction']['seconds']:.1f} s; then {a['files']} file(s), read in {a['read_s']:.2f} s")
-    print(f"written to {RESULTS / 'delta.json'}")
+    print(f"written to {RESULTS / 'delta_sinks.json'}")
     return 0 if check["ok"] else 1
 
 
