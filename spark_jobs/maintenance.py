@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import compile_plan
-from spark_jobs.sinks.delta import retry_conflicts
+from spark_jobs.sinks.delta import commit_time, retry_conflicts
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import SpecError, duration_seconds
@@ -64,13 +64,6 @@ def delta_tables(plan: StreamPlan) -> dict[str, str]:
     return {o.name: o.sink.path for o in plan.outputs if o.sink.kind == "delta" and o.sink.path}
 
 
-def _commit_times(spark: SparkSession, path: str) -> dict[int, float]:
-    from delta.tables import DeltaTable
-
-    rows = DeltaTable.forPath(spark, path).history().select("version", "timestamp").collect()
-    return {int(r.version): r.timestamp.timestamp() for r in rows}
-
-
 def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: float | None = None) -> list[Reader]:
     """Who needs the table's old files, and for how long (see the module)."""
     from spark_jobs.quality.ledger import Ledger
@@ -87,10 +80,10 @@ def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: fl
         versions = [u["version"] for u in units.values() if isinstance(u.get("version"), int)]
         if versions:
             validated = max(versions)
-            times = _commit_times(spark, path)
-            later = [t for v, t in times.items() if v > validated]
-            # files of version N are removed only by later commits: the earliest of them bounds the need
-            needs = max(0.0, now - min(later)) if later else 0.0
+            # files of version N are removed only by later commits: the first of them bounds the need
+            # (none yet: nothing to keep; gone from the log: version N cannot be read again anyway)
+            after = commit_time(spark, path, validated + 1)
+            needs = max(0.0, now - after) if after is not None else 0.0
             found.append(Reader(f"the last validation of output {output} (version {validated}), to be rerun", needs))
     return found
 

@@ -410,7 +410,7 @@ class Validator:
         output = target.output
         frame, version = self._sink_rows(output)
         last = None if version is None else delta_sink.last_batch(
-            delta_sink.committed_batches(self.spark, self.layout.data(output.sink.path)), query_id, version)
+            self.spark, self.layout.data(output.sink.path), query_id, version)
         if frame is None or last is None or last == entry.get("snapshot_batch"):
             report["note"] = "no batch applied since the last run"
             return report
@@ -500,7 +500,7 @@ class Validator:
             frame, version = self._sink_rows(output)
             if frame is None or version is None:
                 return 0, None
-            last = delta_sink.last_batch(delta_sink.committed_batches(self.spark, path), query_id, version)
+            last = delta_sink.last_batch(self.spark, path, query_id, version)
             if measure == "rows":
                 return frame.count(), last
             return int(frame.agg({column: "sum"}).collect()[0][0] or 0), last

@@ -73,13 +73,25 @@ def commit_metadata(stream: str, output: str, query_id: str, batch_id: int) -> s
                        "epoch": held_epoch()}, sort_keys=True)
 
 
-def committed_batches(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+def committed_batches(spark: SparkSession, path: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The table's versions written by a stream's batches, oldest first: ``version``,
-    ``operation`` and what the commit said of itself (:func:`commit_metadata`)."""
+    ``operation`` and what the commit said of itself (:func:`commit_metadata`). ``limit``:
+    among its newest ``limit`` versions only (a table's history holds every commit of its
+    log's retention, 30 days by default: tens of thousands for a stream of short triggers)."""
+    return _batches(_history(spark, path, limit))
+
+
+def _history(spark: SparkSession, path: str, limit: int | None) -> list[Any]:
     from delta.tables import DeltaTable
 
+    table = DeltaTable.forPath(spark, path)
+    history = table.history(limit) if limit is not None else table.history()
+    return history.select("version", "operation", "userMetadata").collect()
+
+
+def _batches(rows: list[Any]) -> list[dict[str, Any]]:
     out = []
-    for row in DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata").collect():
+    for row in rows:
         try:
             said = json.loads(row.userMetadata) if row.userMetadata else None
         except ValueError:
@@ -103,10 +115,33 @@ def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
-def last_batch(commits: list[dict[str, Any]], query_id: str | None, version: int) -> int | None:
-    """The last batch of query ``query_id`` in the table as of ``version`` (:func:`committed_batches`)."""
-    ids = [c["batch_id"] for c in commits if c["version"] <= version and c.get("query") == query_id]
-    return max(ids) if ids else None
+def last_batch(spark: SparkSession, path: str, query_id: str | None, version: int) -> int | None:
+    """The last batch of query ``query_id`` in the table as of ``version``: read from its newest
+    commits, more of them only until one of that query's turns up (usually the newest)."""
+    limit = 16
+    while True:
+        rows = _history(spark, path, limit)
+        ids = [c["batch_id"] for c in _batches(rows) if c["version"] <= version and c.get("query") == query_id]
+        if ids or len(rows) < limit:  # found, or the whole history read
+            return max(ids) if ids else None
+        limit *= 8
+
+
+def commit_time(spark: SparkSession, path: str, version: int) -> float | None:
+    """When ``version`` was committed (epoch seconds), from its one commit file; None if the
+    log no longer holds it (its retention passed)."""
+    log = f"{path.rstrip('/')}/_delta_log/{version:020d}.json"
+    try:
+        lines = [r.value for r in spark.read.text(log).collect()]
+    except Exception as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
+            return None
+        raise
+    for line in lines:
+        action = json.loads(line)
+        if "commitInfo" in action:
+            return action["commitInfo"]["timestamp"] / 1000
+    return None
 
 
 def merge_condition(key: list[str]) -> str:

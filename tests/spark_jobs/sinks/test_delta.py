@@ -149,3 +149,20 @@ def test_a_delta_sink_s_columns_and_key_are_checked_against_the_result() -> None
     message = str(err.value)
     assert "outputs[0].sink.partition_by[0]: unknown column 'site'" in message
     assert "outputs[1].sink.key: update mode into a Delta table merges each batch on a key" in message
+
+
+def test_a_version_s_last_batch_is_found_beyond_the_newest_commits_and_a_commit_s_time_read(spark, tmp_path) -> None:  # noqa: ANN001
+    import time
+
+    from spark_jobs.sinks.delta import commit_metadata, commit_time, last_batch
+
+    path = str(tmp_path / "t")
+    for query, batches in (("q1", 3), ("q2", 20)):  # q1's batches are older than the 16 newest commits
+        for b in range(batches):
+            spark.range(1).write.format("delta").mode("append") \
+                .option("userMetadata", commit_metadata("s", "o", query, b)).save(path)
+    assert last_batch(spark, path, "q1", 22) == 2
+    assert last_batch(spark, path, "q1", 1) == 1 and last_batch(spark, path, "q2", 22) == 19
+    assert last_batch(spark, path, "q3", 22) is None
+    assert abs(commit_time(spark, path, 5) - time.time()) < 600
+    assert commit_time(spark, path, 99) is None
