@@ -129,8 +129,10 @@ def test_csv_values_with_the_record_timestamp_as_event_time(spark, tmp_path: Pat
                                        "a5,dev-000,"], partition=0)
     events: list[dict] = []
     flows.run_available_now(spark, analysis.analyze(spark, spec, layout), on_batch=events.append)
-    ingested = [e for e in events if e["event"] == "ingested"]
-    assert len(ingested) == 3  # at most two records per micro-batch
+    # at most two records per micro-batch; a batch without records may follow, to move the
+    # watermark, when the last records' timestamps (their arrival) differ by a millisecond
+    ingested = [e for e in events if e["event"] == "ingested" and e["rows"]]
+    assert len(ingested) == 3
     rows = {r["event_id"]: r for r in spark.read.parquet(layout.data("sinks/rows")).collect()}
     assert sorted(rows) == ["a1", "a5"]  # an empty last field is a null, as in a CSV file
     assert rows["a1"]["temperature"] == 20.5 and rows["a5"]["temperature"] is None
