@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from spark_jobs.spec.layout import default_spec_dir
 from streamops.hooks.stream import StreamHook
-from streamops.operators.quality import prune_results, safe_name
+from streamops.operators.quality import point_job, prune_results
 
 MAINTENANCE_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "maintenance.py")
 
@@ -46,16 +44,9 @@ class MaintainTablesOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
-        run = context["run_id"] if "run_id" in context else "manual"
-        result_file = hook.layout.maintenance_dir / "runs" / f"{safe_name(run)}.json"
-        result_file.unlink(missing_ok=True)
-        self.application_args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml",
-                                 "--result", str(result_file)]
-        if self.data_root:
-            self.application_args += ["--data-root", self.data_root]
+        result_file = point_job(self, context, hook.layout.maintenance_dir, self.stream, self.spec_dir, self.data_root)
         if self.retention:
             self.application_args += ["--retention", str(self.retention)]
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         failure: AirflowException | None = None
         try:
             super().execute(context)

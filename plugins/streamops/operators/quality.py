@@ -50,16 +50,9 @@ class ValidateStreamOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
-        run = context["run_id"] if "run_id" in context else "manual"
-        result_file = hook.layout.quality_dir / "runs" / f"{safe_name(run)}.json"
-        result_file.unlink(missing_ok=True)
-        self.application_args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml",
-                                 "--result", str(result_file)]
-        if self.data_root:
-            self.application_args += ["--data-root", self.data_root]
+        result_file = point_job(self, context, hook.layout.quality_dir, self.stream, self.spec_dir, self.data_root)
         if self.backfill_start or self.backfill_end:
             self.application_args += ["--backfill", str(self.backfill_start), str(self.backfill_end)]
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         super().execute(context)
         try:
             result = json.loads(result_file.read_text(encoding="utf-8"))
@@ -82,6 +75,20 @@ class ValidateStreamOperator(SparkSubmitOperator):
         return {"stream": self.stream, "units": len(units), "failed": len(failed),
                 "rows": sum(u["rows"] for u in units), "accounting": (result.get("accounting") or {}).get("ok"),
                 "summary": result["summary"]}
+
+
+def point_job(op: SparkSubmitOperator, context: Context, folder: Path, stream: str, spec_dir: str | None,
+              data_root: str | None) -> Path:
+    """Give a stream's job its arguments (its spec, a fresh result file named for the run under
+    ``folder/runs``, the data root) and its Python; the result file's path."""
+    run = context["run_id"] if "run_id" in context else "manual"
+    result_file = folder / "runs" / f"{safe_name(run)}.json"
+    result_file.unlink(missing_ok=True)
+    op.application_args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml", "--result", str(result_file)]
+    if data_root:
+        op.application_args += ["--data-root", data_root]
+    op.env_vars = {"PYSPARK_PYTHON": sys.executable, **(op.env_vars or {})}
+    return result_file
 
 
 def prune_results(folder: Path, keep: int = KEEP_RESULTS) -> None:
