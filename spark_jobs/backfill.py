@@ -5,39 +5,56 @@
 The stream's accepted rows (the table its ingestion committed, read through its commit
 log) with an event time in ``[start, end)`` are taken, and every output's query is
 computed over them: the same rows every live output read, parsed, deduplicated and
-judged late once, by the ingestion. Each
-output is written to ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``:
-first into a temporary folder, then swapped in by a rename, so a rerun of the same range
-replaces its output whole and gives identical results. The live checkpoint and sinks are
-never touched. The output the ingestion serves is written too: its range of the accepted
-rows, copied to its backfill folder like any other output's result.
+judged late once, by the ingestion. Where each result goes:
 
-Exit codes: 0 written, 2 bad parameters or spec (the message says which), 1 failure.
+* an append-mode output to a **Delta table** is rewritten in place: its rows of the range
+  (the windows wholly inside it, or the rows whose event time is in it) are replaced in
+  one commit (Delta's ``replaceWhere``) by the ones computed, so a rerun leaves the same
+  table. Only a range the stream has finalized there can be rewritten (it ends by the
+  watermark up to which the output's windows or periods are complete): the stream never
+  writes rows of it again. The version written is recorded beside the other backfills
+  (``<label>.json``), and the validation reads the range as of that version;
+* every other output (Parquet, tables, a Delta table's update or complete result) goes to
+  ``<data root>/backfill/<stream>/<output>/range=<start>_<end>/``: first into a temporary
+  folder, then swapped in by a rename, so a rerun of the same range replaces its output
+  whole and gives identical results. The live checkpoint and sinks are never touched.
+  The output the ingestion serves is written too: its range of the accepted rows.
+
+Every range is checked before anything is written. Exit codes: 0 written, 2 bad
+parameters or spec (the message says which), 1 failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from spark_jobs.plan import has_ingestion
+from spark_jobs.plan import StreamPlan, has_ingestion
+from spark_jobs.quality import closing
 from spark_jobs.runtime.checkpoint import sink_last_batch
-from spark_jobs.runtime.clock import compact, parse_iso
+from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
+from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
+    WINDOW_END,
+    WINDOW_START,
+    DeltaSink,
+    Output,
     SpecError,
     StreamSpec,
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("backfill")
 
@@ -84,26 +101,107 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     if in_range.limit(1).count() == 0:
         raise BackfillError(f"stream {spec.name} has no accepted rows with {spec.event_time.column} in "
                             f"[{lo.isoformat()}, {hi.isoformat()})")
+    results = [(output, frames.output_frame(in_range, plan, plan.output(output.name))) for output in spec.outputs]
+    in_place = {o.name: in_place_range(plan, o, frame.columns, lo, hi) for o, frame in results}  # all checked first
     written: dict[str, int] = {}
-    for output in spec.outputs:
-        frame = frames.output_frame(in_range, plan, plan.output(output.name))
-        target = output_dir(spec, layout, output.name, lo, hi)
-        staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        writer = frame.write.mode("overwrite")
-        partitions = getattr(output.sink, "partition_by", [])
-        if partitions:
-            writer = writer.partitionBy(*partitions)
-        writer.parquet(str(staging))
-        written[output.name] = spark.read.parquet(str(staging)).count()
-        old = target.with_name(f".{target.name}.{uuid.uuid4().hex}.old")
-        if target.exists():
-            target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-        log.info("backfill %s.%s %s: %d rows -> %s", spec.name, output.name, range_label(lo, hi),
-                 written[output.name], target)
+    for output, frame in results:
+        condition = in_place[output.name]
+        if condition is None:
+            written[output.name] = _write_folder(spark, output, frame, output_dir(spec, layout, output.name, lo, hi))
+        else:
+            written[output.name] = _replace_range(spark, spec, layout, output, frame, condition, range_label(lo, hi))
     in_range.unpersist()
     return written
+
+
+def _sql_time(value: datetime) -> str:
+    return f"TIMESTAMP '{value.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}'"  # the session's time zone is UTC
+
+
+def in_place_range(plan: StreamPlan, output: Output, columns: list[str], lo: datetime, hi: datetime) -> str | None:
+    """The condition (SQL) selecting the rows of the range in the output's Delta table, if
+    the output is rewritten there: windows wholly inside ``[lo, hi)``, or rows whose event
+    time is in it. None for an output written to the backfill folder. Refused (with the
+    reason) when the stream could still write rows of the range into the table."""
+    if not isinstance(output.sink, DeltaSink) or output.mode != "append":
+        return None
+    event_time = plan.event_time_column
+    if WINDOW_START in columns and WINDOW_END in columns:
+        kind = "window"
+        condition = f"`{WINDOW_START}` >= {_sql_time(lo)} AND `{WINDOW_END}` <= {_sql_time(hi)}"
+    elif event_time is not None and event_time in columns:
+        kind = "period"
+        condition = f"`{event_time}` >= {_sql_time(lo)} AND `{event_time}` < {_sql_time(hi)}"
+    else:
+        raise BackfillError(f"output {output.name}: its Delta table's rows have neither {WINDOW_START} and "
+                            f"{WINDOW_END} nor the event-time column, so a range of it cannot be rewritten in place")
+    through = closing.final_through(plan, output.name, kind)
+    if through is None or to_ms(hi) > through:
+        final = iso(from_ms(through)) if through is not None else "nothing yet"
+        raise BackfillError(f"output {output.name}: the range ends at {iso(hi)}, after what the stream has "
+                            f"finalized in its Delta table ({final}); the stream may still write rows of that "
+                            "range there, so it is not rewritten: backfill a range that ends by then")
+    return condition
+
+
+def _write_folder(spark: SparkSession, output: Output, frame: DataFrame, target: Path) -> int:
+    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    writer = frame.write.mode("overwrite")
+    partitions = getattr(output.sink, "partition_by", [])
+    if partitions:
+        writer = writer.partitionBy(*partitions)
+    writer.parquet(str(staging))
+    rows = spark.read.parquet(str(staging)).count()
+    old = target.with_name(f".{target.name}.{uuid.uuid4().hex}.old")
+    if target.exists():
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    log.info("backfill %s %s: %d rows -> %s", output.name, target.name, rows, target)
+    return rows
+
+
+def _replace_range(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output, frame: DataFrame,
+                   condition: str, label: str) -> int:
+    """One commit of the table: its rows matching ``condition`` replaced by the range's result
+    (a commit that loses to the stream's or a compaction's is tried again)."""
+    from delta.tables import DeltaTable
+
+    assert isinstance(output.sink, DeltaSink)
+    path = layout.data(output.sink.path)
+    if not DeltaTable.isDeltaTable(spark, path):
+        raise BackfillError(f"output {output.name}: there is no Delta table at {path} yet to rewrite a range of")
+    rows = frame.where(condition).cache()
+    count = rows.count()
+    metadata = json.dumps({"stream": spec.name, "output": output.name, "backfill": label, "condition": condition},
+                          sort_keys=True)
+
+    def commit() -> None:
+        (rows.write.format("delta").mode("overwrite").option("replaceWhere", condition)
+         .option("userMetadata", metadata).save(path))
+
+    delta_sink.retry_conflicts(f"backfill {output.name} {label}", commit)
+    version = next(int(r.version) for r in DeltaTable.forPath(spark, path).history(16).collect()
+                   if r.userMetadata == metadata)
+    rows.unpersist()
+    record = {"table": path, "version": version, "condition": condition, "rows": count, "written": iso(time.time())}
+    recorded = layout.backfill_dir(output.name) / f"{label}.json"
+    recorded.parent.mkdir(parents=True, exist_ok=True)
+    staging = recorded.with_name(f".{recorded.name}.{uuid.uuid4().hex}.tmp")
+    staging.write_text(json.dumps(record, indent=2))
+    staging.replace(recorded)
+    log.info("backfill %s %s: %d rows replaced %s in %s (version %d)", output.name, label, count, condition, path,
+             version)
+    return count
+
+
+def delta_record(layout: Layout, output: str, label: str) -> dict[str, Any] | None:
+    """What the backfill of range ``label`` wrote into an output's Delta table (see
+    :func:`_replace_range`), or None if it wrote none."""
+    try:
+        return json.loads((layout.backfill_dir(output) / f"{label}.json").read_text())
+    except FileNotFoundError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

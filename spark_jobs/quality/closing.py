@@ -59,15 +59,24 @@ def checkpoint_of(plan: StreamPlan, output: str) -> str:
 
 def closed(plan: StreamPlan, target: Target) -> Closed:
     output = target.output
-    checkpoint = checkpoint_of(plan, output.name)
+    batch = last_batch(checkpoint_of(plan, output.name), "commits")
+    through = final_through(plan, output.name, target.kind) if target.kind != "snapshot" else None
+    return Closed(output.name, target.kind, through, batch)
+
+
+def final_through(plan: StreamPlan, output: str, kind: str) -> int | None:
+    """The watermark (ms) up to which the output's sink is final: every window (``window``) or
+    event-time period (``period``) ending by then is in it whole, and the stream writes no
+    more rows of it. None if the output has committed nothing yet."""
+    checkpoint = checkpoint_of(plan, output)
     batch = last_batch(checkpoint, "commits")
-    through = None
-    if batch is not None and target.kind != "snapshot":
-        if target.kind == "window" or plan.output(output.name).written_by_ingestion:
-            through = batch_watermark_ms(checkpoint, batch)
-        else:
-            through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.accepted, checkpoint)
-    return Closed(output.name, target.kind, through or None, batch)
+    if batch is None:
+        return None
+    if kind == "window" or plan.output(output).written_by_ingestion:
+        through = batch_watermark_ms(checkpoint, batch)
+    else:
+        through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.accepted, checkpoint)
+    return through or None
 
 
 def unit_ends(target: Target, after_ms: int | None, through_ms: int) -> list[int] | None:

@@ -34,7 +34,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import analysis, frames
+from spark_jobs import analysis, backfill, frames
 from spark_jobs.plan import StreamPlan, has_ingestion, result_columns
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality import closing
@@ -437,8 +437,15 @@ class Validator:
         """Validate one backfilled range of an output as a whole (it is replaced whole on a rerun)."""
         output = target.output
         report: dict[str, Any] = {"output": output.name, "kind": "backfill", "units": [], "problems": []}
-        path = str(self.layout.backfill_dir(output.name) / label)
-        frame = read_committed(self.spark, path)
+        in_table = backfill.delta_record(self.layout, output.name, label)
+        if in_table is not None:  # rewritten in its Delta table: the range as of the version it wrote
+            path = f"{in_table['table']} version {in_table['version']} where {in_table['condition']}"
+            frame = delta_sink.read_version(self.spark, in_table["table"], in_table["version"]) \
+                .where(in_table["condition"])
+            report["version"] = in_table["version"]
+        else:
+            path = str(self.layout.backfill_dir(output.name) / label)
+            frame = read_committed(self.spark, path)
         if frame is None:
             report["note"] = f"no backfill output at {path}"
             return report

@@ -7,7 +7,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from examples import clicks_on_files
+import yaml
+from examples import clicks_on_files, include_with
 
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
@@ -111,3 +112,85 @@ def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spar
     backfilled = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
                         for r in spark.read.parquet(str(backfill.output_dir(spec, layout, "views", lo, hi))).collect())
     assert backfilled == streamed
+
+
+@pytest.fixture
+def delta_stream(spark, tmp_path: Path):  # noqa: ANN001
+    """The sensors stream with every output in a Delta table, run over 80 minutes of events."""
+    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    for output in data["outputs"]:
+        partitions = output["sink"].get("partition_by")
+        output["sink"] = {"type": "delta", "path": f"delta/sensors/{output['name']}",
+                          **({"partition_by": partitions} if partitions else {})}
+    spec_dir = include_with(tmp_path / "include", data)
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_dir / "sensors.yaml"), "--data-root", str(root), "--files", "6",
+                          "--events-per-file", "40", "--event-interval-ms", "20000", "--seed", "5"]) == 0
+    spec = load_spec(spec_dir / "sensors.yaml")
+    layout = Layout(spec, root, spec_dir)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    return spec, layout
+
+
+def delta_rows(spark, layout: Layout, output: str) -> list[str]:  # noqa: ANN001
+    rows = spark.read.format("delta").load(layout.data(f"delta/sensors/{output}")).collect()
+    return sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows)
+
+
+def test_a_delta_table_has_its_range_rewritten_in_place_and_again_identically(spark, delta_stream) -> None:
+    from delta.tables import DeltaTable
+
+    from spark_jobs.quality.rules import load_rules
+    from spark_jobs.quality.validation import Validator
+    from spark_jobs.sinks.delta import latest_version
+
+    spec, layout = delta_stream
+    lo, hi = "2026-01-01T00:10:00Z", "2026-01-01T00:40:00Z"
+    streamed = {o: delta_rows(spark, layout, o) for o in ("readings", "site_temperature_10m")}
+    # rows of the range go wrong in the tables (a bad write): the backfill puts them right
+    readings = DeltaTable.forPath(spark, layout.data("delta/sensors/readings"))
+    readings.delete("ts >= '2026-01-01 00:20:00' AND ts < '2026-01-01 00:30:00'")
+    windows = DeltaTable.forPath(spark, layout.data("delta/sensors/site_temperature_10m"))
+    windows.update("window_end <= '2026-01-01 00:40:00'", {"readings": "readings + 1000"})
+    assert delta_rows(spark, layout, "readings") != streamed["readings"]
+
+    written = backfill.run(spark, spec, layout, lo, hi)
+    label = backfill.range_label(*backfill.parse_range(lo, hi))
+    assert delta_rows(spark, layout, "readings") == streamed["readings"]
+    # the windows wholly inside the range are rewritten; those reaching outside it are not the
+    # backfill's to rewrite (it has only part of their rows): the bad write stays in them
+    rows = [json.loads(r) for r in delta_rows(spark, layout, "site_temperature_10m")]
+    still_bad = [r for r in rows if r["readings"] >= 1000]
+    assert still_bad and all(r["window_start"] < "2026-01-01 00:10:00" for r in still_bad)
+    repaired = sorted(json.dumps({**r, "readings": r["readings"] % 1000}, sort_keys=True) for r in rows)
+    assert repaired == streamed["site_temperature_10m"]
+    for output in ("readings", "site_temperature_10m"):
+        record = backfill.delta_record(layout, output, label)
+        assert record is not None and record["rows"] == written[output] > 0
+        assert record["version"] == latest_version(spark, record["table"])
+    assert backfill.output_dir(spec, layout, "device_status", *backfill.parse_range(lo, hi)).is_dir()  # update mode
+
+    # twice: the same tables, one more version each
+    versions = {o: backfill.delta_record(layout, o, label)["version"] for o in ("readings", "site_temperature_10m")}
+    assert backfill.run(spark, spec, layout, lo, hi) == written
+    assert delta_rows(spark, layout, "readings") == streamed["readings"]
+    for output, version in versions.items():
+        assert backfill.delta_record(layout, output, label)["version"] == version + 1
+        last = DeltaTable.forPath(spark, layout.data(f"delta/sensors/{output}")).history(1).collect()[0]
+        assert json.loads(last.userMetadata)["backfill"] == label
+        assert (last.operation, last.operationParameters["mode"], last.operationParameters["predicate"]) == (
+            "WRITE", "Overwrite", backfill.delta_record(layout, output, label)["condition"])  # a replaceWhere
+
+    # the validation reads the range as of the version the backfill wrote
+    result = Validator(spark, spec, layout, load_rules(spec, layout.spec_dir)).run(backfill_label=label)
+    assert result["ok"], result["problems"]
+    by_output = {o["output"]: o for o in result["outputs"]}
+    assert by_output["readings"]["version"] == versions["readings"] + 1
+    assert by_output["readings"]["units"][0]["rows"] == written["readings"]
+
+    # a range the stream has not finalized is refused, and nothing is written
+    before = {o: latest_version(spark, layout.data(f"delta/sensors/{o}")) for o in versions}
+    with pytest.raises(backfill.BackfillError, match=r"output readings: the range ends at 2026-01-01T02:00:00Z, after "
+                                                     r"what the stream has finalized in its Delta table"):
+        backfill.run(spark, spec, layout, "2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
+    assert {o: latest_version(spark, layout.data(f"delta/sensors/{o}")) for o in versions} == before
