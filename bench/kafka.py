@@ -62,7 +62,7 @@ from typing import Any
 import yaml
 from freshness import Watcher, percentile, table_views
 from processes import MASTER, child_env, kill_tree
-from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, run_variant
+from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, on_file_sinks, run_variant
 
 from runner.kafka import KafkaBroker, ensure_topics
 from spark_jobs.plan import compile_plan
@@ -107,7 +107,7 @@ def write_specs(folder: Path) -> dict[str, Path]:
     include = project_root() / "include"
     shutil.copytree(include / "reference", folder / "reference")
     (folder / "streams").mkdir(parents=True)
-    clicks = yaml.safe_load((include / "streams" / "clicks.yaml").read_text())
+    clicks = on_file_sinks(yaml.safe_load((include / "streams" / "clicks.yaml").read_text()))
     fresh = json.loads(json.dumps(clicks))
     fresh["source"]["topics"] = [FRESH_TOPIC]
     fresh["trigger"] = {"processing_time": "1 second"}

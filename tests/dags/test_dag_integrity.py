@@ -179,10 +179,11 @@ def test_a_stream_with_delta_tables_gets_a_maintenance_dag_on_its_spec_s_schedul
     sensors.write_text(sensors.read_text().replace("sink: {type: parquet, path: sinks/sensors/site_temperature_10m}",
                                                    "sink: {type: delta, path: delta/sensors/site_temperature_10m}")
                        + "\nmaintenance: {schedule: '30 2 * * *', vacuum_retention: 3 days}\n")
+    assert "stream_sensors_maintenance" not in dagbag(DAGS).dags  # no Delta table, no upkeep
+    assert dagbag(DAGS).dags["stream_clicks_maintenance"].timetable.expression == "30 * * * *"  # the example's
     monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
     bag = dagbag(DAGS)
     assert not bag.import_errors
-    assert "stream_clicks_maintenance" not in bag.dags  # no Delta table, no upkeep
     dag = bag.dags["stream_sensors_maintenance"]
     assert dag.timetable.expression == "30 2 * * *"
     assert "`site_temperature_10m`" in dag.doc_md and "vacuum (retention 3 days)" in dag.doc_md

@@ -175,6 +175,24 @@ def test_a_spec_edit_that_moves_the_accepted_rows_is_refused(spark, tmp_path: Pa
     assert compile_plan(spec, layout).ingestion.accepted == served_at
 
 
+def test_a_spec_edit_that_gives_an_output_another_sink_is_refused_until_its_checkpoint_is_moved(
+        spark, tmp_path: Path) -> None:  # noqa: ANN001
+    spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
+    refuse_incompatible(compile_plan(spec, layout), layout)  # the same spec starts
+    # the windows go to a Delta table now: with the old checkpoint it would get later batches only
+    edited = parse_spec(make_spec([{**WINDOWS, "sink": {"type": "delta", "path": "tables/windows"}}, PASSTHROUGH]))
+    plan = compile_plan(edited, Layout(edited, tmp_path / "data", default_spec_dir()))
+    checkpoint = plan.checkpoint("windows")
+    with pytest.raises(RuntimeError, match=rf"output windows was written to parquet {layout.data('sinks/windows')} "
+                                           rf".* it goes to delta {layout.data('tables/windows')}, while its query "
+                                           rf"resumes from its checkpoint {checkpoint}"):
+        refuse_incompatible(plan, layout)
+    shutil.move(checkpoint, f"{checkpoint}.old")  # moved aside: the output computes everything again
+    refuse_incompatible(plan, layout)
+
+
 def files_per_batch(table: str) -> dict[int, list[str]]:
     """The partition folder of each file a batch added to a file sink, per batch."""
     last = sink_last_batch(table)

@@ -40,7 +40,8 @@ def test_every_path_is_resolved_once_under_the_data_root_or_the_spec_folder(tmp_
     totals = clicks_plan.output("page_totals")
     assert totals.checkpoint == f"{data}/checkpoints/clicks/page_totals"
     assert totals.sink.kind == "table" and totals.sink.url == f"sqlite:///{data}/tables.db"
-    assert clicks_plan.output("views_per_minute").sink.path == f"{data}/sinks/clicks/views_per_minute"
+    per_minute = clicks_plan.output("views_per_minute").sink
+    assert (per_minute.kind, per_minute.path) == ("delta", f"{data}/delta/clicks/views_per_minute")
 
 
 def test_the_derived_facts_of_the_outputs_and_the_ingestion(clicks_plan) -> None:
