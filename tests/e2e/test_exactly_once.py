@@ -1,9 +1,13 @@
-"""Exactly-once through real spark-submit runs: graceful stop, SIGKILL, replayed batch.
+"""Exactly-once through real spark-submit runs: graceful stop, SIGKILLs, replayed batches.
 
-One stream is run four times on one checkpoint, fed a fixed generated input: stopped
-gracefully mid-way, refused a second driver, killed with SIGKILL mid-way, given a
-replayed batch by removing a commit, and finally caught up with an available-now run.
-Every sink must then equal the generator's ground truth: nothing lost, nothing twice.
+One stream is run five times on one checkpoint, fed a fixed generated input: stopped
+gracefully mid-way, refused a second driver, given replayed batches by removing its
+outputs' last commits, killed with SIGKILL mid-way three times, and finally caught up
+with an available-now run. Its sinks: the accepted-rows table (Parquet), a SQLite table,
+and Delta tables in append, update and complete modes. Every sink must then equal the
+generator's ground truth: nothing lost, nothing twice; every Delta table holds each batch
+in one version only, each written by a driver whose lease was current (its epoch never
+goes back).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from spark_jobs.plan import checkpoint_paths, compile_plan
 from spark_jobs.runtime.checkpoint import (
     batch_ids,
     last_batch,
+    query_id,
 )
+from spark_jobs.runtime.lease import record_numbers
+from spark_jobs.sinks.delta import committed_batches
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
@@ -29,6 +36,8 @@ pytestmark = pytest.mark.e2e
 
 FILES = 40  # two files per micro-batch (pinned below): 20 batches, so stops and kills land mid-way
 LAST_BATCH = FILES // 2 - 1
+PER_DEVICE = {"type": "aggregate", "group_by": ["device_id"],
+              "aggregates": [{"name": "readings", "fn": "count"}, {"name": "status", "fn": "latest", "column": "status"}]}
 
 
 @pytest.fixture
@@ -36,6 +45,13 @@ def stream(tmp_path: Path):
     data_root = tmp_path / "data"
     sensors = example_spec("sensors")
     sensors["source"]["max_files_per_trigger"] = 2
+    windows = next(o for o in sensors["outputs"] if o["name"] == "site_temperature_10m")
+    windows["sink"] = {"type": "delta", "path": "delta/sensors/site_temperature_10m"}
+    sensors["outputs"] += [
+        {"name": "device_latest", "mode": "update", "query": PER_DEVICE,
+         "sink": {"type": "delta", "path": "delta/sensors/device_latest"}},
+        {"name": "site_readings", "mode": "complete", "sink": {"type": "delta", "path": "delta/sensors/site_readings"},
+         "query": {"type": "aggregate", "group_by": ["site"], "aggregates": [{"name": "readings", "fn": "count"}]}}]
     spec_dir = include_with(tmp_path / "include", sensors)
     spec_path = spec_dir / "sensors.yaml"
     assert generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(FILES),
@@ -50,7 +66,7 @@ def stream(tmp_path: Path):
             d.kill()
 
 
-def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -> None:
+def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark) -> None:
     spec_path, spec, layout, data_root, logs, drivers = stream
     readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
 
@@ -68,12 +84,12 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     assert "in use by a live driver" in second.output()
 
     # the running job's plan is beside its checkpoint
-    plan = json.loads(layout.plan_file.read_text())
-    assert plan["ingestion"]["checkpoint"] == readings
-    assert [o["name"] for o in plan["outputs"]] == [o.name for o in spec.outputs]
+    written = json.loads(layout.plan_file.read_text())
+    assert written["ingestion"]["checkpoint"] == readings
+    assert [o["name"] for o in written["outputs"]] == [o.name for o in spec.outputs]
     # readings is written by the ingestion: its sink is the accepted-rows table, with no query or checkpoint
-    assert [o["name"] for o in plan["outputs"] if o["written_by_ingestion"]] == ["readings"]
-    assert plan["ingestion"]["accepted"] == layout.data("sinks/sensors/readings")
+    assert [o["name"] for o in written["outputs"] if o["written_by_ingestion"]] == ["readings"]
+    assert written["ingestion"]["accepted"] == layout.data("sinks/sensors/readings")
     assert not Path(layout.data(checkpoint_paths(spec)["readings"])).exists()
 
     layout.stop_marker.touch()
@@ -84,17 +100,24 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     for checkpoint in compile_plan(spec, layout).checkpoints.values():  # stopped between batches: every planned batch is committed
         assert last_batch(checkpoint, "offsets") == last_batch(checkpoint, "commits")
 
-    # 3. make the table sink's last batch replay: its rows are in the table, its commit is gone
-    status = Path(compile_plan(layout.spec, layout).checkpoint("device_status"))
-    replayed = last_batch(status, "commits")
-    (status / "commits" / str(replayed)).unlink()
-    (status / "commits" / f".{replayed}.crc").unlink(missing_ok=True)  # as if the commit was never written
+    # 3. the outputs' last batches replay: their rows are in their tables, their commits gone
+    plan = compile_plan(layout.spec, layout)
+    replayed = {}
+    for output in plan.queried_outputs:
+        checkpoint = Path(plan.checkpoint(output.name))
+        replayed[output.name] = last_batch(checkpoint, "commits")
+        (checkpoint / "commits" / str(replayed[output.name])).unlink()
+        (checkpoint / "commits" / f".{replayed[output.name]}.crc").unlink(missing_ok=True)  # as if never written
 
-    # 4. restart from the checkpoint, kill -9 mid-way
-    third = start("--processing-time", "2 seconds")
-    wait_for(lambda: (last_batch(readings, "commits") or 0) >= stopped_at + 3, "3 more batches", third.proc)
-    third.kill()
-    assert f"table sensors_device_status batch {replayed}: already applied, skipped" in third.output()
+    # 4. restart from the checkpoint, kill -9 mid-way, three times
+    for kill in range(3):
+        done = last_batch(readings, "commits") or 0
+        driver = start("--processing-time", "2 seconds")
+        wait_for(lambda d=done: (last_batch(readings, "commits") or 0) >= d + 2, "2 more batches", driver.proc)
+        driver.kill()
+        if kill == 0:
+            assert f"table sensors_device_status batch {replayed['device_status']}: already applied, skipped" \
+                in driver.output()
     killed_at = last_batch(readings, "commits")
     assert killed_at < LAST_BATCH, "the stream finished before it could be killed mid-way"
 
@@ -110,10 +133,24 @@ def test_graceful_stop_sigkill_and_replay_keep_every_sink_exact(stream, spark) -
     assert all(o.actual > 0 for o in report.outputs), report.describe()
     assert report.quarantined > 0
 
-    # the driver's events tell the story: four starts, a refusal, a graceful stop, a kill (no stop event)
+    # the driver's events tell the story: six starts, a refusal, a graceful stop, three kills (no stop event)
     from spark_jobs.runtime.progress import read_events
 
     events = list(read_events(layout.events_file))
-    assert [e["event"] for e in events].count("driver_started") == 3  # the refused driver never got that far
+    assert [e["event"] for e in events].count("driver_started") == 5  # the refused driver never got that far
     assert [e.get("exit_code") for e in events if e["event"] == "driver_stopped"] == [0, 0]
     assert {e["query"] for e in events if e["event"] == "progress"} == set(compile_plan(spec, layout).queries)
+
+    # each Delta table holds every batch once, in the order of the drivers' leases
+    final_epoch = record_numbers(layout.lease_dir)[-1]
+    assert final_epoch == 5  # one lease per driver that ran
+    for output in plan.outputs:
+        if output.sink.kind != "delta":
+            continue
+        commits = committed_batches(spark, output.sink.path)
+        checkpoint = plan.checkpoint(output.name)
+        ours = [c for c in commits if c["query"] == query_id(checkpoint)]
+        assert [c["batch_id"] for c in ours] == sorted({c["batch_id"] for c in ours}), (output.name, commits)
+        assert ours[-1]["batch_id"] == last_batch(checkpoint, "commits"), output.name
+        epochs = [c["epoch"] for c in commits]  # a driver whose lease ended never committed after its successor
+        assert epochs == sorted(epochs) and epochs[-1] == final_epoch, (output.name, epochs, final_epoch)
