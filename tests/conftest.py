@@ -9,8 +9,10 @@ tests would look as green as one that ran them.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -27,8 +29,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TZ", "UTC")
 # Spark's driver and block manager listen on loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Airflow: a throwaway home, no example DAGs, unit-test settings.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-home-"))
+# Airflow: a throwaway home per test process (each pytest-xdist worker its own: they would
+# share its SQLite database otherwise), removed at exit; no example DAGs, unit-test settings.
+if os.environ.get("AIRFLOW_HOME") in (None, os.environ.get("STREAMS_TEST_AIRFLOW_HOME")):
+    _home = tempfile.mkdtemp(prefix="airflow-home-")
+    os.environ["AIRFLOW_HOME"] = os.environ["STREAMS_TEST_AIRFLOW_HOME"] = _home
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 
