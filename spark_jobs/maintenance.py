@@ -136,11 +136,13 @@ def vacuum(spark: SparkSession, path: str, retention_seconds: float) -> dict[str
 
 
 def table_figures(spark: SparkSession, path: str) -> dict[str, Any]:
-    """Files, bytes and version of the table's newest version."""
+    """Files, bytes and version of the table's newest version (a commit landing between the
+    two reads makes the figures a version apart: they are a report, not a snapshot)."""
     from delta.tables import DeltaTable
 
-    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
-    version = DeltaTable.forPath(spark, path).history(1).collect()[0].version
+    table = DeltaTable.forPath(spark, path)
+    version = table.history(1).collect()[0].version
+    detail = table.detail().collect()[0]
     return {"files": int(detail["numFiles"]), "bytes": int(detail["sizeInBytes"]), "version": int(version)}
 
 

@@ -115,6 +115,9 @@ class Validator:
         self._suites: dict[str, Any] = {}  # stored once per run, shared by the screening and detail runs
         self._checkpoints: dict[str, Any] = {}
         self._schemas: dict[str, StructType] = {}
+        #: the version of each Delta table this run reads: the first read's, so that its
+        #: validation and its accounting see the same rows
+        self._versions: dict[str, int] = {}
 
     @cached_property
     def plan(self) -> StreamPlan:
@@ -269,15 +272,19 @@ class Validator:
 
     def _sink_rows(self, output: Output, version: int | None = None) -> tuple[DataFrame | None, int | None]:
         """An output's committed rows: a Parquet sink's through its log; a Delta table's as of
-        ``version`` (default: its newest, read once), which is returned with them: a unit
-        validated again at that version sees the same rows, whatever was written since."""
+        ``version`` (default: the version this run read it at first, its newest then), which
+        is returned with them: a unit validated again at that version sees the same rows,
+        whatever was written since."""
         path = self.layout.data(output.sink.path)
         if not isinstance(output.sink, DeltaSink):
             return read_committed(self.spark, path), None
         if version is None:
+            version = self._versions.get(output.name)
+        if version is None:
             version = delta_sink.latest_version(self.spark, path)
             if version is None:
                 return None, None
+            self._versions[output.name] = version
         return delta_sink.read_version(self.spark, path, version), version
 
     # ---- closed units of the live sinks -------------------------------------------------------
@@ -550,6 +557,7 @@ class Validator:
             "stream": self.spec.name, "run_id": self.run_id, "started": iso(started), "finished": iso(datetime.now(UTC)),
             "backfill": backfill_label, "outputs": outputs, "skipped": skipped,
             "accounting": accounting.to_dict() if accounting else None, "problems": problems, "ok": not problems,
+            "delta_versions": dict(self._versions),  # the one version of each Delta table this run read
             "docs": str(docs_index(self.spec, self.layout)), "summary": str(self.dir / "index.html"),
         }
         units = [u for o in outputs for u in o["units"]]

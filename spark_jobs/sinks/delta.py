@@ -7,7 +7,10 @@ version its batch id. A batch replayed after a crash whose commit is already in 
 log is skipped by Delta itself, as Delta's own streaming sink does; this one fences every
 commit with the stream's lease first (``spark_jobs.runtime.lease``).
 
-* append: the batch's rows are appended (partitioned as the sink says);
+* append: the batch's rows are appended (partitioned as the sink says). A windowed result's
+  batch is empty unless the watermark passed a window's end (most batches of a short
+  trigger): such a batch makes no commit, as a commit costs about a second of the
+  driver's time however few its rows;
 * complete: the batch, which is the whole result, replaces the table;
 * update: the batch is merged on the output's key: a row whose key is in the table replaces
   it, any other is inserted. Keys compare null-safely (a group may be null).
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.plan import OutputPlan
 from spark_jobs.runtime.checkpoint import query_id
 from spark_jobs.runtime.lease import fence, held_epoch
+from spark_jobs.spec.models import Aggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -160,6 +164,9 @@ class DeltaWriter:
         self.stream, self.output, self.path = stream, output, sink.path
         self._query_id: str | None = None
         self._last_batch: int | None = None  # the last batch this writer saw
+        query = output.query
+        #: an append-mode window result: an empty batch makes no commit (see the module)
+        self.skips_empty = output.mode == "append" and isinstance(query, Aggregation) and query.window is not None
 
     def query_id(self) -> str:
         """The output's streaming query, as its checkpoint names it (known from its first batch)."""
@@ -178,15 +185,21 @@ class DeltaWriter:
         # commit in the table already: Delta then skips the write without running the batch. Its
         # stateful operators must run all the same (Spark checks that every state store committed
         # the batch), so it is computed first; a live stream's other batches are not.
+        # A window result's batch is computed first as well, to know whether it has rows at all.
         replay = self._last_batch is None or batch_id <= self._last_batch
-        if replay:
+        computed = replay or self.skips_empty
+        rows = None
+        if computed:
             batch = batch.persist()
-            batch.count()
-        try:  # a commit that conflicts with another (a compaction's) is tried again, as the same batch
-            retry_conflicts(f"batch {batch_id} of {self.output.name} into {self.path}",
-                            lambda: self._commit(batch, batch_id))
+            rows = batch.count()
+        try:
+            if self.skips_empty and rows == 0:
+                log.debug("batch %d of %s: no window closed, no commit", batch_id, self.output.name)
+            else:  # a commit that conflicts with another (a compaction's) is tried again, as the same batch
+                retry_conflicts(f"batch {batch_id} of {self.output.name} into {self.path}",
+                                lambda: self._commit(batch, batch_id))
         finally:
-            if replay:
+            if computed:
                 batch.unpersist()
         self._last_batch = batch_id
 

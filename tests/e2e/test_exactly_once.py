@@ -151,6 +151,9 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
         checkpoint = plan.checkpoint(output.name)
         ours = [c for c in commits if c["query"] == query_id(checkpoint)]
         assert [c["batch_id"] for c in ours] == sorted({c["batch_id"] for c in ours}), (output.name, commits)
-        assert ours[-1]["batch_id"] == last_batch(checkpoint, "commits"), output.name
+        if output.name == "site_temperature_10m":  # a window result: a batch that closed no window made no commit
+            assert ours[-1]["batch_id"] <= last_batch(checkpoint, "commits"), output.name
+        else:
+            assert ours[-1]["batch_id"] == last_batch(checkpoint, "commits"), output.name
         epochs = [c["epoch"] for c in commits]  # a driver whose lease ended never committed after its successor
         assert epochs == sorted(epochs) and epochs[-1] == final_epoch, (output.name, epochs, final_epoch)

@@ -362,6 +362,8 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     snapshot = by_output["device_status"]
     assert snapshot["kind"] == "snapshot"
     assert [u["unit"] for u in snapshot["units"]] == [f"batch {last_batch(v.plan.checkpoint('device_status'), 'commits')}"]
+    # the validation and the accounting read each table at one version
+    assert result["delta_versions"] == {name: by_output[name]["version"] for name in by_output}
     balances = {b["output"]: b for b in result["accounting"]["balances"]}
     assert balances["readings"]["status"] == balances["device_status"]["status"] == "balanced", balances
     assert balances["readings"]["accepted"] == manifest["counts"]["accepted"]

@@ -134,6 +134,29 @@ def test_a_replayed_batch_is_skipped_and_a_new_checkpoint_is_not(spark, tmp_path
     assert sorted(r["device_id"] for r in table(spark, path)) == expected
 
 
+def test_a_window_result_commits_only_the_batches_that_closed_windows(spark, tmp_path: Path) -> None:
+    spec = parse_spec(spec_data("windows", [
+        {"name": "w", "mode": "append", "sink": {"type": "delta", "path": "out/w"},
+         "query": {"type": "aggregate", "window": {"duration": "10 minutes"}, "group_by": ["device_id"],
+                   "aggregates": [{"name": "n", "fn": "count"}]}}]))
+    plan = analysis.resolve_plan(spark, spec, Layout(spec, tmp_path / "data", default_spec_dir()))
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    writer = DeltaWriter("windows", replace(plan.output("w"), checkpoint=str(checkpoint)))
+    assert writer.skips_empty
+    schema = "window_start timestamp, window_end timestamp, device_id string, n long"
+    closed = spark.createDataFrame([(None, None, "d1", 3)], schema)
+    writer.write(spark.createDataFrame([], schema), 0)  # no window closed
+    path = plan.output("w").sink.path
+    assert not Path(path).exists()
+    writer.write(closed, 1)
+    writer.write(spark.createDataFrame([], schema), 2)
+    writer.write(closed, 1)  # a replay of a batch with rows: skipped by Delta
+    assert [(c["batch_id"], c["version"]) for c in committed_batches(spark, path)] == [(1, 0)]
+    assert [r["n"] for r in table(spark, path)] == [3]
+
+
 def test_an_update_merges_on_the_key_null_safely() -> None:
     assert merge_condition(["window_start", "device_id"]) == (
         "t.`window_start` <=> s.`window_start` AND t.`device_id` <=> s.`device_id`")
