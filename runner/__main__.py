@@ -34,8 +34,11 @@ from pathlib import Path
 from runner.platform import Platform
 from runner.processes import port_is_free
 from runner.summary import describe_summary
-from spark_jobs.spec.layout import default_spec_dir, project_root
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import refuse_incompatible
+from spark_jobs.spec.layout import Layout, default_spec_dir, project_root
 from spark_jobs.spec.loading import load_specs
+from spark_jobs.spec.models import StreamSpec
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,6 +62,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def unresumable(specs: dict[str, StreamSpec], spec_dir: Path, data_root: Path) -> list[str]:
+    """Why a stream's data under ``data_root`` cannot be resumed with its spec (the check each
+    driver makes at its start, made before anything starts); empty if every one can."""
+    problems = []
+    for spec in specs.values():
+        layout = Layout(spec, data_root, spec_dir)
+        try:
+            refuse_incompatible(compile_plan(spec, layout), layout)
+        except RuntimeError as exc:
+            problems.append(str(exc))
+    return problems
+
+
 def up(args: argparse.Namespace) -> int:
     """Run the platform (``args``: those of ``up``); 0 if every sink equals the ground truth and
     the data quality passed."""
@@ -75,6 +91,13 @@ def up(args: argparse.Namespace) -> int:
         return 2
     if args.fresh and args.data_root.exists():
         shutil.rmtree(args.data_root)
+    stale = unresumable(specs, args.spec_dir.resolve(), args.data_root.resolve())
+    for problem in stale:
+        print(f"error: {problem}", file=sys.stderr)
+    if stale:
+        print(f"error: {args.data_root} holds data that these specs cannot resume from; "
+              "`./platform up --fresh` discards it", file=sys.stderr)
+        return 2
     (args.data_root / "logs").mkdir(parents=True, exist_ok=True)
 
     platform = Platform(specs, args.spec_dir.resolve(), args.data_root.resolve(), args.port, args.rate,

@@ -173,16 +173,18 @@ def _replace_range(spark: SparkSession, spec: StreamSpec, layout: Layout, output
         raise BackfillError(f"output {output.name}: there is no Delta table at {path} yet to rewrite a range of")
     rows = frame.where(condition).cache()
     count = rows.count()
-    metadata = json.dumps({"stream": spec.name, "output": output.name, "backfill": label, "condition": condition},
-                          sort_keys=True)
+    metadata = json.dumps({"stream": spec.name, "output": output.name, "backfill": label, "condition": condition,
+                           "run": uuid.uuid4().hex}, sort_keys=True)  # this run's commit, found by it below
 
     def commit() -> None:
         (rows.write.format("delta").mode("overwrite").option("replaceWhere", condition)
          .option("userMetadata", metadata).save(path))
 
     delta_sink.retry_conflicts(f"backfill {output.name} {label}", commit)
-    version = next(int(r.version) for r in DeltaTable.forPath(spark, path).history(16).collect()
-                   if r.userMetadata == metadata)
+    history = DeltaTable.forPath(spark, path).history(1000).select("version", "userMetadata").collect()
+    version = next((int(r.version) for r in history if r.userMetadata == metadata), None)
+    if version is None:
+        raise RuntimeError(f"output {output.name}: the backfill's commit is not among the newest 1000 of {path}")
     rows.unpersist()
     record = {"table": path, "version": version, "condition": condition, "rows": count, "written": iso(time.time())}
     recorded = layout.backfill_dir(output.name) / f"{label}.json"

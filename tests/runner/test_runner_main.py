@@ -12,7 +12,10 @@ import pytest
 
 from runner.__main__ import main, parser
 from runner.processes import free_port
-from spark_jobs.spec.layout import default_spec_dir, project_root
+from spark_jobs.plan import compile_plan
+from spark_jobs.spec.layout import Layout, default_spec_dir, project_root
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import ParquetSink
 
 
 def test_up_options_and_their_defaults() -> None:
@@ -49,6 +52,25 @@ def test_no_specs_no_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                  "--data-root", str(tmp_path / "data")])
     assert code == 2 and f"error: no specs in {tmp_path / 'specs'}" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+def test_data_written_by_other_specs_is_refused_before_anything_starts(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A data root whose clicks.views_per_minute went to Parquet files, before the example's Delta table."""
+    spec = load_spec(default_spec_dir() / "clicks.yaml")
+    data = tmp_path / "data"
+    layout = Layout(spec, data, default_spec_dir())
+    sink = ParquetSink(type="parquet", path="sinks/clicks/views_per_minute")
+    earlier = spec.model_copy(update={"outputs": [spec.outputs[0].model_copy(update={"sink": sink}), *spec.outputs[1:]]})
+    compile_plan(earlier, Layout(earlier, data, default_spec_dir())).write(layout.plan_file)
+    commits = Path(compile_plan(spec, layout).checkpoint("views_per_minute")) / "commits"
+    commits.mkdir(parents=True)
+    (commits / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    code = main(["up", "--port", str(free_port()), "--data-root", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and "output views_per_minute was written to parquet" in err and "goes to delta" in err
+    assert f"error: {data} holds data that these specs cannot resume from; `./platform up --fresh` discards it" in err
+    assert not (data / "airflow").exists() and not (data / "logs").exists()
 
 
 def test_the_platform_script_runs_the_runner() -> None:
