@@ -41,6 +41,7 @@ from spark_jobs.plan import StreamPlan, has_ingestion
 from spark_jobs.quality import closing
 from spark_jobs.runtime.checkpoint import sink_last_batch
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
+from spark_jobs.runtime.files import write_atomically
 from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
@@ -180,18 +181,15 @@ def _replace_range(spark: SparkSession, spec: StreamSpec, layout: Layout, output
         (rows.write.format("delta").mode("overwrite").option("replaceWhere", condition)
          .option("userMetadata", metadata).save(path))
 
-    delta_sink.retry_conflicts(f"backfill {output.name} {label}", commit)
-    history = DeltaTable.forPath(spark, path).history(1000).select("version", "userMetadata").collect()
-    version = next((int(r.version) for r in history if r.userMetadata == metadata), None)
+    try:
+        delta_sink.retry_conflicts(f"backfill {output.name} {label}", commit)
+    finally:
+        rows.unpersist()
+    version = delta_sink.version_of_commit(spark, path, metadata)
     if version is None:
-        raise RuntimeError(f"output {output.name}: the backfill's commit is not among the newest 1000 of {path}")
-    rows.unpersist()
+        raise RuntimeError(f"output {output.name}: the backfill's commit is not in the history of {path}")
     record = {"table": path, "version": version, "condition": condition, "rows": count, "written": iso(time.time())}
-    recorded = layout.backfill_dir(output.name) / f"{label}.json"
-    recorded.parent.mkdir(parents=True, exist_ok=True)
-    staging = recorded.with_name(f".{recorded.name}.{uuid.uuid4().hex}.tmp")
-    staging.write_text(json.dumps(record, indent=2))
-    staging.replace(recorded)
+    write_atomically(layout.backfill_dir(output.name) / f"{label}.json", json.dumps(record, indent=2))
     log.info("backfill %s %s: %d rows replaced %s in %s (version %d)", output.name, label, count, condition, path,
              version)
     return count

@@ -59,8 +59,9 @@ def checkpoint_of(plan: StreamPlan, output: str) -> str:
 
 def closed(plan: StreamPlan, target: Target) -> Closed:
     output = target.output
-    batch = last_batch(checkpoint_of(plan, output.name), "commits")
-    through = final_through(plan, output.name, target.kind) if target.kind != "snapshot" else None
+    checkpoint = checkpoint_of(plan, output.name)
+    batch = last_batch(checkpoint, "commits")
+    through = _through(plan, output.name, target.kind, checkpoint, batch) if target.kind != "snapshot" else None
     return Closed(output.name, target.kind, through, batch)
 
 
@@ -69,7 +70,10 @@ def final_through(plan: StreamPlan, output: str, kind: str) -> int | None:
     event-time period (``period``) ending by then is in it whole, and the stream writes no
     more rows of it. None if the output has committed nothing yet."""
     checkpoint = checkpoint_of(plan, output)
-    batch = last_batch(checkpoint, "commits")
+    return _through(plan, output, kind, checkpoint, last_batch(checkpoint, "commits"))
+
+
+def _through(plan: StreamPlan, output: str, kind: str, checkpoint: str, batch: int | None) -> int | None:
     if batch is None:
         return None
     if kind == "window" or plan.output(output).written_by_ingestion:

@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from spark_jobs.plan import OutputPlan
 from spark_jobs.runtime.checkpoint import query_id
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: session settings through which Delta's MERGE takes a transaction marker and a commit's metadata
 _TXN_APP, _TXN_VERSION = "spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion"
@@ -119,16 +120,31 @@ def read_version(spark: SparkSession, path: str, version: int) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
-def last_batch(spark: SparkSession, path: str, query_id: str | None, version: int) -> int | None:
-    """The last batch of query ``query_id`` in the table as of ``version``: read from its newest
-    commits, more of them only until one of that query's turns up (usually the newest)."""
+def _search_history(spark: SparkSession, path: str, pick: Callable[[list[Any]], T | None]) -> T | None:
+    """``pick`` over the table's newest commits (newest first), reading more of them only until
+    it finds what it looks for (usually among the newest) or the whole history is read."""
     limit = 16
     while True:
         rows = _history(spark, path, limit)
-        ids = [c["batch_id"] for c in _batches(rows) if c["version"] <= version and c.get("query") == query_id]
-        if ids or len(rows) < limit:  # found, or the whole history read
-            return max(ids) if ids else None
+        found = pick(rows)
+        if found is not None or len(rows) < limit:
+            return found
         limit *= 8
+
+
+def last_batch(spark: SparkSession, path: str, query_id: str | None, version: int) -> int | None:
+    """The last batch of query ``query_id`` in the table as of ``version``."""
+    def pick(rows: list[Any]) -> int | None:
+        ids = [c["batch_id"] for c in _batches(rows) if c["version"] <= version and c.get("query") == query_id]
+        return max(ids) if ids else None
+
+    return _search_history(spark, path, pick)
+
+
+def version_of_commit(spark: SparkSession, path: str, metadata: str) -> int | None:
+    """The newest version whose commit's ``userMetadata`` is ``metadata``."""
+    return _search_history(spark, path, lambda rows: next(
+        (int(r.version) for r in rows if r.userMetadata == metadata), None))
 
 
 def commit_time(spark: SparkSession, path: str, version: int) -> float | None:
