@@ -264,6 +264,8 @@ def _delta_problems(spark: SparkSession, spec: StreamSpec) -> list[tuple[str, st
     from spark_jobs.runtime.session import DELTA_CONF
 
     fields = [f"outputs[{i}].sink.type" for i, out in enumerate(spec.outputs) if out.sink.type == "delta"]
+    if spec.accepted.format == "delta":
+        fields.insert(0, "accepted.format")
     if not fields:
         return []
     if not isinstance(spark._jvm.io.delta.tables.DeltaTable, JavaClass):

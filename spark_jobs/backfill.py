@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import StreamPlan, has_ingestion
 from spark_jobs.quality import closing
-from spark_jobs.runtime.checkpoint import sink_last_batch
+from spark_jobs.runtime.checkpoint import accepted_last_batch
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.sinks import delta as delta_sink
@@ -94,7 +94,7 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     lo, hi = parse_range(start, end)
     plan = analysis.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
-    if sink_last_batch(plan.accepted) is None:
+    if accepted_last_batch(plan.ingestion) is None:
         raise BackfillError(f"stream {spec.name} has no accepted rows yet ({plan.accepted} holds no committed batch)")
     ts = F.col(spec.event_time.column)
     accepted = frames.accepted_batch(spark, plan.ingestion)

@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs import user_code
 from spark_jobs.plan import IngestionPlan, JoinPlan, OutputPlan, SourcePlan, StreamPlan
+from spark_jobs.sinks.delta import create_table
 from spark_jobs.sources import kafka as kafka_source
 from spark_jobs.spec.models import (
     ACCEPTED_VIEW,
@@ -121,16 +122,31 @@ def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:
 
 def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     """The accepted-rows table as a streaming source: only batches in its commit log, all
-    of them at each trigger (see the module's note), watermarked like the ingestion."""
-    Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
-    df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
+    of them at each trigger (see the module's note), watermarked like the ingestion. A
+    Delta table is read from its snapshot on, then version by version; its compactions
+    change no data and are skipped (Delta's own limit of 1000 files per micro-batch holds).
+    Reading it needs the table: the ingestion creates it empty before the outputs start
+    (``spark_jobs.flows.ingestion``)."""
+    if ingestion.accepted_is_delta:
+        create_table(spark, ingestion.accepted, ingestion.accepted_ddl, ingestion.partition_by)
+        columns = [F.col(name) for name in ingestion.accepted_columns or {}]
+        df = spark.readStream.format("delta").load(ingestion.accepted).select(*columns)
+    else:
+        Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
+        df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
     if ingestion.event_time is not None:
         df = df.withWatermark(ingestion.event_time.column, ingestion.event_time.watermark)
     return df
 
 
-def accepted_batch(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
-    """The committed accepted rows, read in batch through the table's commit log."""
+def accepted_batch(spark: SparkSession, ingestion: IngestionPlan, version: int | None = None) -> DataFrame:
+    """The committed accepted rows, read in batch through the table's commit log (a Delta
+    table: as of ``version``, else its newest)."""
+    if ingestion.accepted_is_delta:
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        return reader.load(ingestion.accepted).select(*[F.col(name) for name in ingestion.accepted_columns or {}])
     return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted)
 
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.checkpoint import delta_read_through
 from spark_jobs.sinks.delta import commit_time, retry_conflicts
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
@@ -37,8 +38,6 @@ from spark_jobs.spec.models import SpecError, duration_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from spark_jobs.plan import StreamPlan
 
 log = logging.getLogger("maintenance")
 
@@ -59,13 +58,11 @@ class Reader:
     needs_seconds: float
 
 
-def delta_tables(plan: StreamPlan) -> dict[str, str]:
-    """The stream's Delta tables: output name -> path."""
-    return {o.name: o.sink.path for o in plan.outputs if o.sink.kind == "delta" and o.sink.path}
-
-
-def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: float | None = None) -> list[Reader]:
-    """Who needs the table's old files, and for how long (see the module)."""
+def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: float | None = None,
+            streaming: dict[str, str] | None = None) -> list[Reader]:
+    """Who needs the table's old files, and for how long (see the module). ``streaming``: the
+    queries that stream from the table (name -> checkpoint), which need every version after
+    the last one they have read whole."""
     from spark_jobs.quality.ledger import Ledger
     from spark_jobs.runtime.lease import holder_alive
 
@@ -74,6 +71,12 @@ def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: fl
     if holder_alive(layout.lease_dir):
         found.append(Reader(f"the stream's running driver (a micro-batch writes its files before its commit), "
                             f"at least {WRITER_NEEDS_SECONDS / 3600:g} hour", WRITER_NEEDS_SECONDS))
+    for name, checkpoint in (streaming or {}).items():
+        read = delta_read_through(checkpoint)
+        unread = commit_time(spark, path, (read if read is not None else -1) + 1)
+        if unread is not None:
+            found.append(Reader(f"output {name}, which streams from the table and has yet to read versions after "
+                                f"{read}", max(0.0, now - unread)))
     ledger_file = layout.quality_dir / "ledger.json"
     if ledger_file.exists():
         units = Ledger(ledger_file).data["outputs"].get(output, {}).get("units", {})
@@ -88,13 +91,22 @@ def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: fl
     return found
 
 
-def check_retention(spark: SparkSession, layout: Layout, output: str, path: str, retention_seconds: float) -> None:
+def check_retention(spark: SparkSession, layout: Layout, output: str, path: str, retention_seconds: float,
+                    streaming: dict[str, str] | None = None) -> None:
     """Raise :class:`VacuumRefused` naming the reader whose need is longer than the retention."""
-    for reader in readers(spark, layout, output, path):
+    for reader in readers(spark, layout, output, path, streaming=streaming):
         if reader.needs_seconds > retention_seconds:
             raise VacuumRefused(
                 f"vacuum of {output}'s Delta table {path} with a retention of {retention_seconds:g}s refused: "
                 f"{reader.who} needs {reader.needs_seconds:.0f}s; raise maintenance.vacuum_retention")
+
+
+def streaming_readers(plan: StreamPlan, path: str) -> dict[str, str]:
+    """The outputs that stream from the table at ``path`` (the accepted-rows table's readers):
+    name -> checkpoint."""
+    if plan.ingestion is None or not plan.ingestion.accepted_is_delta or path != plan.ingestion.accepted:
+        return {}
+    return {o.name: o.checkpoint for o in plan.queried_outputs if o.checkpoint and not o.reads_source}
 
 
 def optimize(spark: SparkSession, path: str) -> dict[str, Any]:
@@ -152,7 +164,7 @@ def run(spark: SparkSession, plan: StreamPlan, layout: Layout, compact: bool, va
     from delta.tables import DeltaTable
 
     tables = []
-    for output, path in delta_tables(plan).items():
+    for output, path in plan.delta_tables.items():
         if not DeltaTable.isDeltaTable(spark, path):
             tables.append({"output": output, "path": path, "note": "no table yet"})
             continue
@@ -161,7 +173,7 @@ def run(spark: SparkSession, plan: StreamPlan, layout: Layout, compact: bool, va
             entry["optimize"] = optimize(spark, path)
         if vacuum_retention is not None:
             try:
-                check_retention(spark, layout, output, path, vacuum_retention)
+                check_retention(spark, layout, output, path, vacuum_retention, streaming_readers(plan, path))
                 entry["vacuum"] = vacuum(spark, path, vacuum_retention)
             except VacuumRefused as exc:
                 log.error("%s", exc)

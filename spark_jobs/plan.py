@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.spec.models import (
+    ACCEPTED_TABLE,
     CODE_QUERIES,
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
@@ -120,7 +121,8 @@ def written_by_ingestion(spec: StreamSpec) -> Output | None:
 
     An output whose rows are exactly the accepted rows would only copy the accepted-rows
     table: a pass-through query of every accepted column in their order (``columns``
-    absent or equal to :func:`enriched_columns`), a Parquet sink partitioned like the
+    absent or equal to :func:`enriched_columns`), a sink of the accepted rows' format
+    (``accepted.format``: Parquet, or a Delta table) partitioned like the
     accepted rows (``[event_date]`` with event_time, else none), and a trigger that is not
     continuous. Its sink path then *is* the accepted-rows table (:func:`accepted_path`):
     the ingestion writes every accepted row once, into that sink, and the output has no
@@ -131,10 +133,11 @@ def written_by_ingestion(spec: StreamSpec) -> Output | None:
         return None
     accepted = None if spec.transform is not None else list(enriched_columns(spec))
     partitioning = [EVENT_DATE_COLUMN] if spec.event_time is not None else []
+    kind = DeltaSink if spec.accepted.format == "delta" else ParquetSink
     for o in spec.outputs:
         q, sink = o.query, o.sink
         if (isinstance(q, Passthrough) and (q.columns is None or list(q.columns) == accepted)
-                and o.mode == "append" and isinstance(sink, ParquetSink)
+                and o.mode == "append" and isinstance(sink, kind)
                 and list(sink.partition_by) == partitioning and trigger_for(spec, o).kind != "continuous"):
             return o
     return None
@@ -193,7 +196,7 @@ def accepted_path(spec: StreamSpec) -> str:
     ingestion writes (:func:`written_by_ingestion`), else ``accepted/<stream>``."""
     written = written_by_ingestion(spec)
     if written is not None:
-        assert isinstance(written.sink, ParquetSink)
+        assert isinstance(written.sink, ParquetSink | DeltaSink)
         return written.sink.path
     return own_accepted_path(spec.name)
 
@@ -286,7 +289,7 @@ class IngestionPlan:
     query_name: str
     checkpoint: str
     trigger: Trigger
-    accepted: str  # the accepted-rows table (Parquet, through its _spark_metadata log)
+    accepted: str  # the accepted-rows table
     #: name -> Spark type: the source's and join columns (or the transform's result), then
     #: event_date; None for a transform not analyzed yet (``analysis.resolve_plan``)
     accepted_columns: dict[str, str] | None
@@ -301,6 +304,12 @@ class IngestionPlan:
     #: whether the transform can give more rows than it reads (explode, a join): then its
     #: rows are accounted as in and out, else what it does not give back as filtered
     transform_multiplies: bool = False
+    #: the accepted-rows table's format: ``parquet`` (through its _spark_metadata log) or ``delta``
+    accepted_format: str = "parquet"
+
+    @property
+    def accepted_is_delta(self) -> bool:
+        return self.accepted_format == "delta"
 
     @property
     def accepted_ddl(self) -> str:
@@ -391,6 +400,15 @@ class StreamPlan:
     def accepted(self) -> str | None:
         """The accepted-rows table, if the stream has an ingestion."""
         return self.ingestion.accepted if self.ingestion else None
+
+    @property
+    def delta_tables(self) -> dict[str, str]:
+        """The stream's Delta tables, each once: a Delta accepted-rows table (``_accepted``,
+        unless it is the sink of the output the ingestion writes), then the outputs' by name."""
+        tables = {o.name: o.sink.path for o in self.outputs if o.sink.kind == "delta" and o.sink.path}
+        if self.ingestion is not None and self.ingestion.accepted_is_delta and self.accepted not in tables.values():
+            tables = {ACCEPTED_TABLE: self.ingestion.accepted} | tables
+        return tables
 
     @property
     def output_written_by_ingestion(self) -> OutputPlan | None:
@@ -502,6 +520,7 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
             trigger=spec.trigger, accepted=layout.data(accepted_path(spec)), accepted_columns=accepted,
             transform=spec.transform, input_columns=list(joined_columns(spec)),
             transform_multiplies=transformed is not None and transformed.multiplies,
+            accepted_format=spec.accepted.format,
             partition_by=[EVENT_DATE_COLUMN] if et is not None else [],
             quarantine=layout.data(spec.quarantine.path) if spec.quarantine else None,
             joins=[JoinPlan(e.name, layout.reference(e.path), e.format, list(e.columns), list(e.key), e.how)

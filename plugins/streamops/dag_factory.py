@@ -222,13 +222,13 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
                                conf=_conf(), **paths)
     dags[quality_dag.dag_id] = quality_dag
 
-    tables = [o for o in plan.outputs if o.sink.kind == "delta"]
+    tables = plan.delta_tables
     if tables:
         upkeep = spec.maintenance
         what = ", ".join(filter(None, ["compaction (OPTIMIZE)" if upkeep.compact else "",
                                        f"vacuum (retention {upkeep.vacuum_retention})" if upkeep.vacuum else ""]))
         maintenance_doc = (f"{_doc(spec, plan, 'upkeep of its Delta tables')}\n\nDelta tables: "
-                           f"{', '.join(f'`{o.name}`' for o in tables)}. Each run: {what or 'nothing (both off)'}, "
+                           f"{', '.join(f'`{name}`' for name in tables)}. Each run: {what or 'nothing (both off)'}, "
                            f"while the stream runs. Schedule: {upkeep.schedule or 'by hand'}. The `retention` param "
                            f"overrides the vacuum's; a vacuum shorter than a reader needs is refused, naming it.")
         with DAG(dag_id(spec.name, "maintenance"), doc_md=maintenance_doc, schedule=upkeep.schedule,

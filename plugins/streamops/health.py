@@ -39,6 +39,7 @@ from spark_jobs.runtime.checkpoint import (
     processed_files,
     read_query_checkpoint,
     sink_files,
+    unread_accepted_files,
 )
 from spark_jobs.runtime.clock import ago
 from spark_jobs.runtime.history import STREAM, History
@@ -186,10 +187,11 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         trend[INGEST_QUERY] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
     if ingestion is not None:
         # an output's backlog: accepted files the ingestion committed and the output has not taken
-        accepted = {file_name(p) for p in sink_files(plan.accepted)}
+        delta = plan.ingestion is not None and plan.ingestion.accepted_is_delta
+        accepted = None if delta else {file_name(p) for p in sink_files(plan.accepted)}
         for name, q in queries.items():
             if name != INGEST_QUERY:
-                trend[name] = (None, len(accepted - {file_name(p) for p in q.processed_files}))
+                trend[name] = (None, unread_accepted_files(plan, q, accepted))
     holder = read_holder(layout.lease_dir)
     alive = holder_alive(layout.lease_dir)
     last_progress: dict[str, dict[str, Any]] = {}

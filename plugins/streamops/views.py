@@ -219,7 +219,9 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
             landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
         ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}; "
                       f"{_accounting(layout)}", status, url="#charts")
-        accepted = node("accepted", "accepted rows", f"{plan.accepted} (Parquet, by event date)", status)
+        kind = "Delta table" if plan.ingestion.accepted_is_delta else "Parquet"
+        by = ", by event date" if plan.ingestion.partition_by else ""
+        accepted = node("accepted", "accepted rows", f"{plan.accepted} ({kind}{by})", status)
         link(landing, ingest, total(INGEST_QUERY, "input_rows"), "rows read")
         link(ingest, accepted, total(INGEST_QUERY, "accepted"), "accepted")
         if plan.ingestion.quarantine is not None:
@@ -292,17 +294,15 @@ HISTORY_SCANNED = 1000
 
 
 def delta_tables(spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
-    """Per Delta table of the stream (its Delta sinks): files, bytes and version of its newest
-    version, its last compaction and vacuum. Read with the ``deltalake`` library, no JVM."""
+    """Per Delta table of the stream (a Delta accepted-rows table, its Delta sinks): files,
+    bytes and version of its newest version, its last compaction and vacuum. Read with the
+    ``deltalake`` library, no JVM."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     tables = []
-    for output in spec.outputs:
-        if not isinstance(output.sink, DeltaSink):
-            continue
-        path = layout.data(output.sink.path)
-        entry: dict[str, Any] = {"output": output.name, "path": path}
+    for name, path in compile_plan(spec, layout).delta_tables.items():
+        entry: dict[str, Any] = {"output": name, "path": path}
         try:
             table = DeltaTable(path)
         except TableNotFoundError:

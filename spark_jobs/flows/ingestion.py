@@ -57,6 +57,7 @@ from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     query_id,
 )
+from spark_jobs.sinks.delta import DeltaAppender
 from spark_jobs.sinks.files import FileSinkWriter
 from spark_jobs.spec.models import (
     CORRUPT_RECORD_COLUMN,
@@ -355,6 +356,15 @@ def at_once(session: SparkSession, *jobs: Callable[[], Any]) -> list[Any]:
         return [f.result() for f in futures]
 
 
+def accepted_writer(spark: SparkSession, plan: StreamPlan) -> FileSinkWriter | DeltaAppender:
+    """How the ingestion commits its accepted rows: Spark's file sink, or a Delta table."""
+    ingestion = plan.ingestion
+    assert ingestion is not None
+    if ingestion.accepted_is_delta:
+        return DeltaAppender(plan.stream, "accepted", ingestion.accepted, ingestion.partition_by, ingestion.checkpoint)
+    return FileSinkWriter(spark, ingestion.accepted, ingestion.partition_by)
+
+
 class IngestBatch:
     """The foreachBatch function of the ingestion query.
 
@@ -372,7 +382,7 @@ class IngestBatch:
         self.joins = lookups(plan, [reference_frame(spark, j) for j in plan.ingestion.joins])
         #: the reference data as views of the micro-batches' session, for the transform
         self._views: tuple[Any, dict[str, DataFrame]] | None = None
-        self.accepted = FileSinkWriter(spark, plan.ingestion.accepted, plan.ingestion.partition_by)
+        self.accepted = accepted_writer(spark, plan)
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
         self.quarantine_columns = quarantine_columns(plan)

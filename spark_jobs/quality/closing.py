@@ -79,7 +79,9 @@ def _through(plan: StreamPlan, output: str, kind: str, checkpoint: str, batch: i
     if kind == "window" or plan.output(output).written_by_ingestion:
         through = batch_watermark_ms(checkpoint, batch)
     else:
-        through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.accepted, checkpoint)
+        assert plan.ingestion is not None
+        through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.ingestion.accepted, checkpoint,
+                                    delta=plan.ingestion.accepted_is_delta)
     return through or None
 
 

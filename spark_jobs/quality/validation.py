@@ -47,9 +47,11 @@ from spark_jobs.runtime.checkpoint import (
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.sinks import delta as delta_sink
+from spark_jobs.sinks import delta_log
 from spark_jobs.sinks import table as table_sink
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
+    ACCEPTED_TABLE,
     CODE_QUERIES,
     INGEST_QUERY,
     WINDOW_START,
@@ -486,9 +488,8 @@ class Validator:
             totals[query] = t.to_dict()
             return t, ck
 
-        ingested, _ = committed(INGEST_QUERY)
-        accepted = read_committed(self.spark, self.plan.accepted)
-        accepted_rows, accepted_batch = 0 if accepted is None else accepted.count(), sink_last_batch(self.plan.accepted)
+        ingested, ingestion_checkpoint = committed(INGEST_QUERY)
+        accepted_rows, accepted_batch = self._accepted_table(ingested.through_batch, ingestion_checkpoint.query_id)
         quarantine_path = self.plan.ingestion.quarantine if self.plan.ingestion else None
         quarantine = read_committed(self.spark, quarantine_path) if quarantine_path else None
         quarantined = 0 if quarantine is None else quarantine.count()
@@ -504,6 +505,25 @@ class Validator:
             measured, measured_batch = self._accepted(output, measure, ck.query_id)
             balances.append(acc.output_balance(output.name, t, measured, measured_batch, measure))
         return acc.StreamAccounting(ingested.input, quarantined, self.rules.max_quarantine_rate, balances)
+
+    def _accepted_table(self, ingested_through: int, query_id: str | None) -> tuple[int, int | None]:
+        """The rows the accepted-rows table holds, and the last ingestion batch they are of
+        (called after the ingestion's checkpoint was read: ``ingested_through`` is its last
+        committed batch). A Delta table is read at its newest version, pinned now: a batch
+        that accepted no row made no version, so a version whose last batch is at or before
+        the checkpoint's holds every batch through the checkpoint's."""
+        ingestion = self.plan.ingestion
+        assert ingestion is not None
+        if not ingestion.accepted_is_delta:
+            frame = read_committed(self.spark, ingestion.accepted)
+            return (0 if frame is None else frame.count()), sink_last_batch(ingestion.accepted)
+        version = delta_sink.latest_version(self.spark, ingestion.accepted)
+        if version is None:
+            return 0, None
+        self._versions[ACCEPTED_TABLE] = version
+        rows = frames.accepted_batch(self.spark, ingestion, version).count()
+        last = delta_log.last_batch(ingestion.accepted, query=query_id, through=version)
+        return rows, (ingested_through if last is None or last <= ingested_through else last)
 
     def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
         if measure is None:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from spark_jobs.plan import StreamPlan, checkpoint_paths, own_accepted_path
+from spark_jobs.plan import IngestionPlan, StreamPlan, checkpoint_paths, own_accepted_path
+from spark_jobs.sinks import delta_log
 
 if TYPE_CHECKING:
     from spark_jobs.spec.layout import Layout
@@ -270,16 +271,51 @@ def sink_last_batch(table: str | os.PathLike[str]) -> int | None:
     return max(ids) if ids else None
 
 
+def accepted_last_batch(ingestion: IngestionPlan) -> int | None:
+    """The newest ingestion batch with rows in the accepted-rows table; None if none yet."""
+    if ingestion.accepted_is_delta:
+        return delta_log.last_batch(ingestion.accepted)
+    return sink_last_batch(ingestion.accepted)
+
+
+def delta_read_through(reader: str | os.PathLike[str]) -> int | None:
+    """The newest version of a Delta table that a query streaming from it has read whole by
+    its last committed batch (-1: none yet); None if it has committed nothing."""
+    last_read = last_batch(reader, "commits")
+    return None if last_read is None else delta_log.read_through(source_offsets(reader, last_read))
+
+
+def unread_accepted_files(plan: StreamPlan, reader: QueryCheckpoint, accepted: set[str] | None = None) -> int:
+    """Files of the accepted-rows table that a query reading it has not taken yet
+    (``accepted``: the Parquet table's files, if read already)."""
+    assert plan.ingestion is not None
+    if plan.ingestion.accepted_is_delta:
+        read = delta_read_through(reader.path)
+        return delta_log.files_after(plan.ingestion.accepted, -1 if read is None else read)
+    if accepted is None:
+        accepted = {file_name(p) for p in sink_files(plan.ingestion.accepted)}
+    return len(accepted - {file_name(p) for p in reader.processed_files})
+
+
 def watermark_seen_by(ingestion: str | os.PathLike[str], table: str | os.PathLike[str],
-                      reader: str | os.PathLike[str]) -> int | None:
+                      reader: str | os.PathLike[str], delta: bool = False) -> int | None:
     """The stream's watermark as far as a query reading its accepted-rows table has read it:
-    the watermark of the newest ingestion batch J whose files (and every earlier batch's)
+    the watermark of the newest ingestion batch J whose rows (and every earlier batch's)
     that query has committed. Rows accepted after J lie beyond that watermark, so every
-    event-time unit ending by then is complete in the reader's sink. None if none yet."""
+    event-time unit ending by then is complete in the reader's sink. None if none yet.
+    ``delta``: the table is a Delta table (its versions name their batches; a batch that
+    accepted no row made none)."""
     last_read = last_batch(reader, "commits")
     last_ingested = last_batch(ingestion, "commits")
     if last_read is None or last_ingested is None:
         return None
+    if delta:
+        read = delta_log.read_through(source_offsets(reader, last_read))
+        if read is None:
+            return None
+        unread = delta_log.batch_commits(table, query=query_id(ingestion), after=read)
+        seen = last_ingested if not unread else min(last_ingested, unread[0].batch_id - 1)
+        return batch_watermark_ms(ingestion, seen) if seen >= 0 else None
     taken = {file_name(p) for p in processed_files(reader, through_batch=last_read)}
     for batch in range(last_ingested, -1, -1):
         if {file_name(p) for p in sink_files(table, through_batch=batch)} <= taken:
@@ -438,7 +474,16 @@ def _refuse_moved_accepted_rows(plan: StreamPlan, layout: Layout, previous: dict
     if plan.ingestion is None:
         return
     before = (previous.get("ingestion") or {}).get("accepted")
-    if before and before != plan.ingestion.accepted and last_batch(plan.ingestion.checkpoint, "commits") is not None:
+    before_format = (previous.get("ingestion") or {}).get("accepted_format", "parquet")
+    resumes = last_batch(plan.ingestion.checkpoint, "commits") is not None
+    if before and before_format != plan.ingestion.accepted_format and resumes:
+        raise RuntimeError(
+            f"stream {plan.stream}: its accepted rows were written to {before} as {before_format} (see "
+            f"{layout.plan_file}), but with this spec they would be a {plan.ingestion.accepted_format} table, while "
+            f"the ingestion resumes from its checkpoint {plan.ingestion.checkpoint}; the outputs would miss every "
+            f"earlier batch. Restore accepted.format, or move aside the checkpoint {layout.checkpoint_root} "
+            f"together with the stream's sinks (including {before}) and quarantine to reprocess from the input.")
+    if before and before != plan.ingestion.accepted and resumes:
         raise RuntimeError(
             f"stream {plan.stream}: its accepted rows were written to {before} (see {layout.plan_file}), but with "
             f"this spec they would go to {plan.ingestion.accepted}, while the ingestion resumes from its checkpoint "

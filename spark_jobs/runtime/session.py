@@ -82,7 +82,7 @@ def delta_conf() -> dict[str, str]:
 
 def uses_delta(spec: StreamSpec) -> bool:
     """Whether a stream keeps any Delta table: then its sessions get :func:`delta_conf`."""
-    return any(o.sink.type == "delta" for o in spec.outputs)
+    return spec.accepted.format == "delta" or any(o.sink.type == "delta" for o in spec.outputs)
 
 
 def submit_args() -> list[str]:

@@ -255,6 +255,50 @@ class DeltaWriter:
                 spark.conf.unset(key)
 
 
+def create_table(spark: SparkSession, path: str, ddl: str, partition_by: list[str]) -> None:
+    """The table, empty, with its columns and partitioning, unless it exists (a streaming
+    reader needs one to start). Of two processes creating it at once, one commit wins."""
+    from delta.tables import DeltaTable
+
+    if DeltaTable.isDeltaTable(spark, path):
+        return
+    try:
+        spark.createDataFrame([], ddl).write.format("delta").partitionBy(*partition_by).mode("append").save(path)
+    except Exception:
+        if not DeltaTable.isDeltaTable(spark, path):
+            raise
+
+
+class DeltaAppender:
+    """A streaming query's batches appended to a Delta table, each exactly once (Delta's
+    transaction marker, the query being the application), fenced by the stream's lease:
+    how the ingestion writes a Delta accepted-rows table. A batch without rows makes no
+    commit (a commit costs about a second); readers know it from the query's checkpoint."""
+
+    def __init__(self, stream: str, name: str, path: str, partition_by: list[str], checkpoint: str):
+        self.stream, self.name, self.path = stream, name, path
+        self.partition_by, self.checkpoint = list(partition_by), checkpoint
+        self._query_id: str | None = None
+
+    def add_batch(self, batch_id: int, frame: DataFrame) -> None:
+        if frame.isEmpty():
+            return
+        if self._query_id is None:
+            self._query_id = query_id(self.checkpoint)
+            if self._query_id is None:
+                raise RuntimeError(f"{self.name} of {self.stream}: no query id in checkpoint {self.checkpoint}")
+        metadata = commit_metadata(self.stream, self.name, self._query_id, batch_id)
+        writer = (frame.write.format("delta").mode("append").partitionBy(*self.partition_by)
+                  .option("txnAppId", f"{self.stream}.{self.name}@{self._query_id}").option("txnVersion", batch_id)
+                  .option("userMetadata", metadata))
+
+        def commit() -> None:
+            fence()  # only while this driver holds the stream (spark_jobs.runtime.lease)
+            writer.save(self.path)
+
+        retry_conflicts(f"batch {batch_id} of {self.name} into {self.path}", commit)
+
+
 def foreach_delta_batch(stream: str, output: OutputPlan) -> Callable[[DataFrame, int], None]:
     """The foreachBatch function that writes an output's batches into its Delta table."""
     return DeltaWriter(stream, output).write

@@ -38,6 +38,8 @@ EVENT_DATE_COLUMN = "event_date"
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: The query that parses a stream's input and commits its accepted rows (spark_jobs.flows.ingestion).
 INGEST_QUERY = "_ingest"
+#: The accepted-rows table among a stream's tables (its Delta tables' upkeep, a run's versions read).
+ACCEPTED_TABLE = "_accepted"
 #: The columns the platform adds to a stream's rows and results, and what they hold. A
 #: declared one would be overwritten by the platform's (event_date) or make a result
 #: column ambiguous (window bounds), so a spec may not declare them.
@@ -299,6 +301,18 @@ class Quarantine(Strict):
     """Where malformed records go: raw text, reason, source file, time quarantined."""
 
     path: DataPath
+
+
+class Accepted(Strict):
+    """The accepted-rows table that the ingestion writes and every output reads.
+
+    ``parquet`` (the default): Spark's file sink, with its ``_spark_metadata`` log. ``delta``:
+    a Delta table, written exactly once per batch (Delta's transaction marker), which the
+    outputs stream from and which the stream's maintenance DAG compacts and vacuums while
+    they read (a compaction changes no data, so readers skip it). A Delta commit costs about a
+    second of the driver's time on a small machine, so Parquet stays the default."""
+
+    format: Literal["parquet", "delta"] = "parquet"
 
 
 class Enrichment(Strict):
@@ -673,6 +687,7 @@ class StreamSpec(Strict):
     #: what the platform runs: a source and outputs, or an application of the user's own
     source: Annotated[FileSource | KafkaSource | RateSource | SparkSource, Field(discriminator="type")] | None = None
     quarantine: Quarantine | None = None
+    accepted: Accepted = Field(default_factory=Accepted)
     enrich: list[Enrichment] = Field(default_factory=list)
     event_time: EventTime | None = None
     deduplicate: Deduplicate | None = None

@@ -56,6 +56,9 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     if spec.supervision.standby and spec.trigger.available_now:
         add(("supervision.standby", "an available-now stream ends by itself after each run; it has nothing for a "
                                     "standby to take over"))
+    if spec.accepted.format != "parquet" and (spec.application is not None or not has_ingestion(spec)):
+        add(("accepted.format", "this stream has no accepted-rows table (an application, or outputs that all run "
+                                "continuously from the source); remove accepted"))
     if spec.application is not None:  # the application's own code decides the rest
         return problems
     inputs = input_columns(spec)

@@ -6,7 +6,9 @@ The clicks example, with a transform (a derived column), a windowed SQL output b
 own window and table outputs, and a Kafka sink, on a one-second trigger at most 60 records a
 micro-batch, is fed by the generator (each file one Kafka transaction: late, duplicate and
 malformed records among valid ones) and its driver killed with SIGKILL three times (mid-batch,
-right after a commit, at a random moment). Then every sink equals the ground truth, the
+right after a commit, at a random moment). Its accepted rows are a Delta table, which the
+maintenance DAG compacts (with the Delta sink) while the stream commits batches. Then every
+sink equals the ground truth, the
 quarantine holds exactly the bad records (by topic/partition@offset), every output equals its
 query over the accepted rows, every input record is accounted for (accepted + quarantined +
 duplicates + dropped late, measured from the progress events), a consumer that drops replayed
@@ -21,6 +23,7 @@ import os
 import random
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,7 @@ from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids, batch_watermark_ms, last_batch, read_query_checkpoint
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.sinks import delta_log
 from spark_jobs.sinks.kafka import BATCH_HEADER
 from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout
@@ -53,6 +57,7 @@ def kafka_spec(root: Path, topic: str, sink_topic: str) -> Path:
     spec = example_spec("clicks")
     spec["source"] |= {"topics": [topic], "max_offsets_per_trigger": 60}
     spec["trigger"] = {"processing_time": "1 second"}
+    spec["accepted"] = {"format": "delta"}
     spec["transform"] = {"sql": TRANSFORM}
     spec["outputs"] += [
         {"name": "product_views_5m", "mode": "append", "query": {"type": "sql", "sql": PRODUCT_VIEWS},
@@ -64,6 +69,22 @@ def kafka_spec(root: Path, topic: str, sink_topic: str) -> Path:
                            "restart": {"max_attempts": 10, "backoff_initial_seconds": 1, "backoff_max_seconds": 4,
                                        "stable_after_minutes": 10}}
     return include_with(root, spec) / "clicks.yaml"
+
+
+def compacted_while_streaming(plan, ingestion: Path, run: dict) -> None:  # noqa: ANN001 - a StreamPlan
+    """Each Delta table got one compaction, into at most one file per partition, and the
+    stream committed batches into the accepted rows while the maintenance run ran."""
+    start, end = (datetime.fromisoformat(run[k]).timestamp() for k in ("start_date", "end_date"))
+    assert any(start <= f.stat().st_mtime <= end for f in (ingestion / "commits").glob("[0-9]*")), \
+        "no batch committed while the maintenance ran"
+    assert set(plan.delta_tables) == {"_accepted", "views_per_minute"}
+    for name, path in plan.delta_tables.items():
+        (optimize,) = [actions for actions in (delta_log.actions(path, v) or [] for v in delta_log.versions(path))
+                       if any(a.get("commitInfo", {}).get("operation") == "OPTIMIZE" for a in actions)]
+        removed = [json.dumps(a["remove"].get("partitionValues"), sort_keys=True) for a in optimize if "remove" in a]
+        added = [json.dumps(a["add"].get("partitionValues"), sort_keys=True) for a in optimize if "add" in a]
+        assert len(removed) > len(added) and sorted(added) == sorted(set(removed)), (name, removed, added)
+        print(f"{name}: compaction rewrote {len(removed)} files into {len(added)}, one per partition")
 
 
 def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark, kafka_broker, kafka_topic: str,
@@ -114,6 +135,14 @@ def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark,
                      and h.pid != p and any(f.stat().st_mtime > t for f in (ingestion / "commits").glob("[0-9]*")),
                      f"a new driver to commit after SIGKILL {n} ({moment})", timeout=240, every=0.2)
             print(f"SIGKILL {n} ({moment}): first new committed batch after {time.time() - killed_at:.1f}s")
+        # the maintenance DAG compacts the accepted rows and the Delta sink while the stream commits
+        feed(12)
+        airflow.unpause("stream_clicks_maintenance")
+        run_id = airflow.trigger("stream_clicks_maintenance")
+        wait_for(lambda: airflow.run("stream_clicks_maintenance", run_id)["state"] in ("success", "failed"),
+                 "the maintenance run", timeout=300, every=2)
+        maintained = airflow.run("stream_clicks_maintenance", run_id)
+        assert maintained["state"] == "success", maintained
         wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to take every record", timeout=300,
                  every=2)
     finally:
@@ -122,6 +151,7 @@ def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark,
             os.kill(pid, signal.SIGKILL)
     one_driver_at_a_time(layout)
     assert kafka.lag(plan.source.kafka, ingestion).total == 0
+    compacted_while_streaming(plan, ingestion, maintained)
 
     # the ground truth: the transform only derives a column, so the spec's own outputs and the
     # quarantine are as without it; the SQL output is checked against its query (agreement)

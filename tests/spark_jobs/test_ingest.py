@@ -18,9 +18,12 @@ from spark_jobs.flows.ingestion import at_once, computed_once
 from spark_jobs.frames import accepted_batch
 from spark_jobs.plan import checkpoint_paths, compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import (
+    batch_watermark_ms,
+    last_batch,
     refuse_incompatible,
     sink_files,
     sink_last_batch,
+    watermark_seen_by,
 )
 from spark_jobs.sinks import table as table_sink
 from spark_jobs.spec.layout import (
@@ -329,3 +332,46 @@ def test_jobs_at_once_return_in_order_carry_the_callers_properties_and_raise_its
             at_once(spark, lambda: spark.range(3).count(), lambda: 1 // 0)
     finally:
         context.setLocalProperty("streams.test.owner", None)
+
+
+def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_through_a_compaction(
+        spark, tmp_path: Path) -> None:  # noqa: ANN001
+    from delta.tables import DeltaTable
+
+    from spark_jobs.sinks import delta_log
+
+    data = {**make_spec([PASSTHROUGH, WINDOWS, PER_DEVICE]), "accepted": {"format": "delta"}}
+    spec, layout = setup(tmp_path, data, FILES[:3])
+    plan = compile_plan(spec, layout)
+    assert plan.ingestion.accepted_is_delta and written_by_ingestion(spec) is None  # the Parquet copy has its flow
+    assert plan.delta_tables == {"_accepted": plan.accepted}
+    events: list[dict] = []
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
+    ingested = {e["batch_id"]: e["accepted"] for e in events if e["event"] == "ingested"}
+    commits = delta_log.batch_commits(plan.accepted)
+    # one version per batch that accepted rows (a batch without any makes none), each batch once
+    assert [c.batch_id for c in commits] == [b for b, n in sorted(ingested.items()) if n]
+    assert sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()) == ["e1", "e2", "e3", "e4"]
+
+    # the driver died after the last batch with rows committed its version, before Spark committed the batch
+    last = commits[-1].batch_id
+    for name in [str(b) for b in range(last, max(ingested) + 1)] + [f".{b}.crc" for b in range(last, max(ingested) + 1)]:
+        Path(plan.checkpoint("_ingest"), "commits", name).unlink(missing_ok=True)
+    versions = delta_log.versions(plan.accepted)
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    assert delta_log.versions(plan.accepted) == versions  # replayed: Delta's marker skipped the write
+    assert accepted_batch(spark, plan.ingestion).count() == 4
+
+    # compacted while its readers have read it all, then a new file: the outputs read only the new rows
+    spark.sql(f"OPTIMIZE delta.`{plan.accepted}`").collect()
+    assert DeltaTable.forPath(spark, plan.accepted).history(1).collect()[0].operation == "OPTIMIZE"
+    land(Path(layout.landing), "json", FILES[3])
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    assert sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect()) == [
+        "e1", "e2", "e3", "e4", "e5"]
+    reports = verify.agreement(spark, spec, layout)
+    assert all(r.ok for r in reports), [r.describe() for r in reports]
+    # every output has read the table whole: the watermark it has seen is the ingestion's last
+    ingest = plan.checkpoint("_ingest")
+    assert watermark_seen_by(ingest, plan.accepted, plan.checkpoint("rows"), delta=True) == batch_watermark_ms(
+        ingest, last_batch(ingest, "commits"))

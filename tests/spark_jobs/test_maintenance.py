@@ -69,7 +69,7 @@ def test_compaction_while_the_stream_writes_keeps_every_batch(spark, tmp_path: P
             land(landing, i, ["d1", "d1", "d2"])
             flows.start(spark, plan, Trigger(available_now=True), only=lambda n: n == "_ingest")["_ingest"] \
                 .awaitTermination(120)
-            for path in maintenance.delta_tables(plan).values():
+            for path in plan.delta_tables.values():
                 if Path(path, "_delta_log").exists():
                     maintenance.optimize(spark, path)  # concurrently with the outputs' next batch
             for q in outputs.values():

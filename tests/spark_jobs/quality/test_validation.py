@@ -321,6 +321,34 @@ def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, i
         assert end - start == timedelta(minutes=10) and unit["status"] == "passed", unit
 
 
+def test_a_stream_whose_accepted_rows_are_a_delta_table_is_accounted_and_its_units_close(
+        spark, include: Path, tmp_path: Path, job_run) -> None:  # noqa: ANN001
+    import yaml
+
+    from spark_jobs.testdata import generate
+
+    spec_path = include / "streams" / "sensors.yaml"
+    data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
+    spec_path.write_text(yaml.safe_dump({**data, "accepted": {"format": "delta"}}), encoding="utf-8")
+    root = tmp_path / "data"
+    assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8", "--events-per-file",
+                          "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: an hour closes
+    v = validator(spark, include, root)
+    assert v.plan.ingestion.accepted_is_delta and not v.plan.output("readings").written_by_ingestion
+    job_run(v.spec, v.layout)
+
+    result = v.run()
+    assert result["ok"], result["problems"]
+    balances = {b["output"]: b for b in result["accounting"]["balances"]}
+    assert all(b["status"] == "balanced" for name, b in balances.items() if name != "site_temperature_10m"), balances
+    assert balances["ingestion"]["accepted"] > 0
+    assert "_accepted" in result["delta_versions"]
+    # the pass-through's hours close by the watermark it has seen through the Delta table
+    readings = next(o for o in result["outputs"] if o["output"] == "readings")
+    assert "2026-01-01T00:00:00Z" in {u["unit"] for u in readings["units"]}, readings
+    assert all(u["status"] == "passed" for o in result["outputs"] for u in o["units"])
+
+
 def delta_sensors(include: Path) -> Path:
     """The sensors stream with every output in a Delta table (its spec rewritten in ``include``)."""
     import yaml
