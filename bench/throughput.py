@@ -33,6 +33,11 @@ d. ``bench/throughput_plain.py`` variant ``batch``: the same work as ONE plain S
    against: its incremental run should cost little more than the batch query it is
    written as.
 
+e. the platform as (c) with its accepted rows in a Delta table (``accepted: {format: delta}``;
+   the pass-through output the ingestion writes becomes that Delta table, so it does c's
+   work): e/c says what the Delta accepted-rows table costs (``--variants ce``; not run by
+   default).
+
 ``--files-per-trigger N`` sets ``max_files_per_trigger`` of every spec (default 10, as in
 the example specs; 4 is a live stream's small batches, ``--files`` one micro-batch).
 The platform's drivers get its local file system (``include/deploy/java``), as every driver
@@ -105,7 +110,7 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.runtime.session import SESSION_CONF, local_fs_conf
+from spark_jobs.runtime.session import SESSION_CONF, connector_jars, local_fs_conf
 from spark_jobs.spec.layout import (
     Layout,
     project_root,
@@ -115,6 +120,7 @@ from spark_jobs.spec.models import (
     INGEST_QUERY,
     SPARK_TYPES,
     Aggregation,
+    DeltaSink,
     FileSource,
     ParquetSink,
     Passthrough,
@@ -128,7 +134,10 @@ RESULTS = BENCH / "results"
 PLAIN_JOB = BENCH / "throughput_plain.py"
 STREAM_JOB = project_root() / "spark_jobs" / "stream_job.py"
 FOUR, ONE = "clicks_four_outputs", "clicks_one_output"
-VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform", "d": "one batch job"}
+VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform", "d": "one batch job",
+            "e": "platform, Delta accepted"}
+#: the variants that run the platform's own job (e: its accepted rows in a Delta table)
+PLATFORM = ("c", "e")
 PLAIN_VARIANTS = {"a": "parse", "b": "per-output", "d": "batch"}
 
 
@@ -221,6 +230,21 @@ class Stream:
         self.name, self.spec_path, self.input_root, self.variants = name, spec_path, input_root, variants
         self.spec: StreamSpec = load_spec(spec_path)
         assert isinstance(self.spec.source, FileSource)
+        # (e): the same spec with its accepted rows in a Delta table, beside the others (same reference data);
+        # the pass-through output the ingestion writes becomes that Delta table, so e does c's work
+        self.delta_spec_path = spec_path.parent.with_name("streams_delta_accepted") / spec_path.name
+        self.delta_spec_path.parent.mkdir(exist_ok=True)
+        data = yaml.safe_load(spec_path.read_text()) | {"accepted": {"format": "delta"}}
+        served = written_by_ingestion(self.spec)
+        for output in data["outputs"]:
+            if served is not None and output["name"] == served.name:
+                output["sink"] = {**output["sink"], "type": "delta"}
+        self.delta_spec_path.write_text("# Written by bench/throughput.py: accepted rows in a Delta table.\n"
+                                        + yaml.safe_dump(data, sort_keys=False))
+        self.delta_spec: StreamSpec = load_spec(self.delta_spec_path)
+
+    def spec_of(self, variant: str) -> StreamSpec:
+        return self.delta_spec if variant == "e" else self.spec
 
     def layout(self, root: Path) -> Layout:
         return Layout(self.spec, root, self.spec_path.parent)
@@ -295,12 +319,12 @@ class Stream:
         layout = self.layout(root)
         if variant == "a":
             return {"parse": str(root / "sinks" / "parse")}
-        sinks = {"accepted": compile_plan(self.spec, layout).accepted} if variant == "c" else {}
+        sinks = {"accepted": compile_plan(self.spec, layout).accepted} if variant == "c" else {}  # e: a Delta table
         if self.spec.quarantine:
             sinks["quarantine"] = layout.data(self.spec.quarantine.path)
-        served = written_by_ingestion(self.spec)
+        served = written_by_ingestion(self.spec_of(variant))
         for o in self.spec.outputs:
-            if variant == "c" and served is not None and o.name == served.name:
+            if variant in PLATFORM and served is not None and o.name == served.name:
                 continue  # its sink is the accepted-rows table, counted once as "accepted"
             if isinstance(o.sink, ParquetSink):
                 sinks[o.name] = layout.data(o.sink.path)
@@ -329,7 +353,7 @@ def _epoch(iso: str) -> float:
 def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bool]:
     """Every batch of every query (query, start, end, input rows), and whether every committed
     batch has its progress record."""
-    if variant == "c":
+    if variant in PLATFORM:
         layout = stream.layout(root)
         found = [{"query": e["query"], "batch_id": e["batch_id"], "start": _epoch(e["timestamp"]),
                   "end": _epoch(e["timestamp"]) + (e.get("duration_ms") or {}).get("triggerExecution", 0) / 1000,
@@ -350,16 +374,20 @@ def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bo
 def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_local_fs: bool = False) -> dict[str, Any]:
     stream.prepare(root)
     log = root / "spark-submit.log"
-    if variant == "c":
-        args = [str(STREAM_JOB), "--spec", str(stream.spec_path), "--data-root", str(root), "--trigger", "available-now"]
+    jars = stream.jars()
+    if variant in PLATFORM:
+        spec_path = stream.delta_spec_path if variant == "e" else stream.spec_path
+        args = [str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root), "--trigger", "available-now"]
+        if variant == "e":
+            jars = sorted({*jars, *connector_jars()})
     else:
         job = root / "job.json"
         job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
     # the platform's drivers write through its local file system; plain Spark through Hadoop's, unless asked
-    conf = local_fs_conf() if variant == "c" or plain_local_fs else None
-    run = spark_submit(args, log, timeout, jars=stream.jars(), conf=conf)
+    conf = local_fs_conf() if variant in PLATFORM or plain_local_fs else None
+    run = spark_submit(args, log, timeout, jars=jars, conf=conf)
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{stream.name} variant {variant} exited {run['exit_code']}; {log}:\n{tail}")
@@ -372,14 +400,14 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_
     for b in batches:
         read[b["query"]] = read.get(b["query"], 0) + b["input_rows"]
     reading = {"a": ["parse"], "b": sorted(set(read) - {"quarantine"}) or ["quarantine"], "c": [INGEST_QUERY],
-               "d": ["batch"]}[variant]
+               "d": ["batch"], "e": [INGEST_QUERY]}[variant]
     files = {name: len(sink_files(path)) if variant != "d" else len(list(Path(path).rglob("*.parquet")))
              for name, path in stream.file_sinks(variant, root).items()}  # a batch job's sinks have no log
     # one micro-batch of the queries reading the input: how long, and (platform) where it went
     reading_batches = [b for b in batches if b["query"] in reading and b["input_rows"]]
     per_batch = {"batch_ms": statistics.median((b["end"] - b["start"]) * 1000 for b in reading_batches)
                  if reading_batches and variant != "d" else None}
-    if variant == "c" and reading_batches:
+    if variant in PLATFORM and reading_batches:
         per_batch["parts_ms"] = {k: statistics.median(b["parts"].get(k, 0) for b in reading_batches)
                                  for k in sorted({k for b in reading_batches for k in b["parts"]})}
     return {"rows": rows, "batch_s": end - begin, "rows_per_s": rows / (end - begin),
@@ -442,14 +470,18 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # n
         if counts["a"]["parse"] != truth["input_records"]:
             problems.append(f"a: {counts['a']['parse']} rows parsed, {truth['input_records']} input records")
     outputs: dict[str, dict[str, Any]] = {}
-    for v in ("b", "c"):
+    for v in ("b", "c", "e"):
         if v not in roots:
             continue
         layout = stream.layout(roots[v])
         counts[v] = {}
         outputs[v] = {}
-        for o in stream.spec.outputs:
-            if isinstance(o.sink, ParquetSink):
+        for o in stream.spec_of(v).outputs:
+            if isinstance(o.sink, DeltaSink):
+                frame = spark.read.format("delta").load(layout.data(o.sink.path))
+                outputs[v][o.name] = frame
+                counts[v][o.name] = count(frame)
+            elif isinstance(o.sink, ParquetSink):
                 frame = parquet(layout.data(o.sink.path))
                 outputs[v][o.name] = frame
                 counts[v][o.name] = count(frame)
@@ -533,10 +565,10 @@ def summarize(samples: dict[str, dict[str, list[dict]]], aims: list[tuple[str, s
                 medians[v]["parts_ms"] = {k: statistics.median(r["per_batch"]["parts_ms"].get(k, 0) for r in runs)
                                           for k in runs[0]["per_batch"]["parts_ms"]}
         ratios = {}
-        for other in ("a", "b", "d"):
-            if "c" in medians and other in medians:
-                ratios[f"c/{other}"] = medians["c"]["rows_per_s"] / medians[other]["rows_per_s"]
-                ratios[f"c/{other} wall"] = medians["c"]["rows_per_s_wall"] / medians[other]["rows_per_s_wall"]
+        for top, other in (("c", "a"), ("c", "b"), ("c", "d"), ("e", "c")):
+            if top in medians and other in medians:
+                ratios[f"{top}/{other}"] = medians[top]["rows_per_s"] / medians[other]["rows_per_s"]
+                ratios[f"{top}/{other} wall"] = medians[top]["rows_per_s_wall"] / medians[other]["rows_per_s_wall"]
         aims = [{"ratio": r, "aim": f">= {aim}", "value": ratios.get(r),
                  "met": ratios[r] >= aim if r in ratios else None} for s, r, aim in aims if s == stream]
         summary[stream] = {"medians": medians, "ratios": ratios, "aims": aims}
@@ -555,7 +587,7 @@ def table(summary: dict[str, Any], checks: dict[str, Any], streams: dict[str, St
                          f"{m['peak_rss_mb']:>8.0f} {m['files_total']:>6.0f}")
             first = False
         ratios = "   ".join(f"{r} {s['ratios'][r]:.2f} (wall {s['ratios'][r + ' wall']:.2f})"
-                            for r in ("c/a", "c/b", "c/d") if r in s["ratios"])
+                            for r in ("c/a", "c/b", "c/d", "e/c") if r in s["ratios"])
         lines.append(f"{'':<22} {ratios}")
     lines.append("")
     lines.append("one micro-batch of the queries reading the input (median ms; c: the ingestion, and where it went):")
@@ -596,7 +628,7 @@ def chart(summary: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(summary)
-    colors = {"a": "#7a8793", "b": "#e8a33d", "c": "#2f6db5", "d": "#5a9e5a"}
+    colors = {"a": "#7a8793", "b": "#e8a33d", "c": "#2f6db5", "d": "#5a9e5a", "e": "#8e5ab5"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
     width = 0.2
     for ax, key, label in ((axes[0], "rows_per_s", "input rows / s (batches)"),
@@ -612,7 +644,7 @@ def chart(summary: dict[str, Any], path: Path, title: str) -> None:
         ax.set_ylabel(label)
         ax.set_title(label)
     axes[0].legend(fontsize=8)
-    ratios = ["\n".join([n.replace("_", "\n", 1), *(f"{k} {summary[n]['ratios'][k]:.2f}" for k in ("c/a", "c/b", "c/d")
+    ratios = ["\n".join([n.replace("_", "\n", 1), *(f"{k} {summary[n]['ratios'][k]:.2f}" for k in ("c/a", "c/b", "c/d", "e/c")
                                                    if k in summary[n]["ratios"])]) for n in names]
     axes[0].set_xticks(range(len(names)), ratios, fontsize=8)
     fig.suptitle(title)

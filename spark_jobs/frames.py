@@ -129,8 +129,7 @@ def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     (``spark_jobs.flows.ingestion``)."""
     if ingestion.accepted_is_delta:
         create_table(spark, ingestion.accepted, ingestion.accepted_ddl, ingestion.partition_by)
-        columns = [F.col(name) for name in ingestion.accepted_columns or {}]
-        df = spark.readStream.format("delta").load(ingestion.accepted).select(*columns)
+        df = spark.readStream.format("delta").load(ingestion.accepted).select(*_accepted_columns(ingestion))
     else:
         Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
         df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
@@ -146,8 +145,15 @@ def accepted_batch(spark: SparkSession, ingestion: IngestionPlan, version: int |
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return reader.load(ingestion.accepted).select(*[F.col(name) for name in ingestion.accepted_columns or {}])
+        return reader.load(ingestion.accepted).select(*_accepted_columns(ingestion))
     return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted)
+
+
+def _accepted_columns(ingestion: IngestionPlan) -> list:
+    """The accepted rows' columns in the plan's order (a Delta table's reader keeps its schema)."""
+    if ingestion.accepted_columns is None:
+        raise ValueError("the accepted rows' columns are known once Spark has analyzed the stream's transform")
+    return [F.col(name) for name in ingestion.accepted_columns]
 
 
 def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 - a pyspark Column

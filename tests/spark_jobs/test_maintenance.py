@@ -144,3 +144,37 @@ def test_a_conflicting_commit_is_retried_and_any_other_error_is_not() -> None:
     assert not is_conflict(ValueError("[DELTA_MERGE_MISSING_WHEN] at least one WHEN clause"))
     with pytest.raises(ValueError):
         retry_conflicts("a batch", lambda: (_ for _ in ()).throw(ValueError("bad")))
+
+
+def read_up_to(checkpoint: str, version: int) -> None:
+    """A reader's checkpoint whose last committed batch read a Delta table up to ``version``
+    (every version before it whole)."""
+    for log in ("offsets", "commits"):
+        Path(checkpoint, log).mkdir(parents=True, exist_ok=True)
+    offset = {"sourceVersion": 1, "reservoirId": "t", "reservoirVersion": version, "index": -1,
+              "isStartingVersion": False}
+    Path(checkpoint, "offsets", "0").write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(offset)}\n')
+    Path(checkpoint, "commits", "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+
+
+def test_a_vacuum_of_the_accepted_rows_is_refused_while_an_output_has_yet_to_read_older_versions(
+        spark, tmp_path: Path) -> None:  # noqa: ANN001
+    spec = parse_spec({**spec_data("accepted"), "accepted": {"format": "delta"}})
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    plan = analysis.resolve_plan(spark, spec, layout)
+    path = plan.ingestion.accepted
+    assert plan.delta_tables == {"_accepted": path, **{o.name: o.sink.path for o in plan.outputs}}
+    for i in range(3):  # versions 0-2
+        spark.createDataFrame([(f"e{i}", "d1", None, None)], plan.ingestion.accepted_ddl).write.format("delta") \
+            .mode("append").partitionBy("event_date").save(path)
+    assert maintenance.streaming_readers(plan, path) == {o.name: o.checkpoint for o in plan.outputs}
+    assert maintenance.streaming_readers(plan, plan.output("rows").sink.path) == {}  # a sink has no such reader
+    for o in plan.outputs:
+        read_up_to(o.checkpoint, 3)  # every version read
+    read_up_to(plan.output("totals").checkpoint, 2)  # version 2 not yet
+    readers = maintenance.streaming_readers(plan, path)
+    with pytest.raises(maintenance.VacuumRefused, match=r"output totals, which streams from the table and has yet "
+                                                        r"to read versions after 1"):
+        maintenance.check_retention(spark, layout, "_accepted", path, 0, readers)
+    read_up_to(plan.output("totals").checkpoint, 3)
+    maintenance.check_retention(spark, layout, "_accepted", path, 0, readers)
