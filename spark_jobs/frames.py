@@ -125,8 +125,8 @@ def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     of them at each trigger (see the module's note), watermarked like the ingestion. A
     Delta table is read from its snapshot on, then version by version; its compactions
     change no data and are skipped (Delta's own limit of 1000 files per micro-batch holds).
-    Reading it needs the table: the ingestion creates it empty before the outputs start
-    (``spark_jobs.flows.ingestion``)."""
+    Reading it needs the table, so it is created here, empty, if the ingestion has not
+    written it yet."""
     if ingestion.accepted_is_delta:
         create_table(spark, ingestion.accepted, ingestion.accepted_ddl, ingestion.partition_by)
         df = spark.readStream.format("delta").load(ingestion.accepted).select(*_accepted_columns(ingestion))

@@ -1,6 +1,7 @@
 """Upkeep of a stream's Delta tables: ``spark-submit spark_jobs/maintenance.py --spec <spec>``.
 
-For every Delta table of the stream (its Delta sinks), while the stream runs:
+For every Delta table of the stream (its Delta sinks, a Delta accepted-rows table), while
+the stream runs:
 
 * **compaction** (``OPTIMIZE``): the small files that micro-batches write, a few per
   partition per batch, are rewritten into few large ones. It only rewrites what is there:
@@ -10,9 +11,11 @@ For every Delta table of the stream (its Delta sinks), while the stream runs:
 * **vacuum** (``VACUUM``): the files no version within ``maintenance.vacuum_retention``
   references are deleted. It is refused, naming the reader, when a reader of the table
   needs an older version than that (:func:`readers`): the stream's own driver while it runs
-  (a micro-batch writes its files before it commits them) and the last validation of the
-  table (which must give the same answer when run again). Below Delta's own 7-day floor the
-  platform's check is the guard, so readers outside the platform are not protected.
+  (a micro-batch writes its files before it commits them), the outputs that stream from a
+  Delta accepted-rows table (the versions they have yet to read), and the last validation
+  and the last in-place backfill of the table (which must give the same answer when run
+  again). Below Delta's own 7-day floor the platform's check is the guard, so readers
+  outside the platform are not protected.
 
 Exit codes: 0 done (``--result`` says what), 2 invalid spec or parameters, or a vacuum
 refused (the message names the table and the reader), 1 the run itself failed.
@@ -82,13 +85,37 @@ def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: fl
         units = Ledger(ledger_file).data["outputs"].get(output, {}).get("units", {})
         versions = [u["version"] for u in units.values() if isinstance(u.get("version"), int)]
         if versions:
-            validated = max(versions)
-            # files of version N are removed only by later commits: the first of them bounds the need
-            # (none yet: nothing to keep; gone from the log: version N cannot be read again anyway)
-            after = commit_time(spark, path, validated + 1)
-            needs = max(0.0, now - after) if after is not None else 0.0
-            found.append(Reader(f"the last validation of output {output} (version {validated}), to be rerun", needs))
+            found.append(Reader(f"the last validation of output {output} (version {max(versions)}), to be rerun",
+                                _keeps(spark, path, max(versions), now)))
+    backfill = _last_backfill(layout, output, path)
+    if backfill is not None:
+        label, version = backfill
+        found.append(Reader(f"the last backfill of output {output} ({label}, version {version}), whose validation "
+                            "reads that version again", _keeps(spark, path, version, now)))
     return found
+
+
+def _keeps(spark: SparkSession, path: str, version: int, now: float) -> float:
+    """How long the files of ``version`` must be kept for it to be read again. They are removed
+    only by later commits, so the first of them bounds it (none yet: nothing to keep; gone from
+    the log: the version cannot be read again anyway)."""
+    after = commit_time(spark, path, version + 1)
+    return max(0.0, now - after) if after is not None else 0.0
+
+
+def _last_backfill(layout: Layout, output: str, path: str) -> tuple[str, int] | None:
+    """The range and version of the newest backfill written into the table in place
+    (``spark_jobs.backfill``), if any."""
+    newest: tuple[str, int, str] | None = None
+    for record_file in layout.backfill_dir(output).glob("*.json"):
+        try:
+            record = json.loads(record_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("table") == path and isinstance(record.get("version"), int):
+            if newest is None or str(record.get("written")) > newest[2]:
+                newest = (record_file.stem, record["version"], str(record.get("written")))
+    return None if newest is None else newest[:2]
 
 
 def check_retention(spark: SparkSession, layout: Layout, output: str, path: str, retention_seconds: float,

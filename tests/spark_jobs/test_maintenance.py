@@ -178,3 +178,23 @@ def test_a_vacuum_of_the_accepted_rows_is_refused_while_an_output_has_yet_to_rea
         maintenance.check_retention(spark, layout, "_accepted", path, 0, readers)
     read_up_to(plan.output("totals").checkpoint, 3)
     maintenance.check_retention(spark, layout, "_accepted", path, 0, readers)
+
+
+def test_a_vacuum_keeps_the_version_of_the_last_backfill_written_in_place(spark, tmp_path: Path) -> None:
+    _, layout, plan = stream(spark, tmp_path, "backfilled")
+    path = plan.output("rows").sink.path
+    for i in range(2):  # versions 0-1
+        spark.createDataFrame([(f"e{i}", "d1")], "event_id string, device_id string").write.format("delta") \
+            .mode("append").partitionBy("device_id").save(path)
+    records = layout.backfill_dir("rows")
+    records.mkdir(parents=True)
+
+    def backfilled(label: str, version: int, written: str) -> None:
+        (records / f"{label}.json").write_text(json.dumps({"table": path, "version": version, "written": written}))
+
+    backfilled("range=a", 1, "2026-01-01T00:00:00Z")
+    backfilled("range=b", 0, "2026-01-02T00:00:00Z")  # the newest backfill read version 0; version 1 came later
+    with pytest.raises(maintenance.VacuumRefused, match=r"the last backfill of output rows \(range=b, version 0\)"):
+        maintenance.check_retention(spark, layout, "rows", path, 0)
+    backfilled("range=c", 1, "2026-01-03T00:00:00Z")  # the newest version: nothing later removed its files
+    maintenance.check_retention(spark, layout, "rows", path, 0)
