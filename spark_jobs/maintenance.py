@@ -78,8 +78,9 @@ def readers(spark: SparkSession, layout: Layout, output: str, path: str, now: fl
         read = delta_read_through(checkpoint)
         unread = commit_time(spark, path, (read if read is not None else -1) + 1)
         if unread is not None:
-            found.append(Reader(f"output {name}, which streams from the table and has yet to read versions after "
-                                f"{read}", max(0.0, now - unread)))
+            after = f"versions after {read}" if read is not None and read >= 0 else "any version whole"
+            found.append(Reader(f"output {name}, which streams from the table and has yet to read {after}",
+                                max(0.0, now - unread)))
     ledger_file = layout.quality_dir / "ledger.json"
     if ledger_file.exists():
         units = Ledger(ledger_file).data["outputs"].get(output, {}).get("units", {})
