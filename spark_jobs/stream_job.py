@@ -37,6 +37,7 @@ from spark_jobs.runtime.driver import (
     lease_of,
     load,
     prepare_to_stop,
+    report_loss,
     supervise_queries,
 )
 from spark_jobs.runtime.history import History
@@ -126,6 +127,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
                             args.supervisor) if args.standby else None
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file, history=History(layout.history_file), tags={"host": host_id()})
+    report_loss(lease, events, spec.name)
     trigger = _trigger(args)
     # available-now: the ingestion takes what waits, then the outputs take what it committed;
     # otherwise every query runs at once

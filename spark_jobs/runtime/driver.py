@@ -261,6 +261,19 @@ def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
     return spec, Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
 
 
+def report_loss(lease: DriverLease, events: EventLog, stream: str) -> None:
+    """When the ``lease`` is found lost, say why in the stream's events (a ``driver_failed`` with
+    ``lease_lost``, which the supervisor's messages and the Streams page read) before halting."""
+    def on_lost(problem: str) -> None:
+        try:
+            events.write({"event": "driver_failed", "stream": stream, "error": problem[:2000], "lease_lost": True})
+        except Exception:  # noqa: BLE001 - halting matters more than the event
+            log.exception("could not record the lease's loss")
+        halt(problem)
+
+    lease.on_lost = on_lost
+
+
 def lease_of(spec: StreamSpec, layout: Layout) -> DriverLease:
     """The stream's single-driver lease, not yet taken."""
     return DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
@@ -302,6 +315,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         raise SystemExit(exc.code) from None
     events = EventLog(layout.events_file, history=History(layout.history_file),
                       tags={"epoch": lease.epoch, "host": host_id()})
+    report_loss(lease, events, spec.name)
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}

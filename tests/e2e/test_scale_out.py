@@ -41,9 +41,13 @@ from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.lease import (
     HOST_ENV,
+    SUPERVISORS,
     history,
     process_start,
     read_holder,
+    read_record,
+    record_numbers,
+    record_path,
 )
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout
@@ -52,6 +56,7 @@ from spark_jobs.spec.models import INGEST_QUERY
 from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
+from streamops.tenure import Tenure
 
 pytestmark = pytest.mark.e2e
 
@@ -164,6 +169,25 @@ class Stream:
         return assess(self.spec, self.layout).status == Status.IDLE
 
 
+def tries(control_dir: Path) -> list[Tenure]:
+    """The stream's supervisor tries (``streamops.tenure``), oldest first."""
+    return [t for n in record_numbers(control_dir, SUPERVISORS)
+            if (t := read_record(record_path(control_dir, n, SUPERVISORS), Tenure)) is not None]
+
+
+def what_happened(s: Stream, since: float) -> str:
+    """For a failure's message: the stream's drivers, supervisor tries, runs and driver events since ``since``."""
+    lines = [f"lease: {h.describe()}{' released' if h.released_at else ''} ({h.driver_id})"
+             for h in history(s.layout.lease_dir) if h.ended_at >= since]
+    lines += [f"supervisor try: {t.describe()} at {t.started_at:.1f}" for t in tries(s.layout.lease_dir)
+              if t.started_at >= since]
+    lines += [f"run: {r}" for r in RestartBudget(s.layout.runs_file, s.spec.supervision.restart).runs()
+              if (r.ended_at or r.started_at) >= since]
+    lines += [f"event: {e}" for e in read_events(s.layout.events_file)
+              if float(e.get("logged_at") or 0) >= since and str(e.get("event", "")).startswith(("driver", "supervisor"))]
+    return "\n".join(lines)
+
+
 def deploy(airflow: Airflow, name: str) -> None:
     airflow.unpause(f"stream_{name}")
     airflow.trigger(f"stream_{name}")
@@ -251,7 +275,8 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                          timeout=60, every=0.5)
                 holder = read_holder(s.layout.lease_dir)
                 assert (holder.epoch, holder.pid) == (moved[name].epoch, moved[name].pid), \
-                    f"{name}: its driver on worker-c was replaced after the partition healed: {holder.describe()}"
+                    (f"{name}: its driver on worker-c was replaced after the partition healed: {holder.describe()}\n"
+                     f"{what_happened(s, moved[name].started_at)}")
                 # the run of worker C's supervisor is still open: no old try recorded its own driver's end onto it
                 last = RestartBudget(s.layout.runs_file, s.spec.supervision.restart).last_run()
                 assert last is not None and last.ended_at is None, f"{name}: an old try recorded a run: {last}"

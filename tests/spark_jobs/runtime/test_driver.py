@@ -61,3 +61,19 @@ def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Pa
     layout = Layout(load_spec(path), tmp_path / "data", path.parent)
     events = layout.events_file.read_text()
     assert '"driver_started"' in events and '"driver_stopped"' in events
+
+
+def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from spark_jobs.runtime.progress import EventLog, read_events
+
+    halted = []
+    monkeypatch.setattr(driver, "halt", halted.append)
+    events = EventLog(tmp_path / "events.jsonl")
+    lease = DriverLease(tmp_path / "_control", stream="s", ttl=6)
+    driver.report_loss(lease, events, "s")
+    lease.on_lost("the lease of stream s (epoch 1) was taken over")
+
+    assert halted == ["the lease of stream s (epoch 1) was taken over"]
+    [event] = read_events(tmp_path / "events.jsonl")
+    assert event["event"] == "driver_failed" and event["lease_lost"] is True
+    assert event["error"] == "the lease of stream s (epoch 1) was taken over"
