@@ -110,7 +110,7 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.runtime.session import SESSION_CONF, connector_jars, local_fs_conf
+from spark_jobs.runtime.session import SESSION_CONF, connector_jars, fenced_checkpoints_conf, local_fs_conf
 from spark_jobs.spec.layout import (
     Layout,
     project_root,
@@ -385,8 +385,11 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_
         job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
-    # the platform's drivers write through its local file system; plain Spark through Hadoop's, unless asked
+    # the platform's drivers write through its local file system, their checkpoints fenced by the
+    # lease; plain Spark through Hadoop's, unless asked, and unfenced
     conf = local_fs_conf() if variant in PLATFORM or plain_local_fs else None
+    if variant in PLATFORM:
+        conf = {**(conf or {}), **fenced_checkpoints_conf()}
     run = spark_submit(args, log, timeout, jars=jars, conf=conf)
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])

@@ -120,7 +120,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     from spark_jobs.flows import queries
     from spark_jobs.runtime.checkpoint import refuse_incompatible
     from spark_jobs.runtime.progress import make_listener
-    from spark_jobs.runtime.session import build_session
+    from spark_jobs.runtime.session import build_session, fence_lease
 
     stop_requested = prepare_to_stop()
     standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
@@ -157,6 +157,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             if not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
                 return code
             standby.remove()  # a standby no more
+        fence_lease(spark, lease.records_dir, lease.epoch)  # Spark's own checkpoint writes, from now on
         events.tags["epoch"] = lease.epoch
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
                       "standby": args.standby})
@@ -181,6 +182,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             standby.remove()
         if started:
             events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
+        fence_lease(spark, None, None)  # a session that outlives this driver (a test's) holds no lease
         spark.stop()
     if code != EXIT_OK:
         log.error("stream %s failed: %s", spec.name, cause)

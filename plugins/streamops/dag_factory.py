@@ -33,7 +33,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.runtime.session import connector_jars, local_fs_conf
+from spark_jobs.runtime.session import connector_jars, fenced_checkpoints_conf, local_fs_conf
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
@@ -81,9 +81,9 @@ def _jars() -> str | None:
 
 
 def _conf(spec: StreamSpec | None = None) -> dict[str, str]:
-    """spark-submit's ``--conf`` settings: the platform's local file system if built, then (for a
-    stream's driver) the spec's shuffle partitions and ``spark.conf``, which win."""
-    conf = local_fs_conf()
+    """spark-submit's ``--conf`` settings: the platform's local file system and fenced checkpoints if
+    built, then (for a stream's driver) the spec's shuffle partitions and ``spark.conf``, which win."""
+    conf = local_fs_conf() | fenced_checkpoints_conf()
     if spec is not None:
         own = {k: str(v) for k, v in spec.spark.conf.items()}
         for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):

@@ -262,14 +262,11 @@ def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
 
 
 def report_loss(lease: DriverLease, events: EventLog, stream: str) -> None:
-    """When the ``lease`` is found lost, say why in the stream's events (a ``driver_failed`` with
-    ``lease_lost``, which the supervisor's messages and the Streams page read) before halting."""
+    """When the ``lease`` is found lost, halt, and say why in the stream's events once the JVM is
+    killed (a ``driver_failed`` with ``lease_lost``, which the supervisor's messages read)."""
     def on_lost(problem: str) -> None:
-        try:
-            events.write({"event": "driver_failed", "stream": stream, "error": problem[:2000], "lease_lost": True})
-        except Exception:  # noqa: BLE001 - halting matters more than the event
-            log.exception("could not record the lease's loss")
-        halt(problem)
+        halt(problem, last_words=lambda: events.write(
+            {"event": "driver_failed", "stream": stream, "error": problem[:2000], "lease_lost": True}))
 
     lease.on_lost = on_lost
 
@@ -304,6 +301,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     sets). Exits 2 for a spec that is not an application's, 3 if another live driver
     holds the stream."""
     from spark_jobs.runtime.progress import make_listener
+    from spark_jobs.runtime.session import fence_lease
 
     path = spec_path or os.environ.get(APP_SPEC_ENV)
     if not path:
@@ -316,6 +314,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     events = EventLog(layout.events_file, history=History(layout.history_file),
                       tags={"epoch": lease.epoch, "host": host_id()})
     report_loss(lease, events, spec.name)
+    fence_lease(spark, lease.records_dir, lease.epoch)
     listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -343,6 +342,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
         if listening:
             spark.streams.removeListener(listener)
+        fence_lease(spark, None, None)
         lease.release()
         for sig, handler in handlers.items():  # the application's own again
             signal.signal(sig, handler)

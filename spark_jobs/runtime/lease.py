@@ -248,9 +248,10 @@ def is_spark_submit(pid: int) -> bool:
         return False
 
 
-def halt(reason: str, code: int = EXIT_LEASE_LOST) -> None:
+def halt(reason: str, code: int = EXIT_LEASE_LOST, last_words: Callable[[], None] | None = None) -> None:
     """What a driver that lost its lease (or is stopped immediately) does: kill the
-    spark-submit JVM that runs its queries, so that no batch in flight commits, then exit at once."""
+    spark-submit JVM that runs its queries, so that no batch in flight commits, then (after
+    ``last_words``, such as an event saying why) exit at once."""
     print(f"FATAL: {reason}; halting without committing anything more", file=sys.stderr, flush=True)
     parent = os.getppid()
     try:
@@ -258,6 +259,11 @@ def halt(reason: str, code: int = EXIT_LEASE_LOST) -> None:
             os.kill(parent, signal.SIGKILL)
     except OSError:
         pass
+    if last_words is not None:
+        try:
+            last_words()
+        except Exception:  # noqa: BLE001 - halting matters more
+            log.exception("while halting")
     os._exit(code)
 
 
@@ -300,6 +306,11 @@ class DriverLease:
     @property
     def epoch(self) -> int:
         return self._holder.epoch if self._holder else 0
+
+    @property
+    def records_dir(self) -> Path:
+        """The folder of the lease's numbered records."""
+        return _records_dir(self.dir)
 
     @property
     def since(self) -> float:

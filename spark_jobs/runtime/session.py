@@ -63,6 +63,32 @@ def local_fs_conf() -> dict[str, str]:
             "spark.hadoop.fs.AbstractFileSystem.file.impl": f"{LOCAL_FS_PACKAGE}.ForklessLocalFs"}
 
 
+#: The platform's checkpoint manager (``include/deploy/java``, in the same jar): Spark's own, with
+#: every checkpoint file it writes or deletes fenced by the stream's lease (:func:`fence_lease`).
+FENCED_CHECKPOINTS = "streams.platform.streaming.FencedCheckpointFileManager"
+LEASE_DIR_CONF, LEASE_EPOCH_CONF = "spark.streams.lease.dir", "spark.streams.lease.epoch"
+
+
+def fenced_checkpoints_conf() -> dict[str, str]:
+    """Spark settings that send its checkpoint writes through :data:`FENCED_CHECKPOINTS`, if the
+    platform's jar is built (:func:`local_fs_conf` puts it on the class path); else none, and only
+    the driver's Python fences its lease. Without a lease (:func:`fence_lease`), it fences nothing."""
+    return {"spark.sql.streaming.checkpointFileManagerClass": FENCED_CHECKPOINTS} if local_fs_conf() else {}
+
+
+def fence_lease(spark: SparkSession, lease_dir: str | os.PathLike[str] | None, epoch: int | None) -> None:
+    """Fence the checkpoint files of the queries this session starts from now on by the lease's
+    ``epoch`` (``None``: fence nothing). A driver calls it once it holds the lease, before its
+    queries start: a JVM that runs on after its driver lost the lease (paused with it, then
+    resumed) writes no checkpoint file, whatever it had in flight."""
+    if lease_dir is None or epoch is None:
+        spark.conf.unset(LEASE_DIR_CONF)
+        spark.conf.unset(LEASE_EPOCH_CONF)
+    else:
+        spark.conf.set(LEASE_DIR_CONF, str(lease_dir))
+        spark.conf.set(LEASE_EPOCH_CONF, str(epoch))
+
+
 #: Delta Lake's session settings: its SQL commands (OPTIMIZE, VACUUM) and its DeltaTable API
 #: (MERGE) need its extension and catalog. A table's log is replayed in a few tasks, not 50
 #: (the platform's tables are many and small; a spec's ``spark.conf`` can raise it).
@@ -86,8 +112,10 @@ def uses_delta(spec: StreamSpec) -> bool:
 
 
 def submit_args() -> list[str]:
-    """``--conf`` arguments of :func:`local_fs_conf`, for a spark-submit command line."""
-    return [arg for key, value in local_fs_conf().items() for arg in ("--conf", f"{key}={value}")]
+    """``--conf`` arguments of :func:`local_fs_conf` and :func:`fenced_checkpoints_conf`, for a
+    driver's spark-submit command line."""
+    conf = local_fs_conf() | fenced_checkpoints_conf()
+    return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
 
 
 def build_session(app_name: str, spec: StreamSpec | None = None, master: str | None = None,
@@ -106,7 +134,7 @@ def build_session(app_name: str, spec: StreamSpec | None = None, master: str | N
     builder = builder.config("spark.log.level", os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"))
     conf: dict[str, Any] = dict(SESSION_CONF)
     if master:
-        conf.update(local_fs_conf())
+        conf.update(local_fs_conf() | fenced_checkpoints_conf())
         if connector_jars():
             conf["spark.jars"] = ",".join(connector_jars())
     if master or (spec is not None and uses_delta(spec)):

@@ -67,7 +67,12 @@ def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_pat
     from spark_jobs.runtime.progress import EventLog, read_events
 
     halted = []
-    monkeypatch.setattr(driver, "halt", halted.append)
+
+    def halt(reason: str, last_words) -> None:  # noqa: ANN001
+        halted.append(reason)
+        last_words()
+
+    monkeypatch.setattr(driver, "halt", halt)
     events = EventLog(tmp_path / "events.jsonl")
     lease = DriverLease(tmp_path / "_control", stream="s", ttl=6)
     driver.report_loss(lease, events, "s")

@@ -12,6 +12,8 @@ from spark_jobs.runtime.session import (
     LOCAL_FS_PACKAGE,
     SESSION_CONF,
     build_session,
+    fence_lease,
+    fenced_checkpoints_conf,
     local_fs_conf,
 )
 from spark_jobs.spec.layout import default_spec_dir
@@ -113,3 +115,66 @@ def _processes_started() -> int:
         if line.startswith("processes "):
             return int(line.split()[1])
     raise AssertionError("no process count in /proc/stat")
+
+
+def test_spark_writes_no_checkpoint_file_once_its_driver_lost_the_lease(spark, tmp_path: Path,  # noqa: ANN001
+                                                                         missing_system_package) -> None:  # noqa: ANN001
+    """The JVM of a driver that lost its lease (paused, then resumed after another took the
+    stream over) commits nothing of a query that needs no Python: no offsets, no commit, no sink log."""
+    import json
+
+    from pyspark.errors import StreamingQueryException
+
+    from spark_jobs.runtime.lease import DriverLease, Holder, create_record, record_path
+
+    if not fenced_checkpoints_conf():
+        missing_system_package("a JDK (javac), to build the platform's JVM classes (./platform setup)")
+    lease = DriverLease(tmp_path / "_control", stream="s", ttl=30, on_lost=lambda problem: None).acquire()
+    landing, checkpoint, out = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "out"
+    landing.mkdir()
+
+    def land(n: int) -> None:
+        (landing / f"{n}.json").write_text(json.dumps({"v": n}) + "\n")
+
+    def batches(log: str) -> list[str]:
+        return sorted(p.name for p in (checkpoint / log).iterdir() if p.name.isdigit())
+
+    land(0)
+    fence_lease(spark, lease.records_dir, lease.epoch)
+    query = None
+    try:
+        query = (spark.readStream.schema("v INT").json(str(landing)).writeStream.format("parquet")
+                 .option("checkpointLocation", str(checkpoint)).start(str(out)))
+        query.processAllAvailable()
+        assert batches("commits") == ["0"]
+
+        # its heartbeat stops (a paused driver): older than half the ttl, nothing more is written
+        lease._stop.set()  # its heartbeat thread ends
+        lease._thread.join()
+        record = json.loads(record_path(lease.dir, lease.epoch).read_text())
+        record_path(lease.dir, lease.epoch).write_text(json.dumps({**record, "heartbeat_at": record["heartbeat_at"] - 16}))
+        land(1)
+        with pytest.raises(StreamingQueryException, match="stream lease lost .*heartbeat .* more than half its ttl"):
+            query.processAllAvailable()
+        assert batches("offsets") == ["0"] and batches("commits") == ["0"]
+        assert sorted(p.name for p in (out / "_spark_metadata").iterdir() if p.name.isdigit()) == ["0"]
+
+        # a driver that took the stream over (epoch 2) writes on; this one is refused, naming it
+        query = (spark.readStream.schema("v INT").json(str(landing)).writeStream.format("parquet")
+                 .option("checkpointLocation", str(checkpoint)).start(str(out)))
+        create_record(lease.dir, lease.epoch + 1, Holder(host="elsewhere", pid=1, started_at=0, heartbeat_at=0))
+        with pytest.raises(StreamingQueryException, match="epoch 2 of the lease took the stream over"):
+            query.processAllAvailable()
+        assert batches("offsets") == ["0"]
+
+        # a session that holds no lease (a backfill) is fenced by none
+        fence_lease(spark, None, None)
+        query = (spark.readStream.schema("v INT").json(str(landing)).writeStream.format("parquet")
+                 .option("checkpointLocation", str(checkpoint)).start(str(out)))
+        query.processAllAvailable()
+        assert batches("commits") == ["0", "1"]
+    finally:
+        if query is not None:
+            query.stop()
+        fence_lease(spark, None, None)
+        lease.release()  # this process holds no lease any more (spark_jobs.runtime.lease.fence)

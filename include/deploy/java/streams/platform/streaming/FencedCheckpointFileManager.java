@@ -1,0 +1,203 @@
+package streams.platform.streaming;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Paths;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.PathFilter;
+import org.apache.hadoop.fs.UnsupportedFileSystemException;
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
+import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager;
+import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager;
+
+/**
+ * Spark's own checkpoint writes, fenced by the stream's lease (spark_jobs/runtime/lease.py).
+ *
+ * <p>The Python driver checks its lease before each commit of its own, and halts its JVM when
+ * it finds the lease lost. A JVM that was paused with its driver (a worker cut off, then back)
+ * resumes at the same moment as the driver, though, and may write a checkpoint file of a query
+ * that needs no Python (its offsets, its commit, its state, a file sink's log) before the
+ * driver has killed it. This manager closes that window: every file Spark writes or deletes in
+ * a checkpoint is refused unless the driver's epoch of the lease is still its own, as the
+ * Python side judges it: no later epoch exists, the epoch is not released, and its heartbeat is
+ * younger than half its ttl. The lease's folder and epoch come from the session's settings
+ * {@code spark.streams.lease.dir} and {@code spark.streams.lease.epoch}, which a driver sets
+ * once it holds the lease; without them (a backfill, a test) nothing is fenced.
+ *
+ * <p>The files themselves are written by Spark's own managers, chosen as Spark chooses.
+ */
+public final class FencedCheckpointFileManager implements CheckpointFileManager {
+  public static final String LEASE_DIR = "spark.streams.lease.dir";
+  public static final String LEASE_EPOCH = "spark.streams.lease.epoch";
+  private static final Pattern NUMBER = Pattern.compile("\"%s\":\\s*(null|-?[0-9.eE+-]+)");
+
+  private final CheckpointFileManager inner;
+  private final java.nio.file.Path leaseDir;
+  private final long epoch;
+
+  public FencedCheckpointFileManager(Path path, Configuration conf) {
+    this.inner = spark(path, conf);
+    String dir = conf.get(LEASE_DIR);
+    String epoch = conf.get(LEASE_EPOCH);
+    this.leaseDir = dir == null || dir.isEmpty() || epoch == null ? null : Paths.get(dir);
+    this.epoch = this.leaseDir == null ? 0 : Long.parseLong(epoch.trim());
+  }
+
+  /** The manager Spark would have picked without this class. */
+  private static CheckpointFileManager spark(Path path, Configuration conf) {
+    try {
+      return new FileContextBasedCheckpointFileManager(path, conf);
+    } catch (RuntimeException e) {
+      throw e;
+    } catch (Exception e) {
+      if (e instanceof UnsupportedFileSystemException) {
+        return new FileSystemBasedCheckpointFileManager(path, conf);
+      }
+      throw new IllegalStateException(e);
+    }
+  }
+
+  private static java.nio.file.Path record(java.nio.file.Path dir, long epoch) {
+    return dir.resolve(String.format("%08d.json", epoch));
+  }
+
+  private static Double field(String json, String name) {
+    Matcher m = Pattern.compile(String.format(NUMBER.pattern(), name)).matcher(json);
+    if (!m.find() || m.group(1).equals("null")) {
+      return null;
+    }
+    return Double.valueOf(m.group(1));
+  }
+
+  /** Why the lease is no longer this driver's, or null while it is. */
+  String lost() throws IOException {
+    if (leaseDir == null) {
+      return null;
+    }
+    if (Files.exists(record(leaseDir, epoch + 1))) {
+      return "epoch " + (epoch + 1) + " of the lease took the stream over";
+    }
+    String json;
+    try {
+      json = new String(Files.readAllBytes(record(leaseDir, epoch)), StandardCharsets.UTF_8);
+    } catch (NoSuchFileException e) {
+      return "the record of epoch " + epoch + " of the lease is gone";
+    }
+    if (field(json, "released_at") != null) {
+      return "epoch " + epoch + " of the lease was released";
+    }
+    Double heartbeat = field(json, "heartbeat_at");
+    Double ttl = field(json, "ttl");
+    if (heartbeat == null || ttl == null) {
+      return null; // a record being replaced: the next write checks again
+    }
+    double age = System.currentTimeMillis() / 1000.0 - heartbeat;
+    if (age > ttl / 2) {
+      return String.format("the lease's heartbeat (epoch %d) is %.1fs old, more than half its ttl of %.0fs",
+          epoch, age, ttl);
+    }
+    return null;
+  }
+
+  private void fence(String what, Path path) throws IOException {
+    String problem = lost();
+    if (problem != null) {
+      throw new IOException("stream lease lost (" + leaseDir + "): " + problem + "; refusing to " + what + " "
+          + path + " (this driver must halt without committing)");
+    }
+  }
+
+  @Override
+  public CancellableFSDataOutputStream createAtomic(Path path, boolean overwriteIfPossible) {
+    return new Fenced(inner.createAtomic(path, overwriteIfPossible), path);
+  }
+
+  @Override
+  public FSDataInputStream open(Path path) {
+    return inner.open(path);
+  }
+
+  @Override
+  public FileStatus[] list(Path path, PathFilter filter) {
+    return inner.list(path, filter);
+  }
+
+  @Override
+  public void mkdirs(Path path) {
+    inner.mkdirs(path);
+  }
+
+  @Override
+  public boolean exists(Path path) {
+    return inner.exists(path);
+  }
+
+  @Override
+  public void delete(Path path) {
+    try {
+      fence("delete", path);
+    } catch (IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+    inner.delete(path);
+  }
+
+  @Override
+  public boolean isLocal() {
+    return inner.isLocal();
+  }
+
+  @Override
+  public Path createCheckpointDirectory() {
+    return inner.createCheckpointDirectory();
+  }
+
+  @Override
+  public void close() {
+    inner.close();
+  }
+
+  /** A file in the making: it takes its place (Spark's rename) only if the lease is still ours. */
+  private final class Fenced extends CancellableFSDataOutputStream {
+    private final CancellableFSDataOutputStream out;
+    private final Path path;
+    private boolean done;
+
+    Fenced(CancellableFSDataOutputStream out, Path path) {
+      super(out);
+      this.out = out;
+      this.path = path;
+    }
+
+    @Override
+    public synchronized void cancel() {
+      if (!done) {
+        done = true;
+        out.cancel();
+      }
+    }
+
+    @Override
+    public synchronized void close() throws IOException {
+      if (done) {
+        return;
+      }
+      try {
+        fence("write", path);
+      } catch (IOException e) {
+        cancel();
+        throw e;
+      }
+      done = true;
+      out.close();
+    }
+  }
+}
