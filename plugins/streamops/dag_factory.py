@@ -51,6 +51,7 @@ from streamops.operators.stream import (
     BackfillOperator,
     ResumeStreamOperator,
     StopStreamOperator,
+    StreamStandbyOperator,
     StreamSupervisorOperator,
 )
 from streamops.sensors.stream_health import StreamHealthSensor
@@ -63,6 +64,8 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
                         f"{' (the accepted rows, written by the ingestion)' if o.written_by_ingestion else ''} |"
                         for o in plan.outputs)
     app = spec.application
+    sup = spec.supervision
+    standby = ("" if not sup.standby else f"; warm standby: {'beside the driver' if sup.standby_queue is None else f'queue `{sup.standby_queue}`'}")
     table = (f"Application `{app.path}` {' '.join(app.args)}, queries {', '.join(f'`{q}`' for q in app.queries)}"
              if app is not None else f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}")
     return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n{table}\n\n"
@@ -70,7 +73,7 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
             f"{spec.supervision.restart.max_attempts} failures within {spec.supervision.restart.period_minutes:g} "
             f"minutes (reset by a stable run), backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
-            f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
+            f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`{standby}.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
             f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
             f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
 
@@ -120,11 +123,12 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
     with DAG(dag_id(spec.name), doc_md=_doc(spec, plan, "deploy and supervise"), schedule=None, start_date=START,
              catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
-        StreamSupervisorOperator(
-            task_id="supervise", stream=spec.name, conn_id=spec.spark.connection,
-            conf=_conf(spec),
-            driver_memory=spec.spark.driver_memory, executor_memory=spec.spark.executor_memory,
-            jars=_jars(), **paths)
+        submit = {"stream": spec.name, "conn_id": spec.spark.connection, "conf": _conf(spec), "jars": _jars(),
+                  "driver_memory": spec.spark.driver_memory, "executor_memory": spec.spark.executor_memory}
+        StreamSupervisorOperator(task_id="supervise", **submit, **paths)
+        if spec.supervision.standby_queue is not None:  # its warm standby, on the workers of another queue
+            StreamStandbyOperator(task_id="standby", supervisor_task_id="supervise", queue=spec.supervision.standby_queue,
+                                  **submit, **paths)
         StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
                            **paths)
     dags[run_dag.dag_id] = run_dag

@@ -241,6 +241,25 @@ def end_launcher(holder: Holder, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def release_dead(control_dir: str | os.PathLike[str], driver_id: str) -> Holder | None:
+    """Mark the lease of the dead driver ``driver_id`` released, on the machine where it ran (its
+    process gone, its spark-submit JVM ended first): a standby on another machine then takes the
+    stream over at once, instead of after the lease's ``ttl``. Does nothing unless that driver
+    holds the newest epoch and is dead here; returns its record if it did."""
+    holder = latest(control_dir)
+    if (holder is None or not driver_id or holder.driver_id != driver_id or holder.released_at is not None
+            or holder.host != host_id() or holder.pid_start is None or process_start(holder.pid) == holder.pid_start):
+        return None
+    end_launcher(holder)
+    now = time.time()  # before the check: a successor found none and so starts after it
+    if record_path(control_dir, holder.epoch + 1).exists():
+        return None
+    holder.released_at = now
+    write_atomically(record_path(control_dir, holder.epoch), json.dumps(asdict(holder)))
+    log.info("released the lease of dead driver %s (epoch %d)", driver_id, holder.epoch)
+    return holder
+
+
 def is_spark_submit(pid: int) -> bool:
     try:
         return any("org.apache.spark.deploy.SparkSubmit" in arg for arg in psutil.Process(pid).cmdline())

@@ -12,7 +12,14 @@ machine is ended first (:func:`spark_jobs.runtime.lease.end_launcher`), so no ba
 commit after the takeover.
 
 Each standby keeps a record in ``<checkpoint root>/_control/standby/<driver id>.json``
-(state ``warming``, ``ready``, ``taking over``), which the Streams page shows.
+(state ``warming``, ``ready``, ``taking over``; refreshed every ``REFRESH_SECONDS`` while it
+waits), which the Streams page shows and a supervisor on another worker reads.
+
+A standby runs beside the active driver, launched by its supervisor, or, with
+``supervision.standby_queue``, on another worker, launched by the stream DAG's ``standby`` task
+(``streamops.operators.stream.StreamStandbyOperator``). A supervisor whose driver died marks its
+lease released at once (:func:`spark_jobs.runtime.lease.release_dead`), so that a standby on
+another machine need not wait out the lease's ``ttl``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from spark_jobs.runtime.lease import (
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
+#: a waiting standby refreshes its record this often; one elsewhere whose record is older than
+#: ``STALE_SECONDS`` is presumed gone (its worker lost)
+REFRESH_SECONDS, STALE_SECONDS = 1.0, 10.0
 WARMING, READY, TAKING_OVER = "warming", "ready", "taking over"
 
 
@@ -55,10 +65,14 @@ class Standby:
     since: float
     #: the supervisor's try that launched it (``_control/supervisors``); 0: none
     supervisor: int = 0
+    #: when it last refreshed its record
+    seen_at: float = 0.0
 
     def alive(self) -> bool:
-        """Its process still runs (elsewhere: presumed so while its record is there)."""
-        return self.host != host_id() or (self.pid_start is not None and process_start(self.pid) == self.pid_start)
+        """Its process still runs (elsewhere: presumed so while it refreshes its record)."""
+        if self.host != host_id():
+            return time.time() - max(self.seen_at, self.since) < STALE_SECONDS
+        return self.pid_start is not None and process_start(self.pid) == self.pid_start
 
 
 def _dir(control_dir: str | os.PathLike[str]) -> Path:
@@ -93,6 +107,10 @@ class StandbyRecord:
 
     def set(self, state: str) -> None:
         self.standby.state, self.standby.since = state, time.time()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.standby.seen_at = time.time()
         write_atomically(self.path, json.dumps(asdict(self.standby)))
 
     def remove(self) -> None:
@@ -124,7 +142,11 @@ def take_over(lease: DriverLease, hold_marker: Path, supervisor: int, stop: thre
     launcher = os.getppid()
     if record is not None:
         record.set(READY)
+    refreshed = time.monotonic()
     while not stop.wait(poll):
+        if record is not None and time.monotonic() - refreshed >= REFRESH_SECONDS:
+            refreshed = time.monotonic()
+            record.refresh()
         if os.getppid() != launcher:
             log.warning("the standby's spark-submit ended: leaving")
             return False

@@ -652,6 +652,10 @@ class Supervision(Strict):
     lease: Duration = "30 seconds"
     #: keep a warm standby driver beside the active one, to take the stream over in seconds (spark_jobs.runtime.standby)
     standby: bool = False
+    #: with ``standby``: the Airflow (Celery) queue of other workers, where the standby runs (the
+    #: stream DAG's ``standby`` task), so that it survives the loss of the active driver's worker;
+    #: none: beside the active driver, on its worker
+    standby_queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
 class Maintenance(Strict):

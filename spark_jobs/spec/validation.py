@@ -56,6 +56,12 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     if spec.supervision.standby and spec.trigger.available_now:
         add(("supervision.standby", "an available-now stream ends by itself after each run; it has nothing for a "
                                     "standby to take over"))
+    if spec.supervision.standby_queue is not None and not spec.supervision.standby:
+        add(("supervision.standby_queue", "names where the standby runs, but supervision.standby is not true"))
+    if spec.supervision.standby_queue is not None and spec.supervision.standby_queue == spec.supervision.queue:
+        add(("supervision.standby_queue", f"is the supervisor's own queue ({spec.supervision.queue!r}): the standby "
+                                          "could then run on the active driver's worker and go down with it; name "
+                                          "a queue of other workers, or remove it to keep the standby beside the driver"))
     if spec.accepted.format != "parquet" and (spec.application is not None or not has_ingestion(spec)):
         add(("accepted.format", "this stream has no accepted-rows table (an application, or outputs that all run "
                                 "continuously from the source); remove accepted"))

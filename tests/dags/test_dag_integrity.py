@@ -192,6 +192,26 @@ def test_a_stream_with_delta_tables_gets_a_maintenance_dag_on_its_spec_s_schedul
     assert dag.params["retention"] is None
 
 
+def test_a_standby_queue_puts_the_standby_task_on_other_workers_beside_the_supervisor(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    sensors.write_text(sensors.read_text().replace("supervision:\n", "supervision:\n  standby: true\n"
+                                                                      "  standby_queue: standby-b\n"))
+    assert "standby" not in dagbag(DAGS).dags["stream_sensors"].task_ids  # the example: none
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(DAGS)
+    assert not bag.import_errors
+    dag = bag.dags["stream_sensors"]
+    supervise, standby = dag.get_task("supervise"), dag.get_task("standby")
+    assert (supervise.queue, standby.queue) == ("streams", "standby-b")
+    assert standby.supervisor_task_id == "supervise" and not standby.upstream_task_ids
+    assert (standby.conf, standby.jars, standby.application_args) == (supervise.conf, supervise.jars,
+                                                                      supervise.application_args)
+    assert "warm standby: queue `standby-b`" in dag.doc_md
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""

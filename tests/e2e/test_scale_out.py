@@ -7,9 +7,13 @@ trees, each with a name of its own (``STREAMS_HOST``, as a container's hostname 
 All of them share one data directory, as the workers of a deployment share its storage.
 
 1. Three streams: two on worker A (queue ``streams``), one pinned to worker B (its spec's
-   ``supervision.queue``; B also serves ``streams``).
+   ``supervision.queue``; B also serves ``streams``). That one, s3, keeps a warm standby on
+   worker A (its ``supervision.standby_queue``, which only A serves): its driver on B is
+   SIGKILLed, and the standby on A commits its next batch within ``STANDBY_BOUND`` seconds.
+   B's supervisor then watches it through its lease and keeps the next standby on B.
 2. Worker A and every process it started are killed (SIGKILL): its two streams commit new
-   batches on worker B within ``MOVE_BOUND`` seconds.
+   batches on worker B within ``MOVE_BOUND`` seconds, and s3, whose active driver ran on A,
+   within ``STANDBY_MOVE_BOUND`` (its standby on B takes over once the lease lapses).
 3. Worker C starts, and worker B is paused (SIGSTOP) until all three streams run on C. Then
    the partition heals in the order that once stopped a stream for good: B's task processes
    (its old supervisors, with their drivers) resume first, while Airflow's side of B is still
@@ -50,6 +54,7 @@ from spark_jobs.runtime.lease import (
     record_path,
 )
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.runtime.standby import READY, standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
@@ -66,6 +71,13 @@ LEASE_SECONDS = 8
 #: detection interval (10 s), the retry delay (10 s), the lease, a new driver's start, on 2 busy cores
 MOVE_BOUND = 240
 STREAMS = {"s1": "streams", "s2": "streams", "s3": "streams-b"}
+#: s3's warm standby runs on the workers of this queue: worker A alone
+STANDBY_QUEUE = "standby-a"
+#: from a SIGKILL of s3's driver on B to the first commit of its standby on A: the supervisor sees
+#: the driver end and releases its lease, the standby takes it and starts its queries
+STANDBY_BOUND = 30
+#: from worker A's loss to s3's first commit on B, its standby there: the lease's ttl, then as above
+STANDBY_MOVE_BOUND = 60
 #: after the partition healed, how long every stream must keep committing on the worker it moved to
 KEEP_COMMITTING = 60
 #: Airflow's services but the triggerer: the quality DAGs (whose asset watchers it runs) stay paused here
@@ -85,6 +97,8 @@ def scale_out_specs(include: Path) -> Path:
         spec["source"]["max_files_per_trigger"] = 4
         spec["supervision"] = {"stall_window": "4 minutes", "queue": queue, "lease": f"{LEASE_SECONDS} seconds",
                                "restart": {"max_attempts": 10, "backoff_initial_seconds": 1, "backoff_max_seconds": 4}}
+        if name == "s3":
+            spec["supervision"] |= {"standby": True, "standby_queue": STANDBY_QUEUE}
         specs.append(spec)
     return include_with(include, *specs)
 
@@ -165,6 +179,9 @@ class Stream:
         commits = self.ingestion / "commits"
         return self.host() == host and any(p.stat().st_mtime > since for p in commits.glob("[0-9]*"))
 
+    def standby_ready_on(self, host: str) -> bool:
+        return any(sb.host == host and sb.state == READY for sb in standbys(self.layout.lease_dir))
+
     def caught_up(self) -> bool:
         return assess(self.spec, self.layout).status == Status.IDLE
 
@@ -217,26 +234,41 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                  every=2)
 
         # 1. two streams on worker A, the third pinned to B by its queue
-        workers.append(a := Worker(airflow, "worker-a", "streams"))
+        workers.append(a := Worker(airflow, "worker-a", f"streams,{STANDBY_QUEUE}"))
         for name in ("s1", "s2"):
             deploy(airflow, name)
         wait_for(lambda: all(streams[n].committed_on("worker-a", 0) for n in ("s1", "s2")),
                  "s1 and s2 to commit on worker-a", timeout=300, every=1)
         workers.append(b := Worker(airflow, "worker-b", "streams,streams-b"))
         deploy(airflow, "s3")
-        wait_for(lambda: streams["s3"].committed_on("worker-b", 0), "s3 to commit on worker-b", timeout=300, every=1)
-        s3_epoch = read_holder(streams["s3"].layout.lease_dir).epoch
+        s3 = streams["s3"]
+        wait_for(lambda: s3.committed_on("worker-b", 0), "s3 to commit on worker-b", timeout=300, every=1)
+
+        # 1b. s3's driver on B is killed: its standby on A takes over
+        wait_for(lambda: s3.standby_ready_on("worker-a"), "s3's standby to be ready on worker-a", timeout=300, every=0.5)
+        s3.feed(1)
+        killed = read_holder(s3.layout.lease_dir)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed_at = time.time()
+        wait_for(lambda: s3.committed_on("worker-a", killed_at), "s3's standby on worker-a to commit",
+                 timeout=STANDBY_BOUND, every=0.1)
+        timings["s3 taken over by its standby on worker-a"] = time.time() - killed_at
+        wait_for(lambda: s3.standby_ready_on("worker-b"), "s3's next standby to be ready on worker-b", timeout=300,
+                 every=0.5)
+        assert read_holder(s3.layout.lease_dir).epoch == killed.epoch + 1, "s3 was restarted, not taken over"
 
         # 2. worker A is lost with every process it started: its streams move to B
         for s in streams.values():
             s.feed(4)
         a.kill()
         lost_at = time.time()
+        wait_for(lambda: s3.committed_on("worker-b", lost_at), "s3's standby on worker-b to commit",
+                 timeout=STANDBY_MOVE_BOUND, every=0.2)
+        timings["s3 moved from the killed worker-a to its standby on worker-b"] = time.time() - lost_at
         for name in ("s1", "s2"):
             wait_for(lambda n=name: streams[n].committed_on("worker-b", lost_at), f"{name} to commit on worker-b",
                      timeout=MOVE_BOUND, every=1)
             timings[f"{name} moved from the killed worker-a"] = time.time() - lost_at
-        assert read_holder(streams["s3"].layout.lease_dir).epoch == s3_epoch, "s3 should not have moved"
 
         # 3. worker B is paused until every stream runs on worker C, then resumes
         workers.append(Worker(airflow, "worker-c", "streams,streams-b"))

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from spark_jobs.runtime.lease import (
     DRIVER_ID_ENV,
     read_holder,
+    release_dead,
 )
 from spark_jobs.spec.layout import default_spec_dir
 from streamops import tenure
@@ -165,6 +166,9 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         self.tenure: tenure.Tenure | None = None
         self._left = False
         self._standby_ended = float("-inf")
+        #: the last driver this task ran, once it ended; and whether a standby elsewhere took over from it
+        self._ended: Launch | None = None
+        self._taken_over_elsewhere = False
 
     @property
     def stream_hook(self) -> StreamHook:
@@ -179,6 +183,10 @@ class StreamSupervisorOperator(SparkSubmitOperator):
         return SparkSubmitHook(**self._submit_args,
                                **{name: getattr(self, name) for name in TEMPLATED_SUBMIT_ARGS} | overrides)
 
+    def _driver_env(self, hook: StreamHook) -> None:
+        """The environment of the drivers this task launches."""
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}), **_kafka_env(hook)}
+
     def execute(self, context: Context) -> dict[str, Any]:
         hook = self.stream_hook
         ti = context.get("ti")
@@ -186,7 +194,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                                                           f"try {getattr(ti, 'try_number', '?')}")
         budget = RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart)
         hook.release_hold()
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}), **_kafka_env(hook)}
+        self._driver_env(hook)
         app = hook.spec.application
         if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
             from spark_jobs.runtime.driver import APP_SPEC_ENV
@@ -212,10 +220,18 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                     holder = read_holder(hook.layout.lease_dir)
                     self.adopted_pid = holder.pid if holder else None
                     self.supervised_epoch = holder.epoch if holder else None
-                    self.log.warning("a driver (%s) already runs stream %s, left by an earlier try: adopting it instead "
-                                     "of starting a second one", holder.describe() if holder else "unknown", self.stream)
+                    if self._taken_over_elsewhere:  # a new run, of the standby on another worker
+                        self._taken_over_elsewhere = False
+                        budget.record_start(time.time())
+                        runs += 1
+                        self.log.info("supervising stream %s through its lease: %s (run %d of this task)", self.stream,
+                                      holder.describe() if holder else "unknown", runs)
+                    else:
+                        self.log.warning("a driver (%s) already runs stream %s, left by an earlier try: adopting it "
+                                         "instead of starting a second one", holder.describe() if holder else "unknown",
+                                         self.stream)
                     reason, forced = self._supervise()
-                    code, reason = None, f"adopted driver: {reason}"
+                    code, reason, self._ended = None, f"adopted driver: {reason}", None
                 else:
                     if self.active is None:
                         if budget.exhausted(time.time()):
@@ -236,7 +252,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                         return {}
                     code, error = self.active.result()
                     reason = error or reason
-                    self.active = None
+                    self._ended, self.active = self.active, None
                 if self._superseded():  # a try Airflow no longer runs records nothing
                     return {}
                 by = hook.held_by()
@@ -260,7 +276,7 @@ class StreamSupervisorOperator(SparkSubmitOperator):
                 if budget.exhausted(time.time()):  # nor does a standby take it over
                     self._end_standby()
                     raise AirflowFailException(_budget_spent(hook, budget))
-                self.active = self._take_over()
+                self.active = self._take_over(self._ended)
         finally:
             if self.standby is not None:
                 self.standby.kill()
@@ -306,25 +322,41 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             self.stream_hook.kill_driver(epoch=holder.epoch, by=f"its supervisor ({self.tenure_name})")
         standby.kill()
 
-    def _take_over(self) -> Launch | None:
-        """After the active driver ended: the standby, once it holds the lease (it takes it within a
-        second of finding it free), else None (the standby is killed; a driver is started cold)."""
+    def _take_over(self, ended: Launch | None) -> Launch | None:
+        """After the active driver ended: the standby that takes the stream over. This task's own,
+        once it holds the lease (returned: this task runs it). One on another worker (the stream
+        DAG's ``standby`` task, ``supervision.standby_queue``): None, and this task supervises it
+        through its lease (the adopt path), keeping its own standby for the next takeover. Neither
+        within ``STANDBY_TAKEOVER_SECONDS``: None (this task's standby is killed), and a driver is
+        started cold. The ended driver's lease is released first, so that a standby elsewhere
+        need not wait out its ttl."""
+        hook = self.stream_hook
+        if ended is not None:
+            release_dead(hook.layout.lease_dir, ended.driver_id)
+        from spark_jobs.runtime.standby import WARMING, standbys
+
         standby, self.standby = self.standby, None
-        if standby is None:
+        elsewhere = {s.driver_id for s in standbys(hook.layout.lease_dir)
+                     if s.state != WARMING} - {standby.driver_id if standby else ""}
+        if standby is None and not elsewhere:
             return None
-        ended = time.monotonic()
-        deadline = ended + STANDBY_TAKEOVER_SECONDS
-        while standby.alive() and time.monotonic() < deadline:
-            holder = read_holder(self.stream_hook.layout.lease_dir)
-            if holder is not None and holder.driver_id == standby.driver_id and holder.alive():
-                self.log.info("stream %s: the standby %s holds epoch %d of the lease (%.1fs after this supervisor saw "
-                              "the driver end)", self.stream, standby.driver_id, holder.epoch, time.monotonic() - ended)
-                return standby
+        started = time.monotonic()
+        deadline = started + STANDBY_TAKEOVER_SECONDS
+        while ((standby is not None and standby.alive()) or elsewhere) and time.monotonic() < deadline:
+            holder = read_holder(hook.layout.lease_dir)
+            if holder is not None and holder.alive() and holder.driver_id in {*elsewhere, standby and standby.driver_id}:
+                self.log.info("stream %s: the standby %s on %s holds epoch %d of the lease (%.1fs after this supervisor "
+                              "saw the driver end)", self.stream, holder.driver_id, holder.host, holder.epoch,
+                              time.monotonic() - started)
+                if standby is not None and holder.driver_id == standby.driver_id:
+                    return standby
+                self.standby, self._taken_over_elsewhere = standby, True  # kept, for the next takeover
+                return None
             time.sleep(0.1)
-        self.log.warning("stream %s: the standby %s did not take over (%s); starting a driver", self.stream,
-                         standby.driver_id, "it ended" if not standby.alive() else "it did not within "
-                         f"{STANDBY_TAKEOVER_SECONDS:.0f}s")
-        standby.kill()
+        self.log.warning("stream %s: no standby took over (%s); starting a driver", self.stream,
+                         f"none within {STANDBY_TAKEOVER_SECONDS:.0f}s" if time.monotonic() >= deadline else "it ended")
+        if standby is not None:
+            standby.kill()
         return None
 
     def _supervise(self) -> tuple[str, bool]:
@@ -388,9 +420,14 @@ class StreamSupervisorOperator(SparkSubmitOperator):
 
     def _keep_standby(self, wanted: bool) -> None:
         """Launch a standby if the spec asks for one and none runs (one that ended is replaced, at
-        most every ``STANDBY_RELAUNCH_SECONDS``)."""
-        if not self.stream_hook.spec.supervision.standby:
+        most every ``STANDBY_RELAUNCH_SECONDS``). With ``supervision.standby_queue``, the stream
+        DAG's ``standby`` task keeps one on another worker while this task runs the active driver;
+        this task keeps its own only while the active driver runs elsewhere."""
+        supervision = self.stream_hook.spec.supervision
+        if not supervision.standby:
             return
+        if supervision.standby_queue is not None and self.active is not None:
+            wanted = False
         if self.standby is not None and not self.standby.alive():
             code, error = self.standby.result()
             self.log.warning("stream %s: standby %s ended (exit %s%s)", self.stream, self.standby.driver_id, code,
@@ -482,6 +519,102 @@ class Launch:
         self.hook.on_kill()
         end_standby(self.control_dir, self.driver_id)
         self.thread.join(30)
+
+
+#: the states in which the supervisor task runs no more: its standby task ends too
+SUPERVISOR_ENDED = ("success", "failed", "upstream_failed", "skipped", "removed")
+
+
+class StreamStandbyOperator(StreamSupervisorOperator):
+    """Keep a stream's warm standby driver on another worker (``supervision.standby_queue``: this
+    task runs there, beside the stream's ``supervise`` task).
+
+    It launches a standby (``spark_jobs.runtime.standby``) for the current try of the stream's
+    supervisor, and another when one ends (at most every ``STANDBY_RELAUNCH_SECONDS``). A standby
+    that took the stream over is an active driver run by this task: the supervisor watches it
+    through its lease, stops it as any driver, and keeps the next standby on its own worker.
+    When that driver dies, this task releases its lease at once (so the supervisor's standby
+    need not wait out the ttl), then launches a standby again. It ends when the supervisor task
+    has ended, or an operator stopped the stream; killed, it stops an active driver as the
+    supervisor's ``on_kill`` would. Takes :class:`StreamSupervisorOperator`'s arguments.
+
+    :param supervisor_task_id: the stream's supervisor task in the same DAG run.
+    """
+
+    def __init__(self, *, supervisor_task_id: str = "supervise", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.supervisor_task_id = supervisor_task_id
+        self._ran_active: int | None = None
+
+    def execute(self, context: Context) -> None:
+        hook = self.stream_hook
+        ti = context["ti"]
+        self._driver_env(hook)
+        try:
+            while True:
+                if (by := hook.held_by()) is not None:
+                    self.log.info("stream %s was stopped on purpose (%s): no standby is kept", self.stream, by)
+                    return
+                if self._supervisor_ended(ti):
+                    self.log.info("the supervisor task of stream %s has ended: so does its standby", self.stream)
+                    return
+                self._watch()
+                if self.standby is None:
+                    self._relaunch()
+                if self.standby is not None:
+                    self.standby.thread.join(self.poll_seconds)
+                else:
+                    time.sleep(self.poll_seconds)  # the supervisor has yet to start, or the relaunch delay
+        finally:
+            if self.standby is not None and self._ran_active is None:
+                self.standby.kill()
+
+    def _supervisor_ended(self, ti: Any) -> bool:  # noqa: ANN401 - Airflow's RuntimeTaskInstance
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.supervisor_task_id], run_ids=[ti.run_id])
+        return (states.get(ti.run_id) or {}).get(self.supervisor_task_id) in SUPERVISOR_ENDED
+
+    def _watch(self) -> None:
+        """Note when this task's standby took the stream over, and release the lease of one that died."""
+        launch = self.standby
+        if launch is None:
+            return
+        holder = read_holder(self.stream_hook.layout.lease_dir)
+        if self._ran_active is None and holder is not None and holder.driver_id == launch.driver_id:
+            self._ran_active = self.supervised_epoch = holder.epoch
+            self.log.warning("stream %s: the standby %s took the stream over (epoch %d): this task runs its active "
+                             "driver now", self.stream, launch.driver_id, holder.epoch)
+        if launch.alive():
+            return
+        code, error = launch.result()
+        if release_dead(self.stream_hook.layout.lease_dir, launch.driver_id) is not None:
+            self.log.warning("stream %s: its driver %s (epoch %s) ended (exit %s%s): lease released for the standby "
+                             "elsewhere", self.stream, launch.driver_id, self._ran_active, code,
+                             f": {error.splitlines()[0]}" if error else "")
+        else:
+            self.log.info("stream %s: standby %s ended (exit %s)", self.stream, launch.driver_id, code)
+        self.standby, self._ran_active, self.supervised_epoch = None, None, None
+
+    def _relaunch(self) -> None:
+        """A standby for the supervisor's current try, once it has one."""
+        current = tenure.current(self.stream_hook.layout.lease_dir)
+        if current is None or time.monotonic() - self._standby_ended < STANDBY_RELAUNCH_SECONDS:
+            return
+        self._standby_ended = time.monotonic()
+        self.tenure = current  # the try it serves (``--supervisor``): it leaves once that try is superseded
+        self.standby = self._launch(standby=True)
+
+    def on_kill(self) -> None:
+        """Kill the standby; a standby that took the stream over is stopped as the supervisor's
+        ``on_kill`` stops its driver (gracefully, then hard)."""
+        hook, launch, epoch = self.stream_hook, self.standby, self._ran_active
+        if launch is None:
+            return
+        if epoch is not None and hook.holds(epoch):
+            by = f"the standby task of stream {self.stream}, killed"
+            hook.request_stop(epoch, by)
+            if not hook.wait_for_exit(self.kill_grace(), epoch=epoch):
+                hook.kill_driver(epoch=epoch, by=by)
+        launch.kill()
 
 
 def _budget_spent(hook: StreamHook, budget: RestartBudget) -> str:

@@ -20,6 +20,7 @@ from spark_jobs.runtime.driver import (
     stop_asked,
 )
 from spark_jobs.runtime.lease import (
+    DRIVER_ID_ENV,
     EXIT_LEASE_LOST,
     HOST_ENV,
     DriverLease,
@@ -29,6 +30,7 @@ from spark_jobs.runtime.lease import (
     holder_alive,
     overlaps,
     read_holder,
+    release_dead,
 )
 
 HOLDER = """
@@ -219,3 +221,28 @@ def test_process_start_keeps_the_unit_of_records_already_written() -> None:
         assert time.monotonic() < deadline, "a zombie still counts as running"
         time.sleep(0.01)
     zombie.wait()
+
+
+def test_a_dead_drivers_lease_is_released_where_it_ran_so_another_machine_takes_it_at_once(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    control = tmp_path / "_control"
+    monkeypatch.setenv(DRIVER_ID_ENV, "s-driver-1")
+    proc, _ = start(HOLDER, str(control), "30", host="worker-x")
+    monkeypatch.setenv(HOST_ENV, "worker-x")
+    assert release_dead(control, "s-driver-1") is None  # it runs
+    proc.kill()
+    proc.wait()
+    assert release_dead(control, "s-driver-2") is None  # not the driver that holds it
+    monkeypatch.setenv(HOST_ENV, "worker-y")
+    assert release_dead(control, "s-driver-1") is None  # from another machine its process cannot be seen
+    assert read_holder(control).alive()  # so there, the lease is alive until its ttl
+
+    monkeypatch.setenv(HOST_ENV, "worker-x")
+    released = release_dead(control, "s-driver-1")
+    assert released is not None and released.epoch == 1 and released.released_at is not None
+    monkeypatch.setenv(HOST_ENV, "worker-y")
+    with DriverLease(control, stream="demo") as lease:  # at once, not after the ttl
+        assert lease.epoch == 2
+        monkeypatch.setenv(HOST_ENV, "worker-x")
+        assert release_dead(control, "s-driver-1") is None  # a successor holds it
+    assert overlaps(history(control)) == []

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 from spark_jobs.runtime.lease import (
+    HOST_ENV,
     DriverLease,
     read_holder,
 )
 from spark_jobs.runtime.standby import (
     READY,
+    STALE_SECONDS,
     StandbyRecord,
     end_standby,
     standbys,
@@ -121,4 +123,18 @@ def test_a_waiting_standby_is_ended_by_its_id(tmp_path: Path) -> None:
     assert proc.poll() is None
     end_standby(control, "standby-7")
     assert proc.wait(10) == -signal.SIGKILL
+    assert standbys(control) == []
+
+
+def test_a_standby_elsewhere_counts_while_it_refreshes_its_record(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    control = tmp_path / "_control"
+    monkeypatch.setenv(HOST_ENV, "worker-y")
+    record = StandbyRecord(control, "standby-y", 1)
+    record.set(READY)
+    monkeypatch.setenv(HOST_ENV, "worker-x")  # seen from the supervisor's worker
+    assert [(s.driver_id, s.host, s.state) for s in standbys(control)] == [("standby-y", "worker-y", READY)]
+    # its worker is lost: the record stays, no longer refreshed
+    data = json.loads(record.path.read_text())
+    data["seen_at"] = data["since"] = time.time() - STALE_SECONDS - 1
+    record.path.write_text(json.dumps(data))
     assert standbys(control) == []
