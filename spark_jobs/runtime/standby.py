@@ -12,8 +12,8 @@ machine is ended first (:func:`spark_jobs.runtime.lease.end_launcher`), so no ba
 commit after the takeover.
 
 Each standby keeps a record in ``<checkpoint root>/_control/standby/<driver id>.json``
-(state ``warming``, ``ready``, ``taking over``; refreshed every ``REFRESH_SECONDS`` while it
-waits), which the Streams page shows and a supervisor on another worker reads.
+(state ``warming``, ``ready``, ``taking over``; refreshed every ``REFRESH_SECONDS``), which the
+Streams page shows and a supervisor on another worker reads.
 
 A standby runs beside the active driver, launched by its supervisor, or, with
 ``supervision.standby_queue``, on another worker, launched by the stream DAG's ``standby`` task
@@ -49,7 +49,7 @@ from spark_jobs.runtime.lease import (
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1
-#: a waiting standby refreshes its record this often; one elsewhere whose record is older than
+#: a standby refreshes its record this often; one elsewhere whose record is older than
 #: ``STALE_SECONDS`` is presumed gone (its worker lost)
 REFRESH_SECONDS, STALE_SECONDS = 1.0, 10.0
 WARMING, READY, TAKING_OVER = "warming", "ready", "taking over"
@@ -96,25 +96,42 @@ def standbys(control_dir: str | os.PathLike[str]) -> list[Standby]:
 
 
 class StandbyRecord:
-    """This standby's record, kept up to date with its state and removed when it ends."""
+    """This standby's record, kept up to date with its state, refreshed every ``REFRESH_SECONDS``
+    (on a thread of its own: while the standby warms too) and removed when it ends."""
 
     def __init__(self, control_dir: str | os.PathLike[str], driver_id: str, supervisor: int):
         self.path = _dir(control_dir) / f"{driver_id}.json"
         self.standby = Standby(driver_id=driver_id, host=host_id(), pid=os.getpid(),
                                pid_start=process_start(os.getpid()), state=WARMING, since=time.time(),
                                supervisor=supervisor)
+        self._lock = threading.Lock()
+        self._removed = threading.Event()
         self.set(WARMING)
+        threading.Thread(target=self._keep_fresh, name="standby-record", daemon=True).start()
 
     def set(self, state: str) -> None:
-        self.standby.state, self.standby.since = state, time.time()
+        with self._lock:
+            self.standby.state, self.standby.since = state, time.time()
         self.refresh()
 
     def refresh(self) -> None:
-        self.standby.seen_at = time.time()
-        write_atomically(self.path, json.dumps(asdict(self.standby)))
+        with self._lock:
+            if self._removed.is_set():
+                return
+            self.standby.seen_at = time.time()
+            write_atomically(self.path, json.dumps(asdict(self.standby)))
+
+    def _keep_fresh(self) -> None:
+        while not self._removed.wait(REFRESH_SECONDS):
+            try:
+                self.refresh()
+            except OSError as exc:
+                log.warning("could not refresh the standby's record: %s", exc)
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        with self._lock:
+            self._removed.set()
+            self.path.unlink(missing_ok=True)
 
 
 def supervisor_current(control_dir: str | os.PathLike[str], supervisor: int) -> bool:
@@ -142,11 +159,7 @@ def take_over(lease: DriverLease, hold_marker: Path, supervisor: int, stop: thre
     launcher = os.getppid()
     if record is not None:
         record.set(READY)
-    refreshed = time.monotonic()
     while not stop.wait(poll):
-        if record is not None and time.monotonic() - refreshed >= REFRESH_SECONDS:
-            refreshed = time.monotonic()
-            record.refresh()
         if os.getppid() != launcher:
             log.warning("the standby's spark-submit ended: leaving")
             return False

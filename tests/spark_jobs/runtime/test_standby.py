@@ -45,8 +45,14 @@ def waiting(control: Path, hold: Path, supervisor: int = 0) -> tuple[threading.T
     """take_over on a thread of its own, as a standby driver runs it."""
     lease, stop, result = DriverLease(control, stream="s"), threading.Event(), {}
     record = StandbyRecord(control, "standby-1", supervisor)
-    thread = threading.Thread(target=lambda: result.update(took=take_over(lease, hold, supervisor, stop, record),
-                                                           lease=lease))
+
+    def run() -> None:
+        try:
+            result.update(took=take_over(lease, hold, supervisor, stop, record), lease=lease)
+        finally:
+            record.remove()  # as the driver does once it took over or leaves
+
+    thread = threading.Thread(target=run)
     thread.start()
     return thread, result, stop
 
@@ -128,13 +134,24 @@ def test_a_waiting_standby_is_ended_by_its_id(tmp_path: Path) -> None:
 
 def test_a_standby_elsewhere_counts_while_it_refreshes_its_record(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     control = tmp_path / "_control"
-    monkeypatch.setenv(HOST_ENV, "worker-y")
-    record = StandbyRecord(control, "standby-y", 1)
-    record.set(READY)
-    monkeypatch.setenv(HOST_ENV, "worker-x")  # seen from the supervisor's worker
-    assert [(s.driver_id, s.host, s.state) for s in standbys(control)] == [("standby-y", "worker-y", READY)]
-    # its worker is lost: the record stays, no longer refreshed
-    data = json.loads(record.path.read_text())
+    script = ("import sys, time\nfrom spark_jobs.runtime.standby import StandbyRecord\n"
+              "StandbyRecord(sys.argv[1], 'standby-y', 1)\nprint('warming', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(control)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, HOST_ENV: "worker-y"})
+    try:
+        assert proc.stdout.readline().strip() == "warming"
+        monkeypatch.setenv(HOST_ENV, "worker-x")  # seen from the supervisor's worker
+        [seen] = standbys(control)
+        assert (seen.driver_id, seen.host, seen.state) == ("standby-y", "worker-y", "warming")
+        deadline = time.monotonic() + 10
+        while standbys(control)[0].seen_at <= seen.seen_at:  # refreshed while it warms, by a thread of its own
+            assert time.monotonic() < deadline, "the standby never refreshed its record"
+            time.sleep(0.1)
+    finally:
+        proc.kill()  # its worker is lost: the record stays, no longer refreshed
+        proc.wait()
+    path = control / "standby" / "standby-y.json"
+    data = json.loads(path.read_text())
     data["seen_at"] = data["since"] = time.time() - STALE_SECONDS - 1
-    record.path.write_text(json.dumps(data))
+    path.write_text(json.dumps(data))
     assert standbys(control) == []
