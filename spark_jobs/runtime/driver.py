@@ -86,7 +86,10 @@ def stop_between_batches(queries: dict[str, StreamingQuery], checkpoints: Mappin
     Spark has no graceful stop of its own: ``query.stop()`` interrupts a running batch.
     So each query is stopped in a moment between two triggers. A batch that must be
     interrupted (the grace period ran out) is not lost: its offsets are logged and it is
-    replayed from the checkpoint on restart, with the same exactly-once result.
+    replayed from the checkpoint on restart, with the same exactly-once result. A query
+    that falls behind its trigger starts its next batch the moment one ends, so that moment
+    can be missed: a batch whose offsets were written as it was stopped is said so (it is
+    replayed alike).
     """
     started = time.monotonic()
     deadline = started + grace_seconds
@@ -97,11 +100,13 @@ def stop_between_batches(queries: dict[str, StreamingQuery], checkpoints: Mappin
         q.stop()
         checkpoint = checkpoints[name]
         planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
-        if not interrupted:
-            log.info("query %s stopped between batches (last committed batch %s)", name, committed)
-        else:
+        if interrupted:
             log.warning("query %s stopped during batch %s after %.0fs of waiting; the batch will be replayed "
                         "on restart", name, planned, time.monotonic() - started)
+        elif planned != committed:
+            log.warning("query %s: batch %s began as it was stopped; it will be replayed on restart", name, planned)
+        else:
+            log.info("query %s stopped between batches (last committed batch %s)", name, committed)
 
 
 def request_stop(marker: Path, epoch: int | None, by: str, immediate: bool = False) -> None:

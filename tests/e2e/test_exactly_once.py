@@ -97,8 +97,14 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     assert not layout.stop_marker.exists()
     stopped_at = last_batch(readings, "commits")
     assert stopped_at is not None and stopped_at < LAST_BATCH, "the stream finished before it could be stopped mid-way"
-    for checkpoint in compile_plan(spec, layout).checkpoints.values():  # stopped between batches: every planned batch is committed
-        assert last_batch(checkpoint, "offsets") == last_batch(checkpoint, "commits")
+    # stopped between batches: every planned batch is committed, but for a batch that began as its
+    # query was stopped (one that falls behind its trigger starts the next at once), which the
+    # driver says, and which is replayed below with the others
+    for name, checkpoint in compile_plan(spec, layout).checkpoints.items():
+        planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
+        assert planned == committed or (
+            planned == committed + 1 and f"query {name}: batch {planned} began as it was stopped" in first.output()), \
+            (name, planned, committed)
 
     # 3. the outputs' last batches replay: their rows are in their tables, their commits gone
     plan = compile_plan(layout.spec, layout)

@@ -82,3 +82,27 @@ def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_pat
     [event] = read_events(tmp_path / "events.jsonl")
     assert event["event"] == "driver_failed" and event["lease_lost"] is True
     assert event["error"] == "the lease of stream s (epoch 1) was taken over"
+
+
+def test_a_batch_that_began_as_its_query_was_stopped_is_said_so(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """A query that falls behind its trigger starts its next batch the moment one ends: the stop
+    can land just after that batch wrote its offsets, though the query looked idle."""
+    import logging
+
+    class Query:
+        isActive = True
+        status = {"isTriggerActive": False}
+
+        def stop(self) -> None:
+            (checkpoint / "offsets" / "2").write_text("v1")  # the batch that began meanwhile
+            self.isActive = False
+
+    checkpoint = tmp_path / "checkpoint"
+    for log, batches in (("offsets", (0, 1)), ("commits", (0, 1))):
+        (checkpoint / log).mkdir(parents=True)
+        for batch in batches:
+            (checkpoint / log / str(batch)).write_text("v1")
+    with caplog.at_level(logging.INFO):
+        driver.stop_between_batches({"views": Query()}, {"views": str(checkpoint)}, grace_seconds=5)
+    assert "query views: batch 2 began as it was stopped; it will be replayed on restart" in caplog.text
+    assert "stopped between batches" not in caplog.text
