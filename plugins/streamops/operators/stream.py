@@ -472,15 +472,20 @@ class StreamSupervisorOperator(SparkSubmitOperator):
             self.standby.kill()
         epoch = self.supervised_epoch
         if epoch is not None and hook.holds(epoch) and not self._superseded():
-            hook.request_stop(epoch, f"{self.tenure_name}, killed")
-            grace = self.kill_grace()
-            if not hook.wait_for_exit(grace, epoch=epoch):
-                pid = hook.kill_driver(epoch=epoch, by=f"{self.tenure_name}, killed")
-                if pid is not None:
-                    self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
-                                     grace, pid)
+            self._stop_when_killed(epoch, f"{self.tenure_name}, killed")
         if self.active is not None:
             self.active.hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
+
+    def _stop_when_killed(self, epoch: int, by: str) -> None:
+        """Stop the driver of ``epoch`` gracefully, within the time Airflow lets a killed task clean
+        up (:meth:`kill_grace`), then hard."""
+        hook, grace = self.stream_hook, self.kill_grace()
+        hook.request_stop(epoch, by)
+        if not hook.wait_for_exit(grace, epoch=epoch):
+            pid = hook.kill_driver(epoch=epoch, by=by)
+            if pid is not None:
+                self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
+                                 grace, pid)
 
 
 class Launch:
@@ -610,10 +615,7 @@ class StreamStandbyOperator(StreamSupervisorOperator):
         if launch is None:
             return
         if epoch is not None and hook.holds(epoch):
-            by = f"the standby task of stream {self.stream}, killed"
-            hook.request_stop(epoch, by)
-            if not hook.wait_for_exit(self.kill_grace(), epoch=epoch):
-                hook.kill_driver(epoch=epoch, by=by)
+            self._stop_when_killed(epoch, f"the standby task of stream {self.stream}, killed")
         launch.kill()
 
 
