@@ -8,11 +8,18 @@ of 1 second and the same session settings, in a fresh data root:
 
 - plain Spark: ONE streaming query, ``bench/throughput_plain.py`` variant ``parse``: the
   landing files parsed into one Parquet sink;
+- hand-written: the same work in plain Spark, ``bench/throughput_plain.py`` variant
+  ``per-output``: the four outputs of the stream below written the obvious way, one
+  streaming query per output (each parses, checks, deduplicates and joins on its own),
+  and one for the quarantine;
 - the platform: ``spark_jobs/stream_job.py`` running the four-output stream of
   ``bench/throughput.py`` (``clicks_four_outputs``): its pass-through output, which the
   ingestion writes (the first sink), and its complete- and update-mode tables in SQLite (a
-  second stage, reading the accepted rows). Its sliding window emits a pane when the
-  watermark passes the pane's end, minutes after the rows: it is left out.
+  second stage, reading the accepted rows).
+
+Both four-output variants are watched at the same sinks: the pass-through output and the
+two tables. The sliding window emits a pane when the watermark passes the pane's end,
+minutes after the rows: it is left out.
 
 Once a variant has read a first file (and its tables counted it), ``--files`` files land at
 a steady rate, one every ``--every`` seconds (not a whole number of triggers, so that the
@@ -22,7 +29,8 @@ file appears whole. A file is readable in a Parquet sink when a file committed i
 sink's ``_spark_metadata`` log holds its last row, and in a table when the table's views
 count it. Per sink: the median, p99 and max of the files' latencies in each run; medians
 of ``--repeats`` runs. Ratios: the platform's first sink against plain Spark (aim at most
-1.5), and each sink's median minus plain Spark's, in triggers (aim at most 2 more).
+1.5), and each sink's median minus plain Spark's, in triggers (aim at most 2 more); and
+each sink of the platform against the same sink hand-written (the same work).
 
 Output: a table on stdout and ``bench/results/freshness.json``. Every process started here
 is ended by its pid, also on failure; the working folder is removed unless ``--keep``.
@@ -58,6 +66,10 @@ from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 
 TRIGGER_S = 1.0
+#: the variants, in the order they run, and the job of ``bench/throughput_plain.py`` each plain one runs
+VARIANTS = ("plain", "hand-written", "platform")
+PLAIN = {"plain": "a", "hand-written": "b"}
+PARSED, PASS_THROUGH = "Parquet sink (one parse)", "pass-through (the first sink)"
 #: aims: the first sink at most this times plain Spark's median; every sink at most this many triggers later
 FIRST_SINK_RATIO, EXTRA_TRIGGERS = 1.5, 2
 
@@ -167,16 +179,22 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
     root.mkdir(parents=True)
     spec = load_spec(spec_path)
     layout = Layout(spec, root, spec_path.parent)
+    tables = {f"{t} table": (root / "tables.db", f"bench_{t}") for t in ("page_totals", "user_activity")}
     if variant == "platform":
         args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root)]
-        parquet = {"first sink (pass-through, by the ingestion)": compile_plan(spec, layout).accepted}
-        tables = {f"{t} table (second stage)": (root / "tables.db", f"bench_{t}")
-                  for t in ("page_totals", "user_activity")}
+        parquet = {PASS_THROUGH: compile_plan(spec, layout).accepted}
     else:
-        job = Stream(FOUR, spec_path, root, "a").plain_job("a", root) | {"processing_time": f"{TRIGGER_S:g} second"}
+        job = Stream(FOUR, spec_path, root, "a").plain_job(PLAIN[variant], root) \
+            | {"processing_time": f"{TRIGGER_S:g} second"}
         (root / "job.json").write_text(json.dumps(job, indent=1))
         args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
-        parquet, tables = {"Parquet sink": job["parse_sink"]}, {}
+        if variant == "plain":
+            parquet, tables = {PARSED: job["parse_sink"]}, {}
+        else:
+            (through,) = [o["sink"]["path"] for o in job["outputs"] if o["query"] == "passthrough"]
+            parquet = {PASS_THROUGH: through}
+            assert {(Path(o["sink"]["db"]), o["sink"]["table"]) for o in job["outputs"] if o["sink"]["type"] == "table"} \
+                == set(tables.values()), job["outputs"]
     lander = Lander(Path(layout.landing), rows)
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
            "--conf", "spark.ui.showConsoleProgress=false", *args]
@@ -238,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     def note(what: str) -> None:
         print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
 
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "platform": []}
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     try:
         spec_path = write_specs(work / "include")
         for i in range(args.repeats):
-            for variant in (("plain", "platform") if i % 2 == 0 else ("platform", "plain")):
+            for variant in (VARIANTS if i % 2 == 0 else VARIANTS[::-1]):
                 result = run(variant, spec_path, work / f"{variant}-{i}", args.files, args.every, args.rows_per_file)
                 runs[variant].append(result)
                 note(f"repeat {i + 1}, {variant}: " + "; ".join(
@@ -253,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = {v: {n: {k: statistics.median(r[n][k] for r in rs) for k in ("median_s", "p99_s", "max_s")}
                    for n in rs[0]} for v, rs in runs.items()}
-    plain = summary["plain"]["Parquet sink"]["median_s"]
+    plain = summary["plain"][PARSED]["median_s"]
     lines = [f"freshness, {args.files} files of {args.rows_per_file} rows, one every {args.every:g} s, "
              f"{TRIGGER_S:g}-second trigger; medians of {args.repeats} runs:"]
     for variant, sinks in summary.items():
         for n, s in sinks.items():
-            lines.append(f"  {variant:<9} {n:<46} median {s['median_s']:5.2f} s  p99 {s['p99_s']:5.2f} s  "
+            lines.append(f"  {variant:<12} {n:<46} median {s['median_s']:5.2f} s  p99 {s['p99_s']:5.2f} s  "
                          f"max {s['max_s']:5.2f} s")
     first = next(iter(summary["platform"].values()))["median_s"]
     aims = {"first sink / plain": {"value": first / plain, "aim": f"<= {FIRST_SINK_RATIO}",
@@ -269,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                                               "met": extra <= EXTRA_TRIGGERS}
     lines.append("aims:")
     lines += [f"  {k} {a['aim']}: {a['value']:.2f} {'met' if a['met'] else 'MISSED'}" for k, a in aims.items()]
+    same_work = {n: s["median_s"] / summary["hand-written"][n]["median_s"] for n, s in summary["platform"].items()}
+    lines.append("the same work: the platform's median / the hand-written queries' median, per sink:")
+    lines += [f"  {n:<46} {r:5.2f}" for n, r in same_work.items()]
     print("\n".join(lines))
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
@@ -278,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "system": host.platform(),
                     "pyspark": pyspark.__version__},
         "master": MASTER, "files": args.files, "every_s": args.every, "rows_per_file": args.rows_per_file,
-        "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims, "runs": runs,
+        "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims,
+        "platform_over_hand_written": same_work, "runs": runs,
         "lines": lines}, indent=1, default=str))
     return 0
 

@@ -1,9 +1,11 @@
 """Data-quality validation of one stream: ``spark-submit spark_jobs/quality_job.py --spec <spec>``.
 
-Validates every unit of the stream's sinks that closed since the last run (or, with
-``--backfill START END``, the outputs a backfill wrote for that range) with Great
-Expectations, checks the accounting of every input row, rebuilds Data Docs and the
-stream's summary page, and writes the run's result as JSON (``--result``).
+Validates every unit of the stream's sinks that closed since the last run with Great
+Expectations and checks the accounting of every input row; or, with ``--backfill START
+END``, the outputs a backfill wrote for that range; or, with ``--again RUN_ID``, the units
+that earlier run validated, as of the Delta versions it read them at, each against the
+answer it gave. Rebuilds Data Docs and the stream's summary page, and writes the run's
+result as JSON (``--result``).
 
 Exit codes: 0 the validation ran (the result says whether it passed), 2 invalid spec,
 rules or parameters (the message names the file and field), 1 the run itself failed.
@@ -28,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec", required=True, help="the stream's spec file")
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
-    p.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="validate this backfilled range instead")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--backfill", nargs=2, metavar=("START", "END"), help="validate this backfilled range instead")
+    which.add_argument("--again", metavar="RUN_ID", help="validate the units of this earlier run again, as of the "
+                                                         "Delta versions it read")
     p.add_argument("--result", type=Path, help="write the run's result here as JSON")
     args = p.parse_args(argv)
 
@@ -45,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from spark_jobs.quality.ledger import run_lock
-    from spark_jobs.quality.validation import Validator
+    from spark_jobs.quality.validation import UnknownRun, Validator
     from spark_jobs.runtime.session import build_session
 
     spark = build_session(f"quality:{spec.name}", spec)
     try:
         with run_lock(layout.quality_dir):
-            result = Validator(spark, spec, layout, rules).run(backfill_label=label)
-    except SpecError as exc:
+            result = Validator(spark, spec, layout, rules).run(backfill_label=label, again=args.again)
+    except (SpecError, UnknownRun) as exc:
         log.error("%s", exc)
         return 2
     finally:
@@ -72,6 +77,9 @@ def describe(result: dict) -> list[str]:
         units = o["units"]
         failed = [u for u in units if u["status"] == "failed"]
         what = f"{len(units)} unit(s), {sum(u['rows'] for u in units)} rows" if units else o.get("note", "nothing new")
+        if units and o.get("again"):
+            same = sum(bool(u.get("same")) for u in units)
+            what += f" again as of run {o['again']}: {same} of {len(units)} gave the same answer"
         lines.append(f"{o['output']}: {what}; {len(failed)} failed" if units else f"{o['output']}: {what}")
     for note in result["skipped"]:
         lines.append(note)

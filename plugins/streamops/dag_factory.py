@@ -46,7 +46,7 @@ from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, sink_assets
 from streamops.health import RUNNING
 from streamops.operators.maintenance import MaintainTablesOperator
-from streamops.operators.quality import ValidateStreamOperator
+from streamops.operators.quality import RUN_ID_PATTERN, ValidateStreamOperator
 from streamops.operators.stream import (
     BackfillOperator,
     ResumeStreamOperator,
@@ -219,11 +219,15 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
                                       else "", f"on `{rules.schedule}`" if rules.schedule else ""])) or "by hand"
     quality_doc = (f"{_doc(spec, plan, 'data quality')}\n\nRules: `{rules_path(spec_dir, spec.name).name}` in "
                    f"`include/expectations/` (plus the checks derived from the spec). Runs {when}.")
+    again = {"again": Param(None, type=["null", "string"], pattern=RUN_ID_PATTERN.pattern,
+                            description="the id of an earlier validation run (the data-quality page names it per "
+                                        "unit): validate its units again, as of the Delta versions it read; "
+                                        "empty: validate what closed since the last run")}
     with DAG(dag_id(spec.name, "quality"), doc_md=quality_doc, schedule=quality_schedule(rules, assets), start_date=START,
-             catchup=False, max_active_runs=1, tags=[*tags, "quality"],
+             catchup=False, max_active_runs=1, tags=[*tags, "quality"], params=again,
              default_args={**_default_args(spec), "retries": 0}) as quality_dag:
         ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
-                               conf=_conf(), **paths)
+                               again="{{ params.again or '' }}", conf=_conf(), **paths)
     dags[quality_dag.dag_id] = quality_dag
 
     tables = plan.delta_tables

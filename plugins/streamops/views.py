@@ -158,7 +158,10 @@ def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
         if at is not None and since <= at <= until:
             out.append({"at": run["at"], "kind": "validation" if run.get("ok") else "validation failed",
                         "text": f"validated {run.get('units', 0)} unit(s), {run.get('failed', 0)} failed"
-                                + (f" (backfill {run['backfill']})" if run.get("backfill") else "")})
+                                + (f" (backfill {run['backfill']})" if run.get("backfill") else "")
+                                + (f" again as of run {run['again']}: "
+                                   + ("the same answer" if run.get("same") else "a DIFFERENT answer")
+                                   if run.get("again") else "")})
     return sorted(out, key=lambda m: m["at"])
 
 

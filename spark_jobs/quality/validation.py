@@ -44,7 +44,7 @@ from spark_jobs.runtime.checkpoint import (
     read_query_checkpoint,
     sink_last_batch,
 )
-from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
+from spark_jobs.runtime.clock import compact, epoch_ms, from_ms, iso, parse_iso, to_ms
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.sinks import delta_log
@@ -63,7 +63,7 @@ from spark_jobs.spec.models import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,55 @@ def expected_schema(spark: SparkSession, plan: StreamPlan, output: str) -> Struc
     empty = spark.createDataFrame([], plan.ingestion.accepted_ddl)
     frame = frames.output_frame(empty, plan, plan.output(output))
     return T.StructType(frame.schema.fields)
+
+
+class UnknownRun(ValueError):
+    """A validation run to repeat that the ledger keeps no unit of."""
+
+
+class UnitScheme:
+    """How the rows of a window or period output fall into units: ``value`` is a row's unit
+    (its window's end; the start of its event-time period), ``key`` the unit's name."""
+
+    def __init__(self, target: Target):
+        from pyspark.sql import functions as F
+
+        self.kind = target.kind
+        self.column = F.col(target.unit_column)
+        self.period_ms = None if target.kind == "window" else int(target.unit_seconds * 1000)
+        self.value = self.column if self.period_ms is None else \
+            F.timestamp_millis(F.floor(F.unix_millis(self.column) / self.period_ms) * self.period_ms)
+
+    def closed_between(self, lo_ms: int | None, hi_ms: int) -> Column:
+        """The rows of the units that closed after ``lo_ms`` (None: from the first) up to
+        ``hi_ms``: a window by its end, a period once it has ended."""
+        from pyspark.sql import functions as F
+
+        if self.period_ms is None:
+            closed = self.column <= F.timestamp_millis(F.lit(hi_ms))
+            return closed if lo_ms is None else closed & (self.column > F.timestamp_millis(F.lit(lo_ms)))
+        p = self.period_ms
+        closed = self.column < F.timestamp_millis(F.lit(hi_ms // p * p))
+        return closed if lo_ms is None else closed & (self.column >= F.timestamp_millis(F.lit(lo_ms // p * p)))
+
+    def named(self, keys: list[str]) -> Column:
+        """The rows of the units named ``keys``."""
+        from pyspark.sql import functions as F
+
+        return F.unix_millis(self.value).isin([epoch_ms(k) for k in keys])
+
+    def key(self, value: Any) -> str | None:
+        if not isinstance(value, datetime):
+            return None
+        if self.period_ms is None:
+            return iso(value)
+        return iso(from_ms(to_ms(value) // self.period_ms * self.period_ms))
+
+    def bounds(self, value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
+        """A unit's start and end: a window's from its earliest ``window_start``."""
+        if self.period_ms is None:
+            return start or value, value
+        return value, value + timedelta(milliseconds=self.period_ms)
 
 
 class Validator:
@@ -292,8 +341,6 @@ class Validator:
     # ---- closed units of the live sinks -------------------------------------------------------
 
     def validate_output(self, target: Target) -> dict[str, Any]:
-        from pyspark.sql import functions as F
-
         output = target.output
         ckpt = read_query_checkpoint(self._checkpoint_of(output), with_files=False)
         entry = self.ledger.output(output.name, ckpt.query_id)
@@ -316,48 +363,9 @@ class Validator:
             self._check_stale(target, entry, wm_ms, report)
             return report
 
-        col = F.col(target.unit_column)
-        if target.kind == "window":  # a unit per window: from its window_start (the earliest, if it varies) to its end
-            unit_expr = col
-            lo, hi = prev_ms, wm_ms
-            closed = (col <= F.timestamp_millis(F.lit(hi)))
-            if lo is not None:
-                closed &= col > F.timestamp_millis(F.lit(lo))
-
-            def unit_of(value: Any) -> str | None:
-                return iso(value) if isinstance(value, datetime) else None
-
-            def bounds(value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
-                return start or value, value
-        else:
-            period_ms = int(target.unit_seconds * 1000)
-            hi = wm_ms // period_ms * period_ms
-            lo = None if prev_ms is None else prev_ms // period_ms * period_ms
-            unit_expr = F.timestamp_millis(F.floor(F.unix_millis(col) / period_ms) * period_ms)
-            closed = col < F.timestamp_millis(F.lit(hi))
-            if lo is not None:
-                closed &= col >= F.timestamp_millis(F.lit(lo))
-
-            def unit_of(value: Any) -> str | None:
-                if not isinstance(value, datetime):
-                    return None
-                return iso(from_ms(to_ms(value) // period_ms * period_ms))
-
-            def bounds(value: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
-                return value, value + timedelta(milliseconds=period_ms)
-
-        batch = frame.where(closed | col.isNull())
-        starts = [F.min(WINDOW_START).alias("start")] if target.kind == "window" else []
-        counts = batch.groupBy(unit_expr.alias("unit")).agg(F.count(F.lit(1)).alias("count"), *starts).collect()
-        units: dict[str, dict[str, Any]] = {}
-        unplaced = 0
-        for row in counts:
-            if row["unit"] is None:
-                unplaced += row["count"]
-                continue
-            start, end = bounds(row["unit"], row["start"] if starts else None)
-            key = unit_of(row["unit"])
-            units[key] = self._unit_record(key, start, end, row["count"], version)
+        units_of = UnitScheme(target)
+        batch = frame.where(units_of.closed_between(prev_ms, wm_ms) | units_of.column.isNull())
+        units, unplaced = self._count_units(units_of, batch, version)
         if not units and not unplaced:
             entry["watermark_ms"] = wm_ms
             report["note"] = "no rows in the units closed since the last run"
@@ -368,7 +376,7 @@ class Validator:
                                       f"and fail every unit validated with them")
         fresh_after = from_ms(wm_ms) - timedelta(seconds=target.freshness_seconds or 0)
         started = time.monotonic()
-        problems, docs = self.validate_units(target, schema, batch, units, unit_of,
+        problems, docs = self.validate_units(target, schema, batch, units, units_of.key,
                                              {"fresh_after": fresh_after.replace(tzinfo=None)})
         report["seconds"] = round(time.monotonic() - started, 2)
         report["problems"] += [f"freshness: {p}" for p in problems]
@@ -377,6 +385,26 @@ class Validator:
         self.ledger.record_units(output.name, report["units"])
         entry["watermark_ms"] = wm_ms
         return report
+
+    def _count_units(self, units_of: UnitScheme, batch: DataFrame, version: int | None,
+                     ) -> tuple[dict[str, dict[str, Any]], int]:
+        """The units ``batch`` holds rows of, each with its bounds and rows; and how many of its
+        rows belong to no unit (no value in the unit column)."""
+        from pyspark.sql import functions as F
+
+        window = units_of.kind == "window"
+        starts = [F.min(WINDOW_START).alias("start")] if window else []
+        counts = batch.groupBy(units_of.value.alias("unit")).agg(F.count(F.lit(1)).alias("count"), *starts).collect()
+        units: dict[str, dict[str, Any]] = {}
+        unplaced = 0
+        for row in counts:
+            if row["unit"] is None:
+                unplaced += row["count"]
+                continue
+            start, end = units_of.bounds(row["unit"], row["start"] if window else None)
+            key = units_of.key(row["unit"])
+            units[key] = self._unit_record(key, start, end, row["count"], version)
+        return units, unplaced
 
     def _check_stale(self, target: Target, entry: dict[str, Any], wm_ms: int, report: dict[str, Any]) -> None:
         """Freshness when no unit closed: the newest validated unit against the watermark."""
@@ -556,16 +584,96 @@ class Validator:
         return {o.name: list(self.schema(o).names) for o in self.spec.outputs
                 if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink | DeltaSink)}
 
+    # ---- an earlier run, again ---------------------------------------------------------------
+
+    def units_of_run(self, run_id: str) -> dict[str, list[dict[str, Any]]]:
+        """The units that run ``run_id`` validated, by output, as the ledger keeps them."""
+        found = {name: [u for u in entry["units"].values() if u.get("run") == run_id]
+                 for name, entry in self.ledger.data["outputs"].items()}
+        found = {name: units for name, units in found.items() if units}
+        if not found:
+            kept = {u.get("run") for entry in self.ledger.data["outputs"].values() for u in entry["units"].values()}
+            recent = [r["run_id"] for r in self.ledger.data["runs"] if r.get("run_id") in kept][-5:]
+            raise UnknownRun(f"the quality ledger {self.ledger.path} keeps no unit that run {run_id!r} validated; "
+                             f"the newest runs whose units it keeps: {', '.join(recent) or 'none'}")
+        return found
+
+    def validate_again(self, target: Target, run_id: str, then: list[dict[str, Any]]) -> dict[str, Any]:
+        """The units of one output that run ``run_id`` validated, validated again as of the
+        version of its Delta table that run read, with the rules as they are now. Each unit
+        carries the answer that run gave (``then``) and whether this one is the same; a
+        different answer is a problem. Freshness is not judged again: it compares a unit with
+        the watermark of that run's moment. A sink that keeps no versions is not read."""
+        output = target.output
+        report: dict[str, Any] = {"output": output.name, "kind": target.kind, "again": run_id, "units": [],
+                                  "problems": []}
+        if any(u.get("version") is None for u in then):
+            report["note"] = f"its sink keeps no versions: the rows run {run_id} read cannot be read again"
+            return report
+        schema = self.schema(output)
+        units: dict[str, dict[str, Any]] = {}
+        for version in sorted({u["version"] for u in then}):
+            keys = [u["unit"] for u in then if u["version"] == version]
+            path = self.layout.data(output.sink.path)
+            try:
+                frame, _ = self._sink_rows(output, version)
+                assert frame is not None
+                if target.kind == "snapshot":  # one unit: the whole table
+                    batch, key = frame.select(*schema.names), keys[0]
+                    found, unplaced = {key: self._unit_record(key, None, None, batch.count(), version)}, 0
+
+                    def key_of(_value: Any, key: str = key) -> str:
+                        return key
+                else:
+                    units_of = UnitScheme(target)
+                    batch = frame.where(units_of.named(keys) | units_of.column.isNull())
+                    found, unplaced = self._count_units(units_of, batch, version)
+                    key_of = units_of.key
+            except Exception as exc:  # noqa: BLE001 - Delta's and Spark's own errors: a vacuumed version
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                report["problems"].append(f"version {version} of {path} cannot be read again "
+                                          f"(a vacuum may have deleted its files): {first}")
+                continue
+            if unplaced:
+                report["problems"].append(f"{unplaced} row(s) have no {target.unit_column}: they belong to no unit "
+                                          f"and fail every unit validated with them")
+            started = time.monotonic()
+            _, report["docs"] = self.validate_units(target, schema, batch, found, key_of,
+                                                    {"fresh_after": datetime(1970, 1, 1)}, label="again")
+            report["seconds"] = round(report.get("seconds", 0) + time.monotonic() - started, 2)
+            units |= found
+        for earlier in then:
+            if earlier["version"] not in {u["version"] for u in units.values()}:
+                continue  # its version could not be read: said above
+            now = units.setdefault(earlier["unit"], self._unit_record(earlier["unit"], None, None, 0,
+                                                                       earlier["version"]) | {"status": "missing"})
+            now["then"] = {k: earlier.get(k) for k in ("run", "rows", "status", "failed", "validated_at")}
+            now["same"] = _verdict(now) == _verdict(earlier)
+            if not now["same"]:
+                report["problems"].append(
+                    f"{earlier['unit']}: as of version {earlier['version']} now {_answer(now)}, where run {run_id} "
+                    f"found {_answer(earlier)} (were the rules or the table's history changed since?)")
+        report["units"] = sorted(units.values(), key=lambda u: u["unit"])
+        return report
+
     # ---- the whole run ------------------------------------------------------------------------
 
-    def run(self, backfill_label: str | None = None) -> dict[str, Any]:
+    def run(self, backfill_label: str | None = None, again: str | None = None) -> dict[str, Any]:
+        """Validate what closed since the last run; or a backfilled range (``backfill_label``);
+        or, ``again``, the units that earlier run validated, as of the versions it read."""
         started = datetime.now(UTC)
         found, skipped = targets(self.spec, self.rules, self._code_result_columns())
         outputs = []
-        for target in found:
+        if again is not None:
+            then = self.units_of_run(again)
+            for target in found:
+                if target.output.name in then:
+                    outputs.append(self.validate_again(target, again, then.pop(target.output.name)))
+            skipped += [f"{name}: validated by run {again}, but not an output validated now" for name in then]
+        for target in found if again is None else []:
             outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
                            else self.validate_output(target))
-        accounting = None if backfill_label else self.account()
+        accounting = None if backfill_label or again else self.account()
         problems = [f"{o['output']}: {p}" for o in outputs for p in o["problems"]]
         for o in outputs:
             for u in o["units"]:
@@ -573,9 +681,12 @@ class Validator:
                     problems.append(f"{o['output']} {u['unit']} ({u['rows']} rows): {f}")
         if accounting is not None:
             problems += accounting.problems
+        if again is not None and not any(o["units"] for o in outputs) and not problems:
+            problems.append(f"nothing was validated again: no output that run {again} validated keeps versions "
+                            f"(only Delta tables can be read as they were)")
         result = {
             "stream": self.spec.name, "run_id": self.run_id, "started": iso(started), "finished": iso(datetime.now(UTC)),
-            "backfill": backfill_label, "outputs": outputs, "skipped": skipped,
+            "backfill": backfill_label, "again": again, "outputs": outputs, "skipped": skipped,
             "accounting": accounting.to_dict() if accounting else None, "problems": problems, "ok": not problems,
             "delta_versions": dict(self._versions),  # the one version of each Delta table this run read
             "docs": str(docs_index(self.spec, self.layout)), "summary": str(self.dir / "index.html"),
@@ -583,12 +694,24 @@ class Validator:
         units = [u for o in outputs for u in o["units"]]
         self.ledger.record_run({"run_id": self.run_id, "at": result["finished"], "backfill": backfill_label,
                                 "units": len(units), "failed": sum(u["status"] == "failed" for u in units),
-                                "ok": result["ok"], "accounting": result["accounting"]})
+                                "ok": result["ok"], "accounting": result["accounting"]}
+                               | ({"again": again, "same": all(u.get("same") for u in units)} if again else {}))
         self.ledger.save()
         from spark_jobs.quality.report import write_summary
 
         write_summary(self.spec, self.ledger, self.dir, docs_index(self.spec, self.layout))
         return result
+
+
+def _verdict(unit: dict[str, Any]) -> tuple[Any, ...]:
+    """What a unit's validation answered: its rows, its status and each failed check with its
+    counts (not the example values, which Spark may pick differently)."""
+    return unit["rows"], unit["status"], sorted(f.split(", e.g. ")[0] for f in unit["failed"])
+
+
+def _answer(unit: dict[str, Any]) -> str:
+    failed = "; ".join(f.split(", e.g. ")[0] for f in unit["failed"])
+    return f"{unit['status']} with {unit['rows']} rows" + (f" ({failed})" if failed else "")
 
 
 def _label(name: str, kwargs: dict[str, Any]) -> str:

@@ -63,6 +63,8 @@ def test_quality_runs_when_units_of_the_sinks_close_and_after_every_backfill(bag
         assert isinstance(watcher.trigger, SinkUnitsTrigger) and watcher.trigger.output == asset.extra["output"]
     assert "at most one event per sink per 2 minutes" in quality.doc_md
     assert isinstance(quality.task_dict["validate"], ValidateStreamOperator)
+    assert quality.task_dict["validate"].again == "{{ params.again or '' }}"  # an earlier run, validated again
+    assert quality.params["again"] is None
     backfill = bag.dags["stream_sensors_backfill"]
     assert backfill.task_dict["validate"].upstream_task_ids == {"backfill"}
     assert backfill.task_dict["validate"].backfill_start == backfill.task_dict["backfill"].start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +19,13 @@ from streamops.hooks.stream import StreamHook
 
 QUALITY_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "quality_job.py")
 KEEP_RESULTS = 200
+#: what a validation run's id may be (``20260101T000000Z-1a2b3c``, or one a caller chose)
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,99}$")
 
 
 class ValidateStreamOperator(SparkSubmitOperator):
-    """Validate what a stream wrote: every unit closed since the last run, or a backfilled range.
+    """Validate what a stream wrote: every unit closed since the last run, a backfilled range,
+    or the units of an earlier run again.
 
     Runs ``spark_jobs/quality_job.py`` with ``spark-submit`` (where: the Spark connection),
     then reads the run's result: it logs what was validated and the accounting, and fails
@@ -32,27 +36,38 @@ class ValidateStreamOperator(SparkSubmitOperator):
     :param stream: the stream's name. (templated)
     :param backfill_start: with ``backfill_end``, validate that backfilled range instead. (templated)
     :param backfill_end: see ``backfill_start``. (templated)
+    :param again: the id of an earlier validation run: validate the units it validated again,
+        as of the versions of the Delta tables it read, and fail if an answer differs. (templated)
     :param spec_dir: the specs' folder (default ``$STREAMS_SPEC_DIR``).
     :param data_root: root of relative data paths (default ``$STREAMS_DATA_DIR``).
     All other arguments go to :class:`SparkSubmitOperator` (``conn_id`` picks where Spark runs).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream", "backfill_start",
-                                      "backfill_end")
+                                      "backfill_end", "again")
 
     def __init__(self, *, stream: str, backfill_start: str | None = None, backfill_end: str | None = None,
-                 spec_dir: str | None = None, data_root: str | None = None, **kwargs: Any) -> None:
+                 again: str | None = None, spec_dir: str | None = None, data_root: str | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("application", QUALITY_JOB)
         kwargs.setdefault("name", f"quality:{stream}")
         super().__init__(**kwargs)
         self.stream, self.backfill_start, self.backfill_end = stream, backfill_start, backfill_end
-        self.spec_dir, self.data_root = spec_dir, data_root
+        self.again, self.spec_dir, self.data_root = again, spec_dir, data_root
 
     def execute(self, context: Context) -> dict[str, Any]:
+        again = (self.again or "").strip()
+        if again in ("None", ""):  # an empty DAG param renders so
+            again = ""
+        elif not RUN_ID_PATTERN.match(again):
+            raise AirflowFailException(f"again: {again[:120]!r} is not a validation run's id (letters, digits and "
+                                       f"_.:+- only, e.g. 20260101T000000Z-1a2b3c from the data-quality page)")
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         result_file = point_job(self, context, hook.layout.quality_dir, self.stream, self.spec_dir, self.data_root)
         if self.backfill_start or self.backfill_end:
             self.application_args += ["--backfill", str(self.backfill_start), str(self.backfill_end)]
+        elif again:
+            self.application_args += ["--again", again]
         super().execute(context)
         try:
             result = json.loads(result_file.read_text(encoding="utf-8"))

@@ -62,6 +62,21 @@ def test_a_backfill_validation_passes_its_range(tmp_path: Path) -> None:
     assert command[-3:] == ["--backfill", "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"]
 
 
+def test_an_earlier_run_validated_again_passes_its_id_and_a_bad_id_is_refused_before_spark(tmp_path: Path) -> None:
+    _, _, command = run(tmp_path, result(True), again="20260101T000000Z-1a2b3c")
+    assert command[-2:] == ["--again", "20260101T000000Z-1a2b3c"]
+    for empty in ("", "None"):  # the DAG's param left empty
+        _, _, command = run(tmp_path, result(True), again=empty)
+        assert "--again" not in command
+
+    op = ValidateStreamOperator(task_id="validate", stream="sensors", spec_dir=str(default_spec_dir()),
+                                data_root=str(tmp_path), again="x; rm -rf /")
+    with mock.patch.object(SparkSubmitOperator, "execute") as submit, \
+            pytest.raises(AirflowFailException, match="is not a validation run's id"):
+        op.execute({"run_id": "manual__1"})
+    submit.assert_not_called()
+
+
 def test_a_failed_validation_fails_the_task_with_a_readable_summary(tmp_path: Path) -> None:
     problem = ("site_temperature_10m 2026-01-01T00:15:00Z (3 rows): expect_column_values_to_be_between"
                "(max_temperature): 1 of 3 rows unexpected, e.g. [999.0]")

@@ -8,11 +8,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from pyspark.sql import functions as F
 
 from spark_jobs import backfill
-from spark_jobs.quality.rules import load_rules, targets
-from spark_jobs.quality.validation import Validator, from_ms, iso
+from spark_jobs.quality.rules import load_rules, rules_path, targets
+from spark_jobs.quality.validation import UnknownRun, Validator, from_ms, iso
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     last_batch,
@@ -91,6 +92,13 @@ def test_clean_output_passes_once_per_closed_unit_and_a_rerun_changes_nothing(sp
     ledger_after = json.loads((v.dir / "ledger.json").read_text())
     assert ledger_after["outputs"] == ledger_before["outputs"]
     assert sorted((v.dir / "gx" / "uncommitted" / "validations").rglob("*.json")) == results_before
+
+    # Parquet files and a SQLite table keep no versions: the run cannot be validated again
+    repeated = validator(spark, include, data_root).run(again=result["run_id"])
+    assert not repeated["ok"] and repeated["problems"] == [
+        f"nothing was validated again: no output that run {result['run_id']} validated keeps versions "
+        f"(only Delta tables can be read as they were)"]
+    assert all(o["note"].startswith("its sink keeps no versions") for o in repeated["outputs"])
 
 
 @pytest.fixture
@@ -222,8 +230,6 @@ def test_bad_arguments_name_the_rules_file_and_field(spark, include, data_root) 
 
 def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(spark, include: Path,  # noqa: ANN001
                                                                                  tmp_path: Path) -> None:
-    import yaml
-
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
     from spark_jobs.testdata import generate
@@ -264,8 +270,6 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
 
 def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_name_derived_columns(
         spark, include: Path, tmp_path: Path, job_run) -> None:  # noqa: ANN001
-    import yaml
-
     from spark_jobs.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
@@ -294,8 +298,6 @@ def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_
 
 def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, include: Path, tmp_path: Path,
                                                                          job_run) -> None:  # noqa: ANN001
-    import yaml
-
     from spark_jobs.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
@@ -323,8 +325,6 @@ def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, i
 
 def test_a_stream_whose_accepted_rows_are_a_delta_table_is_accounted_and_its_units_close(
         spark, include: Path, tmp_path: Path, job_run) -> None:  # noqa: ANN001
-    import yaml
-
     from spark_jobs.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
@@ -351,8 +351,6 @@ def test_a_stream_whose_accepted_rows_are_a_delta_table_is_accounted_and_its_uni
 
 def delta_sensors(include: Path) -> Path:
     """The sensors stream with every output in a Delta table (its spec rewritten in ``include``)."""
-    import yaml
-
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
     for output in data["outputs"]:
@@ -409,3 +407,44 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     assert again["ok"], again["problems"]
     unit = next(o for o in again["outputs"] if o["output"] == "device_status")["units"][0]
     assert unit["version"] == delta_sink.latest_version(spark, status_path) and unit["unit"] != snapshot["units"][0]["unit"]
+
+    # the first run's units validated again, as of the versions that run read: the same answers
+    def answers(outputs: list[dict]) -> dict[str, list[tuple]]:
+        return {o["output"]: [(u["unit"], u["rows"], u["status"], u["version"]) for u in o["units"]]
+                for o in outputs if o["units"]}
+
+    first = result["run_id"]
+    readings_path = v.layout.data("delta/sensors/readings")
+    first_hour = by_output["readings"]["units"][0]
+    spark.sql(f"DELETE FROM delta.`{readings_path}` WHERE ts < '{first_hour['end'][:19].replace('T', ' ')}'")
+    assert delta_sink.read_version(spark, readings_path, delta_sink.latest_version(spark, readings_path)) \
+        .where(F.col("ts") < first_hour["end"][:19].replace("T", " ")).count() == 0  # the newest version lacks it
+    ledger = v.layout.quality_dir / "ledger.json"
+    units_before = json.loads(ledger.read_text())["outputs"]
+    repeated = validator(spark, include, root).run(again=first)
+    assert repeated["ok"], repeated["problems"]
+    assert repeated["again"] == first and repeated["accounting"] is None
+    assert answers(repeated["outputs"]) == answers(result["outputs"])
+    assert all(u["same"] and u["then"]["run"] == first for o in repeated["outputs"] for u in o["units"])
+    assert json.loads(ledger.read_text())["outputs"] == units_before  # the ledger's units are the first runs'
+    assert json.loads(ledger.read_text())["runs"][-1] | {"at": None} == {
+        "run_id": repeated["run_id"], "at": None, "backfill": None, "units": sum(len(u) for u in answers(
+            result["outputs"]).values()), "failed": 0, "ok": True, "accounting": None, "again": first, "same": True}
+
+    # with a rule that every row of readings now breaks, the same rows give another answer
+    rules_file = rules_path(v.layout.spec_dir, "sensors")
+    rules = yaml.safe_load(rules_file.read_text())
+    rules["outputs"]["readings"]["expectations"].append(
+        {"expect_column_values_to_be_between": {"column": "temperature", "min_value": 1000}})
+    rules_file.write_text(yaml.safe_dump(rules))
+    changed = validator(spark, include, root).run(again=first)
+    assert not changed["ok"]
+    readings = next(o for o in changed["outputs"] if o["output"] == "readings")
+    assert readings["units"] and not any(u["same"] for u in readings["units"])
+    assert all(u["status"] == "failed" and u["then"]["status"] == "passed" for u in readings["units"])
+    assert any(p.startswith(f"{readings['units'][0]['unit']}: as of version ") and f"where run {first} found passed"
+               in p for p in readings["problems"]), readings["problems"]
+    assert all(u["same"] for o in changed["outputs"] if o["output"] != "readings" for u in o["units"])
+
+    with pytest.raises(UnknownRun, match=f"keeps no unit that run 'no-such-run' validated; .*{first}"):
+        validator(spark, include, root).run(again="no-such-run")
