@@ -69,6 +69,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXAMPLES = 5
+#: what precedes a failed check's example values in its description
+EXAMPLES_PREFIX = ", e.g. "
 #: Result format of every run: counts, a few example values, and the unit of each failing row.
 RESULT_FORMAT = {"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES, "return_unexpected_index_query": False}
 
@@ -372,8 +374,7 @@ class Validator:
             self._check_stale(target, entry, wm_ms, report)
             return report
         if unplaced:
-            report["problems"].append(f"{unplaced} row(s) have no {target.unit_column}: they belong to no unit "
-                                      f"and fail every unit validated with them")
+            report["problems"].append(_unplaced(target, unplaced))
         fresh_after = from_ms(wm_ms) - timedelta(seconds=target.freshness_seconds or 0)
         started = time.monotonic()
         problems, docs = self.validate_units(target, schema, batch, units, units_of.key,
@@ -610,11 +611,11 @@ class Validator:
         if any(u.get("version") is None for u in then):
             report["note"] = f"its sink keeps no versions: the rows run {run_id} read cannot be read again"
             return report
-        schema = self.schema(output)
+        schema, path = self.schema(output), self.layout.data(output.sink.path)
         units: dict[str, dict[str, Any]] = {}
+        unread: set[int] = set()
         for version in sorted({u["version"] for u in then}):
             keys = [u["unit"] for u in then if u["version"] == version]
-            path = self.layout.data(output.sink.path)
             try:
                 frame, _ = self._sink_rows(output, version)
                 assert frame is not None
@@ -633,18 +634,18 @@ class Validator:
                 first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                 report["problems"].append(f"version {version} of {path} cannot be read again "
                                           f"(a vacuum may have deleted its files): {first}")
+                unread.add(version)
                 continue
             if unplaced:
-                report["problems"].append(f"{unplaced} row(s) have no {target.unit_column}: they belong to no unit "
-                                          f"and fail every unit validated with them")
+                report["problems"].append(_unplaced(target, unplaced))
             started = time.monotonic()
             _, report["docs"] = self.validate_units(target, schema, batch, found, key_of,
                                                     {"fresh_after": datetime(1970, 1, 1)}, label="again")
             report["seconds"] = round(report.get("seconds", 0) + time.monotonic() - started, 2)
             units |= found
         for earlier in then:
-            if earlier["version"] not in {u["version"] for u in units.values()}:
-                continue  # its version could not be read: said above
+            if earlier["version"] in unread:
+                continue  # said above
             now = units.setdefault(earlier["unit"], self._unit_record(earlier["unit"], None, None, 0,
                                                                        earlier["version"]) | {"status": "missing"})
             now["then"] = {k: earlier.get(k) for k in ("run", "rows", "status", "failed", "validated_at")}
@@ -670,9 +671,10 @@ class Validator:
                 if target.output.name in then:
                     outputs.append(self.validate_again(target, again, then.pop(target.output.name)))
             skipped += [f"{name}: validated by run {again}, but not an output validated now" for name in then]
-        for target in found if again is None else []:
-            outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
-                           else self.validate_output(target))
+        else:
+            for target in found:
+                outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
+                               else self.validate_output(target))
         accounting = None if backfill_label or again else self.account()
         problems = [f"{o['output']}: {p}" for o in outputs for p in o["problems"]]
         for o in outputs:
@@ -703,14 +705,24 @@ class Validator:
         return result
 
 
+def _unplaced(target: Target, rows: int) -> str:
+    return (f"{rows} row(s) have no {target.unit_column}: they belong to no unit and fail every unit "
+            f"validated with them")
+
+
+def _failed_checks(unit: dict[str, Any]) -> list[str]:
+    """A unit's failed checks with their counts, without the example values (:func:`_examples`),
+    which Spark may pick differently from run to run."""
+    return sorted(f.split(EXAMPLES_PREFIX)[0] for f in unit["failed"])
+
+
 def _verdict(unit: dict[str, Any]) -> tuple[Any, ...]:
-    """What a unit's validation answered: its rows, its status and each failed check with its
-    counts (not the example values, which Spark may pick differently)."""
-    return unit["rows"], unit["status"], sorted(f.split(", e.g. ")[0] for f in unit["failed"])
+    """What a unit's validation answered: its rows, its status and its failed checks."""
+    return unit["rows"], unit["status"], _failed_checks(unit)
 
 
 def _answer(unit: dict[str, Any]) -> str:
-    failed = "; ".join(f.split(", e.g. ")[0] for f in unit["failed"])
+    failed = "; ".join(_failed_checks(unit))
     return f"{unit['status']} with {unit['rows']} rows" + (f" ({failed})" if failed else "")
 
 
@@ -721,7 +733,7 @@ def _label(name: str, kwargs: dict[str, Any]) -> str:
 
 def _examples(res: dict[str, Any]) -> str:
     values = res.get("partial_unexpected_list") or []
-    return f", e.g. {values[:EXAMPLES]}" if values else ""
+    return f"{EXAMPLES_PREFIX}{values[:EXAMPLES]}" if values else ""
 
 
 def _describe(label: str, res: dict[str, Any]) -> str:
