@@ -90,11 +90,15 @@ class Run:
 
 
 def land(landing: Path, fmt: str, lines: list[str | bytes]) -> None:
+    """One file, appearing whole: written under a hidden name (which Spark's file source skips),
+    then renamed in, so that a running query never lists it half-written or empty."""
     i = len(list(landing.iterdir()))
     path = landing / f"part-{i:04d}.{fmt}"
-    path.write_bytes(b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines))
+    staged = landing / f".{path.name}.landing"
+    staged.write_bytes(b"".join((ln if isinstance(ln, bytes) else ln.encode()) + b"\n" for ln in lines))
     ns = 1_700_000_000_000_000_000 + i * 1_000_000_000
-    os.utime(path, ns=(ns, ns))
+    os.utime(staged, ns=(ns, ns))
+    os.replace(staged, path)
 
 
 def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]],  # noqa: ANN001
