@@ -251,10 +251,12 @@ def release_dead(control_dir: str | os.PathLike[str], driver_id: str) -> Holder 
             or holder.host != host_id() or holder.pid_start is None or process_start(holder.pid) == holder.pid_start):
         return None
     end_launcher(holder)
-    now = time.time()  # before the check: a successor found none and so starts after it
     if record_path(control_dir, holder.epoch + 1).exists():
         return None
-    holder.released_at = now
+    # Released as of its last heartbeat: when it died is not known, only that it held the lease
+    # then. Not now: a successor that saw it dead too may have begun its tenure a moment ago and
+    # be creating its record only after the check above.
+    holder.released_at = holder.heartbeat_at
     write_atomically(record_path(control_dir, holder.epoch), json.dumps(asdict(holder)))
     log.info("released the lease of dead driver %s (epoch %d)", driver_id, holder.epoch)
     return holder
@@ -398,12 +400,14 @@ class DriverLease:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_seconds):
             assert self._holder is not None
+            # The clocks are read before the check: a successor that began before this moment had
+            # found this lease lapsed, which the check sees, so no heartbeat outlasts a takeover.
+            now, checked = time.time(), time.monotonic()
             problem = self._problem()
             if problem:
                 self._lose(problem)
                 return
-            checked = time.monotonic()  # the next window starts when the lease was last seen ours
-            self._holder.heartbeat_at = time.time()
+            self._holder.heartbeat_at = now
             try:
                 write_atomically(record_path(self.dir, self.epoch), json.dumps(asdict(self._holder)))
             except OSError as exc:
@@ -418,8 +422,9 @@ class DriverLease:
             self._thread.join()
         if _current is self:
             _current = None
-        if self._holder is not None and self._lost is None and not record_path(self.dir, self.epoch + 1).exists():
-            self._holder.released_at = time.time()
+        now = time.time()  # before the check, as for a heartbeat
+        if self._holder is not None and self._lost is None and self._problem() is None:
+            self._holder.released_at = now
             try:
                 write_atomically(record_path(self.dir, self.epoch), json.dumps(asdict(self._holder)))
             except OSError as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_jobs.runtime import lease as lease_module
 from spark_jobs.runtime.driver import (
     request_stop,
     stop_asked,
@@ -26,6 +27,7 @@ from spark_jobs.runtime.lease import (
     DriverLease,
     Holder,
     LeaseHeld,
+    create_record,
     history,
     holder_alive,
     overlaps,
@@ -165,6 +167,37 @@ def test_a_paused_holder_that_comes_back_after_a_takeover_halts_without_committi
             os.kill(first.pid, signal.SIGCONT)
             first.kill()
         first.wait()
+
+
+def test_a_dead_drivers_release_never_overlaps_a_successor_that_began_meanwhile(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The supervisor releasing a dead driver's lease races a standby on the same machine that saw
+    the death too: the standby reads the clock, then creates its record just after the supervisor
+    found none. The release must not end the dead tenure after the successor's began."""
+    control = tmp_path / "_control"
+    monkeypatch.setenv(DRIVER_ID_ENV, "s-driver-1")
+    monkeypatch.setenv(HOST_ENV, "worker-x")
+    proc, _ = start(HOLDER, str(control), "30", host="worker-x")
+    proc.kill()
+    proc.wait()
+    successor_began: list[float] = []
+    real_write = lease_module.write_atomically
+
+    def standby_reads_the_clock(holder: Holder, timeout: float = 10.0) -> None:
+        successor_began.append(time.time())
+
+    def standby_creates_its_record(path: Path, text: str) -> None:
+        dead = Holder(**json.loads(text))
+        create_record(control, dead.epoch + 1, Holder(host="worker-x", pid=os.getpid(), started_at=successor_began[0],
+                                                     heartbeat_at=successor_began[0], epoch=dead.epoch + 1))
+        real_write(path, text)
+
+    monkeypatch.setattr(lease_module, "end_launcher", standby_reads_the_clock)
+    monkeypatch.setattr(lease_module, "write_atomically", standby_creates_its_record)
+    released = release_dead(control, "s-driver-1")
+    assert released is not None and released.released_at is not None
+    assert [h.epoch for h in history(control)] == [1, 2]
+    assert overlaps(history(control)) == []
 
 
 def test_overlapping_tenures_are_found() -> None:
