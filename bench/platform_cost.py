@@ -94,7 +94,7 @@ MASTER = "local[2]"
 TRIGGER_SECONDS = 1.0
 RESTART_POLICY = {"max_attempts": 12, "backoff_initial_seconds": 1, "backoff_max_seconds": 4,
                   "stable_after_minutes": 10}  # as in tests/e2e/test_faults.py
-FEED_FILES = 6  # input waiting when a driver is killed or frozen: three triggers' worth
+FEED_FILES = 6  # fed before a driver is killed or frozen (it is then mid-stream), and again after (input waits)
 PART = "part-*"
 
 
@@ -367,6 +367,7 @@ def recovery(stream: Stream, events_per_file: int, after_kill: Callable[[], None
         raise RuntimeError("no live driver to kill")
     os.kill(holder.pid, signal.SIGKILL)
     killed_at = time.time()
+    stream.feed(FEED_FILES, events_per_file)  # the driver may have taken every file fed before: input waits
     after_kill()
     started, committed = wait_for(lambda: stream.new_drivers_first_commit(holder.pid),
                                   "a new driver's first committed batch after SIGKILL", 300, every=0.1)
@@ -386,6 +387,7 @@ def stall(stream: Stream, events_per_file: int, window: float) -> dict:
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     frozen_at = time.time()
+    stream.feed(FEED_FILES, events_per_file)  # input waiting, which makes a frozen driver a stalled one
     seen: list[float] = []
 
     def recovered() -> tuple[float, float] | None:
