@@ -156,16 +156,26 @@ def accepted(spark: SparkSession, job: dict[str, Any], source: DataFrame | None 
     if job["deduplicate"]:
         df = df.dropDuplicatesWithinWatermark(job["deduplicate"]) if df.isStreaming else df.dropDuplicates(
             job["deduplicate"])
+    for static, key, how in lookups(spark, job):
+        df = df.join(static, on=key, how=how)
+    if event_time:
+        df = df.withColumn("event_date", F.to_date(F.col(event_time["column"])))
+    return df
+
+
+def lookups(spark: SparkSession, job: dict[str, Any]) -> list[tuple[DataFrame, list[str], str]]:
+    """The static joins, in order: (reference rows broadcast, key, how); a column an earlier
+    one (or the source) has is not taken again."""
+    made, have = [], list(job["columns"])
     for ref in job["joins"]:
         reader = spark.read.format(ref["format"])
         if ref["format"] == "csv":
             reader = reader.option("header", True)
         static = reader.load(ref["path"]).select(*[F.col(n).cast(t).alias(n) for n, t in ref["columns"]])
-        extra = [n for n, _ in ref["columns"] if n not in ref["key"] and n not in df.columns]
-        df = df.join(F.broadcast(static.select(*ref["key"], *extra)), on=ref["key"], how=ref["how"])
-    if event_time:
-        df = df.withColumn("event_date", F.to_date(F.col(event_time["column"])))
-    return df
+        extra = [n for n, _ in ref["columns"] if n not in ref["key"] and n not in have]
+        have += extra
+        made.append((F.broadcast(static.select(*ref["key"], *extra)), ref["key"], ref["how"]))
+    return made
 
 
 def aggregate(fn: str, column: str | None, event_time: str | None):  # noqa: ANN201 - a Column
@@ -309,16 +319,7 @@ def ingested(spark: SparkSession, job: dict[str, Any]) -> DataFrame:
 def enriched(spark: SparkSession, job: dict[str, Any]):  # noqa: ANN201 - a function of a DataFrame
     """The valid rows of a frame joined with the reference data (read once, broadcast), with
     ``event_date``, in the accepted rows' columns."""
-    joins = []
-    have = list(job["columns"])
-    for ref in job["joins"]:
-        reader = spark.read.format(ref["format"])
-        if ref["format"] == "csv":
-            reader = reader.option("header", True)
-        static = reader.load(ref["path"]).select(*[F.col(n).cast(t).alias(n) for n, t in ref["columns"]])
-        extra = [n for n, _ in ref["columns"] if n not in ref["key"] and n not in have]
-        have += extra
-        joins.append((F.broadcast(static.select(*ref["key"], *extra)), ref["key"], ref["how"]))
+    joins = lookups(spark, job)
 
     def enrich(df: DataFrame) -> DataFrame:
         df = df.where(F.col(VALID))
