@@ -119,7 +119,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     from spark_jobs.analysis import analyze
     from spark_jobs.flows import queries
     from spark_jobs.runtime.checkpoint import refuse_incompatible
-    from spark_jobs.runtime.progress import make_listener
+    from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import build_session, fence_lease
 
     stop_requested = prepare_to_stop()
@@ -163,7 +163,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
                       "standby": args.standby})
         started = True
         plan.write(layout.plan_file)
-        spark.streams.addListener(make_listener(events, spec.name, plan.spark_query_names))
+        ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
         for only in phases:
             try:
                 if standby is not None:

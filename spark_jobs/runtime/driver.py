@@ -305,7 +305,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     ``spec_path``: the stream's spec (default ``$STREAMS_APP_SPEC``, which the supervisor
     sets). Exits 2 for a spec that is not an application's, 3 if another live driver
     holds the stream."""
-    from spark_jobs.runtime.progress import make_listener
+    from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import fence_lease
 
     path = spec_path or os.environ.get(APP_SPEC_ENV)
@@ -320,13 +320,13 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
                       tags={"epoch": lease.epoch, "host": host_id()})
     report_loss(lease, events, spec.name)
     fence_lease(spark, lease.records_dir, lease.epoch)
-    listener = make_listener(events, spec.name, {q: q for q in spec.application.queries})
+    listener = ProgressListener(events, spec.name, {q: q for q in spec.application.queries})
     code = EXIT_OK
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     listening = False
     try:
         stop_requested = prepare_to_stop()
-        spark.streams.addListener(listener)
+        listener.add(spark)
         listening = True
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
         app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease)
@@ -346,7 +346,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
     finally:
         events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
         if listening:
-            spark.streams.removeListener(listener)
+            listener.remove(spark)
         fence_lease(spark, None, None)
         lease.release()
         for sig, handler in handlers.items():  # the application's own again

@@ -13,7 +13,7 @@ from spark_jobs.flows import queries as flows
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.progress import (
     EventLog,
-    make_listener,
+    ProgressListener,
     read_events,
 )
 from spark_jobs.spec.layout import (
@@ -30,8 +30,7 @@ def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
     """Process what waits (available-now), writing progress and ingestion events as the job does."""
     plan = analysis.resolve_plan(spark, spec, layout)
     events = EventLog(layout.events_file)
-    listener = make_listener(events, spec.name, plan.spark_query_names)
-    spark.streams.addListener(listener)
+    listener = ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
     try:
         flows.run_available_now(spark, plan, on_batch=events.write)
 
@@ -44,7 +43,7 @@ def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
             assert time.monotonic() < deadline, "progress events of the last batches were not written"
             time.sleep(0.1)
     finally:
-        spark.streams.removeListener(listener)
+        listener.remove(spark)
 
 
 @pytest.fixture
