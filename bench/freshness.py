@@ -37,6 +37,8 @@ count it. Per sink: the median, p99 and max of the files' latencies in each run;
 of ``--repeats`` runs. Ratios: the platform's first sink against plain Spark (aim at most
 1.5), and each sink's median minus plain Spark's, in triggers (aim at most 2 more); and
 each sink of the platform against the same sink hand-written and in two stages (the same work).
+And what each variant costs: the CPU seconds its processes (the JVM and Python) take per file
+while the files land and are read, against plain Spark's.
 
 Output: a table on stdout and ``bench/results/freshness.json``. Every process started here
 is ended by its pid, also on failure; the working folder is removed unless ``--keep``.
@@ -63,7 +65,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import yaml
-from processes import MASTER, child_env, kill_tree
+from processes import MASTER, child_env, cpu_seconds, kill_tree
 
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import sink_files
@@ -183,9 +185,10 @@ class Lander:
         return ids, time.time()
 
 
-def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int) -> dict[str, Any]:
+def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int) -> tuple[dict[str, Any], float]:
     """Start the variant, land a first file and wait until every sink has it, then land
-    ``files`` files one every ``every`` seconds; each sink's latencies."""
+    ``files`` files one every ``every`` seconds; each sink's latencies, and the CPU seconds
+    the variant's processes (the JVM and Python) took per file while they landed and were read."""
     from throughput import FOUR, PLAIN_JOB, STREAM_JOB, Stream
 
     root.mkdir(parents=True)
@@ -232,7 +235,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         wait(watcher.caught_up, "every table counting the first file", 120)
         base = {name: watcher.counts[name][-1][1] for name in tables}
         landed: list[tuple[list[str], float]] = []
-        start = time.monotonic()
+        start, cpu_start = time.monotonic(), cpu_seconds(proc.pid)
         for k in range(files):
             while time.monotonic() < start + k * every:
                 time.sleep(0.005)
@@ -240,6 +243,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         wait(lambda: all(ids[-1] in watcher.seen[n] for n in parquet for ids, _ in landed)
              and all(watcher.counted(n, base[n] + rows * files) is not None for n in tables),
              "every file readable in every sink", 180)
+        cpu = cpu_seconds(proc.pid) - cpu_start
     finally:
         kill_tree(proc.pid)
         proc.wait()
@@ -249,7 +253,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         result[n] = stats([max(watcher.seen[n][i] for i in ids) - at for ids, at in landed])
     for n in tables:
         result[n] = stats([watcher.counted(n, base[n] + rows * (k + 1)) - at for k, (_, at) in enumerate(landed)])
-    return result
+    return result, cpu / files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,14 +283,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
 
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
+    cpu: dict[str, list[float]] = {v: [] for v in chosen}
     try:
         spec_path = write_specs(work / "include")
         for i in range(args.repeats):
             for variant in (chosen if i % 2 == 0 else chosen[::-1]):
-                result = run(variant, spec_path, work / f"{variant}-{i}", args.files, args.every, args.rows_per_file)
+                result, cpu_s = run(variant, spec_path, work / f"{variant}-{i}", args.files, args.every,
+                                    args.rows_per_file)
                 runs[variant].append(result)
+                cpu[variant].append(cpu_s)
                 note(f"repeat {i + 1}, {variant}: " + "; ".join(
-                    f"{n}: median {r['median_s']:.2f} s, p99 {r['p99_s']:.2f} s" for n, r in result.items()))
+                    f"{n}: median {r['median_s']:.2f} s, p99 {r['p99_s']:.2f} s" for n, r in result.items())
+                    + f"; {cpu_s:.2f} CPU s a file")
     finally:
         if args.keep:
             note(f"kept: {work}")
@@ -311,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                                               "met": extra <= EXTRA_TRIGGERS}
     lines.append("aims:")
     lines += [f"  {k} {a['aim']}: {a['value']:.2f} {'met' if a['met'] else 'MISSED'}" for k, a in aims.items()]
+    cpu_per_file = {v: statistics.median(c) for v, c in cpu.items()}
+    lines.append("CPU seconds a file (the JVM and Python, while the files landed and were read), median; / plain:")
+    lines += [f"  {v:<12} {c:5.2f}  {c / cpu_per_file['plain']:5.2f}" for v, c in cpu_per_file.items()]
     same_work = staged = None
     if "hand-written" in summary:
         same_work = {n: s["median_s"] / summary["hand-written"][n]["median_s"] for n, s in summary["platform"].items()}
@@ -330,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                     "pyspark": pyspark.__version__},
         "master": MASTER, "files": args.files, "every_s": args.every, "rows_per_file": args.rows_per_file,
         "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims,
-        "platform_over_hand_written": same_work, "platform_over_two_stages": staged, "runs": runs,
+        "platform_over_hand_written": same_work, "platform_over_two_stages": staged, "cpu_s_per_file": cpu_per_file, "runs": runs, "cpu_runs": cpu,
         "lines": lines}, indent=1, default=str))
     return 0
 

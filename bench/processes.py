@@ -58,6 +58,19 @@ def pss_bytes(pid: int) -> int:
         return 0
 
 
+def cpu_seconds(root: int) -> float:
+    """User and system CPU time of ``root`` and its live descendants (a JVM and its Python
+    workers), and of the children they have waited for."""
+    total = 0.0
+    for pid in [root, *descendants(root)]:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.Error, ValueError):
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def kill_pids(pids: dict[int, bytes]) -> None:
     """SIGKILL each pid still running the command line it had when it was recorded."""
     for pid, cmd in pids.items():
