@@ -56,6 +56,7 @@ from spark_jobs.plan import IngestionPlan, SourcePlan, StreamPlan
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     query_id,
+    sink_files,
 )
 from spark_jobs.sinks.delta import DeltaAppender
 from spark_jobs.sinks.files import FileSinkWriter
@@ -272,8 +273,11 @@ def classify(ingestion: IngestionPlan, rows: DataFrame, joins: list[Lookup], wat
         if join.inner:
             unmatched = unmatched | F.col(join.marker).isNull()
     kind = F.when(F.col(REASON).isNotNull(), F.lit(QUARANTINED))
-    if ingestion.event_time is not None and watermark_ms is not None and watermark_ms > 0:
-        # Spark's rule: a row at or before the watermark is late
+    if ingestion.event_time is not None and ingestion.deduplicate is None and watermark_ms is not None \
+            and watermark_ms > 0:
+        # Spark's rule: a row at or before the watermark is late. Where the stream deduplicates,
+        # Spark's deduplication has dropped such rows by this same rule (and the test, its value
+        # written into the generated code, would have that code compiled again at every batch)
         kind = kind.when(F.unix_micros(F.col(EVENT_TIME)) <= F.lit(watermark_ms * 1000), F.lit(LATE))
     kind = kind.when(unmatched, F.lit(UNMATCHED)).otherwise(F.lit(ACCEPTED))
     return df.withColumn(KIND, kind)
@@ -341,7 +345,7 @@ def at_once(session: SparkSession, *jobs: Callable[[], Any]) -> list[Any]:
 
     The jobs of one micro-batch that read the same shuffle (``computed_once``) share its
     map stages; after them, a write of one task per event date leaves a core idle that
-    the count and the quarantine's write take. Each thread carries this thread's Spark
+    the count takes. Each thread carries this thread's Spark
     properties (the streaming query's job group: stopping the query cancels them) and
     its active session."""
     jvm_session = session._jsparkSession
@@ -369,10 +373,12 @@ class IngestBatch:
     """The foreachBatch function of the ingestion query.
 
     A batch is computed once. Its classified rows are shuffled by event date (the
-    accepted table's partitioning), and three jobs read that shuffle's output
-    (``computed_once``) at once (``at_once``): the accepted write, the count of each
-    kind, and the quarantine's write. (Spark's observed metrics could count in the write
-    itself, but they aggregate without generated code: slower than a job of their own.)"""
+    accepted table's partitioning), and the jobs that read that shuffle's output
+    (``computed_once``) are the accepted write and the count of each kind, at once
+    (``at_once``), then the quarantine's write if the count found rejected rows; a batch
+    without any commits the quarantine's log entry alone (``write_quarantine``).
+    (Spark's observed metrics could count in the write itself, but they aggregate without
+    generated code: slower than a job of their own.)"""
 
     def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
@@ -385,6 +391,8 @@ class IngestBatch:
         self.accepted = accepted_writer(spark, plan)
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
+        #: whether the quarantine has a file, which gives readers its schema (known from the first batch on)
+        self._quarantine_has_file: bool | None = None
         self.quarantine_columns = quarantine_columns(plan)
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
@@ -404,10 +412,6 @@ class IngestBatch:
         def count() -> dict[str, int]:
             return {k: 0 for k in decided} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
 
-        def quarantine() -> None:
-            if self.quarantine is not None:
-                self.quarantine.add_batch(batch_id, quarantined_rows(rows, self.quarantine_columns))
-
         kept = rows.where(F.col(KIND) == ACCEPTED)
         # the user's code, cached: what is written is what is counted
         transformed = None if ingestion.transform is None else self.transform(kept).persist()
@@ -420,10 +424,12 @@ class IngestBatch:
             return transformed.count()
 
         try:
-            counts, _, written = at_once(batch.sparkSession, count, quarantine, write)
+            counts, written = at_once(batch.sparkSession, count, write)
         finally:
             if transformed is not None:
                 transformed.unpersist()
+        if self.quarantine is not None:
+            self.write_quarantine(batch_id, rows, counts[QUARANTINED])
         total = sum(counts[k] for k in decided)  # every row read: kept, rejected, late or unmatched
         if written is not None:  # the rows kept went into the transform; what came out is accepted
             counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], written
@@ -442,6 +448,19 @@ class IngestBatch:
                  ", ".join(f"{k} {event[k]}" for k in (*decided, TRANSFORM_IN, FILTERED) if k in event))
         if self.on_batch is not None:
             self.on_batch(event)
+
+    def write_quarantine(self, batch_id: int, rows: DataFrame, rejected: int) -> None:
+        """The batch's rejected rows; without any, its log entry alone, once the quarantine has
+        a file (Spark writes an empty one for a write without rows, which readers need for
+        the schema of a quarantine that never had a row)."""
+        assert self.quarantine is not None
+        if self._quarantine_has_file is None:
+            self._quarantine_has_file = bool(sink_files(self.quarantine.path))
+        if rejected or not self._quarantine_has_file:
+            self.quarantine.add_batch(batch_id, quarantined_rows(rows, self.quarantine_columns))
+            self._quarantine_has_file = True
+        else:
+            self.quarantine.add_empty_batch(batch_id)
 
     def transform(self, kept: DataFrame) -> DataFrame:
         """The stream's transform of the rows kept (the view ``input``: source and join

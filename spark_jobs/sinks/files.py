@@ -22,7 +22,22 @@ class FileSinkWriter:
         self._sink = jvm.org.apache.spark.sql.execution.streaming.sinks.FileStreamSink(
             spark._jsparkSession, path, jvm.org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat(),
             utils.toSeq(list(partition_by)), utils.toScalaMap({}))
+        # the same log as the sink's own (the same folder; written through the same checkpoint file manager)
+        sinks = jvm.org.apache.spark.sql.execution.streaming.sinks
+        log_path = jvm.org.apache.hadoop.fs.Path(path, sinks.FileStreamSink.metadataDir()).toString()
+        self._log = sinks.FileStreamSinkLog(sinks.FileStreamSinkLog.VERSION(), spark._jsparkSession, log_path,
+                                            jvm.scala.Option.empty())
+        self._no_files = spark.sparkContext._gateway.new_array(sinks.SinkFileStatus, 0)
 
     def add_batch(self, batch_id: int, frame: DataFrame) -> None:
         fence()  # only while this driver holds the stream (spark_jobs.runtime.lease)
         self._sink.addBatch(batch_id, frame._jdf)
+
+    def add_empty_batch(self, batch_id: int) -> None:
+        """Commit a batch without rows: its entry in the log, naming no file. (Spark's sink
+        given an empty frame runs a job that writes one empty file, to keep the schema.)"""
+        fence()
+        latest = self._log.getLatestBatchId()
+        if latest.isDefined() and latest.get() >= batch_id:  # committed before: a replayed batch
+            return
+        self._log.add(batch_id, self._no_files)

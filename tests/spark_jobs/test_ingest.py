@@ -61,6 +61,45 @@ FILES = [
 ]
 
 
+def test_a_batch_without_rejected_rows_commits_its_quarantine_entry_and_writes_no_file(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), FILES)  # rejected rows in the first file only
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    quarantine = compile_plan(spec, layout).ingestion.quarantine
+    assert sink_last_batch(quarantine) == 3  # every batch has its entry: readers and compaction need no gap
+    (only,) = sink_files(quarantine)  # of batch 0; no empty file for batches 1 to 3
+    assert sink_files(quarantine, through_batch=0) == {only}
+    assert len(list(Path(quarantine).glob("*.parquet"))) == 1
+    assert sorted(r["raw"] for r in spark.read.parquet(quarantine).collect()) == ["not json", "not json"]
+
+
+def test_a_quarantine_that_never_had_a_row_keeps_one_empty_file_for_its_schema(spark, tmp_path: Path) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), FILES[1:])  # no rejected row
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    quarantine = compile_plan(spec, layout).ingestion.quarantine
+    assert sink_last_batch(quarantine) == 2 and len(sink_files(quarantine)) == 1
+    empty = spark.read.parquet(quarantine)
+    assert empty.count() == 0 and empty.columns == ["raw", "reason", "source_file", "quarantined_at"]
+
+
+def test_an_empty_batch_committed_again_is_skipped_and_the_log_compacts_over_empty_entries(spark, tmp_path: Path) -> None:
+    from spark_jobs.sinks.files import FileSinkWriter
+
+    path = str(tmp_path / "table")
+    writer = FileSinkWriter(spark, path, [])
+    rows = spark.createDataFrame([("a",)], "x string").coalesce(1)
+    for batch_id in range(12):  # Spark's sink log compacts every 10 batches: batch 9 is a compaction
+        if batch_id in (0, 10):
+            writer.add_batch(batch_id, rows)
+        else:
+            writer.add_empty_batch(batch_id)
+    writer.add_empty_batch(10)  # a replay of a committed batch: nothing changes
+    writer.add_empty_batch(5)
+    assert sink_last_batch(path) == 11
+    assert (tmp_path / "table" / "_spark_metadata" / "9.compact").is_file()
+    assert len(sink_files(path)) == 2
+    assert [r["x"] for r in spark.read.parquet(path).collect()] == ["a", "a"]
+
+
 def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, WINDOWS, PER_DEVICE]), FILES)
     events: list[dict] = []
