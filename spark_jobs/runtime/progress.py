@@ -102,8 +102,8 @@ class ProgressListener:
     It implements Spark's Java interface for Python listeners itself and takes each event as
     its JSON, one call into the JVM. PySpark's ``StreamingQueryListener`` first converts every
     field of an event through Py4J, dozens of calls for a progress event, some of which fail in
-    the JVM and have their error looked up class by class on the class path: on a 2-core
-    driver at a 1-second trigger, that took the JVM's listener thread a sixth of the CPU."""
+    the JVM and have their error looked up class by class on the class path (a flight
+    recording of a driver at a 1-second trigger found that thread in a sixth of its samples)."""
 
     def __init__(self, log: EventLog, stream: str, names: dict[str, str]):
         self.log, self.stream, self.names = log, stream, names
