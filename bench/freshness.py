@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                     "pyspark": pyspark.__version__},
         "master": MASTER, "files": args.files, "every_s": args.every, "rows_per_file": args.rows_per_file,
         "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims,
-        "platform_over_hand_written": same_work, "platform_over_two_stages": staged, "cpu_s_per_file": cpu_per_file, "runs": runs, "cpu_runs": cpu,
+        "platform_over_hand_written": same_work, "platform_over_two_stages": staged,
+        "cpu_s_per_file": cpu_per_file, "runs": runs, "cpu_runs": cpu,
         "lines": lines}, indent=1, default=str))
     return 0
 
