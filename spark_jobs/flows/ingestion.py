@@ -56,7 +56,6 @@ from spark_jobs.plan import IngestionPlan, SourcePlan, StreamPlan
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     query_id,
-    sink_files,
 )
 from spark_jobs.sinks.delta import DeltaAppender
 from spark_jobs.sinks.files import FileSinkWriter
@@ -345,9 +344,8 @@ def at_once(session: SparkSession, *jobs: Callable[[], Any]) -> list[Any]:
 
     The jobs of one micro-batch that read the same shuffle (``computed_once``) share its
     map stages; after them, a write of one task per event date leaves a core idle that
-    the count takes. Each thread carries this thread's Spark
-    properties (the streaming query's job group: stopping the query cancels them) and
-    its active session."""
+    the count takes. Each thread carries this thread's Spark properties (the streaming
+    query's job group: stopping the query cancels them) and its active session."""
     jvm_session = session._jsparkSession
 
     def run(job: Callable[[], Any]) -> Any:  # noqa: ANN401
@@ -376,7 +374,7 @@ class IngestBatch:
     accepted table's partitioning), and the jobs that read that shuffle's output
     (``computed_once``) are the accepted write and the count of each kind, at once
     (``at_once``), then the quarantine's write if the count found rejected rows; a batch
-    without any commits the quarantine's log entry alone (``write_quarantine``).
+    without any commits the quarantine's log entry alone (``FileSinkWriter.add_empty_batch``).
     (Spark's observed metrics could count in the write itself, but they aggregate without
     generated code: slower than a job of their own.)"""
 
@@ -391,8 +389,6 @@ class IngestBatch:
         self.accepted = accepted_writer(spark, plan)
         quarantine = plan.ingestion.quarantine
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
-        #: whether the quarantine has a file, which gives readers its schema (known from the first batch on)
-        self._quarantine_has_file: bool | None = None
         self.quarantine_columns = quarantine_columns(plan)
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
@@ -428,8 +424,12 @@ class IngestBatch:
         finally:
             if transformed is not None:
                 transformed.unpersist()
-        if self.quarantine is not None:
-            self.write_quarantine(batch_id, rows, counts[QUARANTINED])
+        if self.quarantine is not None:  # the rejected rows; a batch without any has its log entry alone
+            rejected = quarantined_rows(rows, self.quarantine_columns)
+            if counts[QUARANTINED]:
+                self.quarantine.add_batch(batch_id, rejected)
+            else:
+                self.quarantine.add_empty_batch(batch_id, rejected)
         total = sum(counts[k] for k in decided)  # every row read: kept, rejected, late or unmatched
         if written is not None:  # the rows kept went into the transform; what came out is accepted
             counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], written
@@ -448,19 +448,6 @@ class IngestBatch:
                  ", ".join(f"{k} {event[k]}" for k in (*decided, TRANSFORM_IN, FILTERED) if k in event))
         if self.on_batch is not None:
             self.on_batch(event)
-
-    def write_quarantine(self, batch_id: int, rows: DataFrame, rejected: int) -> None:
-        """The batch's rejected rows; without any, its log entry alone, once the quarantine has
-        a file (Spark writes an empty one for a write without rows, which readers need for
-        the schema of a quarantine that never had a row)."""
-        assert self.quarantine is not None
-        if self._quarantine_has_file is None:
-            self._quarantine_has_file = bool(sink_files(self.quarantine.path))
-        if rejected or not self._quarantine_has_file:
-            self.quarantine.add_batch(batch_id, quarantined_rows(rows, self.quarantine_columns))
-            self._quarantine_has_file = True
-        else:
-            self.quarantine.add_empty_batch(batch_id)
 
     def transform(self, kept: DataFrame) -> DataFrame:
         """The stream's transform of the rows kept (the view ``input``: source and join

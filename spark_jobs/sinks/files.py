@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.lease import fence
 
 if TYPE_CHECKING:
@@ -28,14 +29,23 @@ class FileSinkWriter:
         self._log = sinks.FileStreamSinkLog(sinks.FileStreamSinkLog.VERSION(), spark._jsparkSession, log_path,
                                             jvm.scala.Option.empty())
         self._no_files = spark.sparkContext._gateway.new_array(sinks.SinkFileStatus, 0)
+        #: whether the sink has committed a file (which gives readers the schema), known once asked
+        self._has_file: bool | None = None
 
     def add_batch(self, batch_id: int, frame: DataFrame) -> None:
         fence()  # only while this driver holds the stream (spark_jobs.runtime.lease)
         self._sink.addBatch(batch_id, frame._jdf)
+        self._has_file = True  # Spark's sink writes at least one file a batch
 
-    def add_empty_batch(self, batch_id: int) -> None:
-        """Commit a batch without rows: its entry in the log, naming no file. (Spark's sink
-        given an empty frame runs a job that writes one empty file, to keep the schema.)"""
+    def add_empty_batch(self, batch_id: int, frame: DataFrame) -> None:
+        """Commit a batch whose ``frame`` has no rows: its entry in the log, naming no file.
+        Spark's sink given an empty frame runs a job that writes one empty file, for the
+        schema; that is done only while the sink has no file, so that readers find it."""
+        if self._has_file is None:
+            self._has_file = bool(sink_files(self.path))
+        if not self._has_file:
+            self.add_batch(batch_id, frame)
+            return
         fence()
         latest = self._log.getLatestBatchId()
         if latest.isDefined() and latest.get() >= batch_id:  # committed before: a replayed batch

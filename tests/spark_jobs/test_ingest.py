@@ -91,9 +91,9 @@ def test_an_empty_batch_committed_again_is_skipped_and_the_log_compacts_over_emp
         if batch_id in (0, 10):
             writer.add_batch(batch_id, rows)
         else:
-            writer.add_empty_batch(batch_id)
-    writer.add_empty_batch(10)  # a replay of a committed batch: nothing changes
-    writer.add_empty_batch(5)
+            writer.add_empty_batch(batch_id, rows.limit(0))
+    writer.add_empty_batch(10, rows.limit(0))  # a replay of a committed batch: nothing changes
+    writer.add_empty_batch(5, rows.limit(0))
     assert sink_last_batch(path) == 11
     assert (tmp_path / "table" / "_spark_metadata" / "9.compact").is_file()
     assert len(sink_files(path)) == 2
