@@ -53,10 +53,7 @@ from pyspark.util import inheritable_thread_target
 from spark_jobs import user_code
 from spark_jobs.frames import read_source, reference_frame
 from spark_jobs.plan import IngestionPlan, SourcePlan, StreamPlan
-from spark_jobs.runtime.checkpoint import (
-    batch_watermark_ms,
-    query_id,
-)
+from spark_jobs.runtime.checkpoint import batch_watermark_ms, query_id, reads_nothing
 from spark_jobs.sinks.delta import DeltaAppender
 from spark_jobs.sinks.files import FileSinkWriter
 from spark_jobs.spec.models import (
@@ -71,6 +68,7 @@ from spark_jobs.spec.models import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import DataStreamWriter
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +78,8 @@ ACCEPTED, QUARANTINED, LATE, UNMATCHED = "accepted", "quarantined", "late", "unm
 #: With a transform: the rows kept that went into it, and those it gave nothing back for
 #: (when it gives at most one row per row; one that can multiply rows is accounted as in and out)
 TRANSFORM_IN, FILTERED = "transform_in", "filtered"
+#: what the ingestion decides of each row it reads
+DECIDED = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
 
 
 # ---- what is malformed ----------------------------------------------------------------------
@@ -376,7 +376,9 @@ class IngestBatch:
     (``at_once``), then the quarantine's write if the count found rejected rows; a batch
     without any commits the quarantine's log entry alone (``FileSinkWriter.add_empty_batch``).
     (Spark's observed metrics could count in the write itself, but they aggregate without
-    generated code: slower than a job of their own.)"""
+    generated code: slower than a job of their own.) A batch that reads no input, which
+    Spark runs after the watermark moved, runs its stateful operators alone
+    (``without_input``)."""
 
     def __init__(self, spark: SparkSession, plan: StreamPlan,
                  on_batch: Callable[[dict[str, Any]], None] | None = None):
@@ -391,6 +393,8 @@ class IngestBatch:
         self.quarantine = FileSinkWriter(spark, quarantine, []) if quarantine else None
         self.quarantine_columns = quarantine_columns(plan)
         self._query_id: str | None = None  # the checkpoint's, known from the first batch on
+        #: the accepted rows' and the quarantine's columns, known from the first batch with input
+        self._schemas: tuple[StructType, StructType] | None = None
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
         self.carried = [*plan.ingestion.input_columns, KIND, REASON]
         if plan.source.parses_records:
@@ -400,37 +404,11 @@ class IngestBatch:
         # Spark judges a batch's rows late by the watermark the batch before ran with (its
         # "watermark for late events"; the batch's own one only evicts state), so do the same
         watermark = batch_watermark_ms(self.checkpoint, batch_id - 1) if batch_id > 0 else 0
-        ingestion = self.ingestion
-        classified = classify(ingestion, batch, self.joins, watermark).select(*self.carried)
-        rows = computed_once(by_partition(ingestion, with_event_date(ingestion, classified)))
-        decided = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
-
-        def count() -> dict[str, int]:
-            return {k: 0 for k in decided} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
-
-        kept = rows.where(F.col(KIND) == ACCEPTED)
-        # the user's code, cached: what is written is what is counted
-        transformed = None if ingestion.transform is None else self.transform(kept).persist()
-
-        def write() -> int | None:
-            if transformed is None:
-                self.accepted.add_batch(batch_id, accepted_rows(ingestion, kept, partitioned=True))
-                return None
-            self.accepted.add_batch(batch_id, accepted_rows(ingestion, transformed))
-            return transformed.count()
-
-        try:
-            counts, written = at_once(batch.sparkSession, count, write)
-        finally:
-            if transformed is not None:
-                transformed.unpersist()
-        if self.quarantine is not None:  # the rejected rows; a batch without any has its log entry alone
-            rejected = quarantined_rows(rows, self.quarantine_columns)
-            if counts[QUARANTINED]:
-                self.quarantine.add_batch(batch_id, rejected)
-            else:
-                self.quarantine.add_empty_batch(batch_id, rejected)
-        total = sum(counts[k] for k in decided)  # every row read: kept, rejected, late or unmatched
+        if self._schemas is not None and reads_nothing(self.checkpoint, batch_id):
+            counts, written = self.without_input(batch, batch_id)
+        else:
+            counts, written = self.decide(batch, batch_id, watermark)
+        total = sum(counts[k] for k in DECIDED)  # every row read: kept, rejected, late or unmatched
         if written is not None:  # the rows kept went into the transform; what came out is accepted
             counts[TRANSFORM_IN], counts[ACCEPTED] = counts[ACCEPTED], written
         if self.quarantine is None and counts[QUARANTINED]:
@@ -439,15 +417,62 @@ class IngestBatch:
             self._query_id = query_id(self.checkpoint)
         event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_QUERY,
                  "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
-                 "rows": total, **{k: counts[k] for k in decided}}
-        if ingestion.transform is not None:
+                 "rows": total, **{k: counts[k] for k in DECIDED}}
+        if self.ingestion.transform is not None:
             event[TRANSFORM_IN] = counts[TRANSFORM_IN]
-            if not ingestion.transform_multiplies:  # it gives at most one row per row it reads
+            if not self.ingestion.transform_multiplies:  # it gives at most one row per row it reads
                 event[FILTERED] = counts[TRANSFORM_IN] - counts[ACCEPTED]
         log.info("ingested batch %d of %s: %s", batch_id, self.plan.stream,
-                 ", ".join(f"{k} {event[k]}" for k in (*decided, TRANSFORM_IN, FILTERED) if k in event))
+                 ", ".join(f"{k} {event[k]}" for k in (*DECIDED, TRANSFORM_IN, FILTERED) if k in event))
         if self.on_batch is not None:
             self.on_batch(event)
+
+    def decide(self, batch: DataFrame, batch_id: int, watermark: int | None) -> tuple[dict[str, int], int | None]:
+        """Decide, write and count the batch's rows: the count of each kind, and of the rows the
+        transform (if any) gave for the ones kept."""
+        ingestion = self.ingestion
+        classified = classify(ingestion, batch, self.joins, watermark).select(*self.carried)
+        rows = computed_once(by_partition(ingestion, with_event_date(ingestion, classified)))
+
+        def count() -> dict[str, int]:
+            return {k: 0 for k in DECIDED} | {r[KIND]: r["count"] for r in rows.groupBy(KIND).count().collect()}
+
+        kept = rows.where(F.col(KIND) == ACCEPTED)
+        # the user's code, cached: what is written is what is counted
+        transformed = None if ingestion.transform is None else self.transform(kept).persist()
+        accepted = (accepted_rows(ingestion, kept, partitioned=True) if transformed is None
+                    else accepted_rows(ingestion, transformed))
+
+        def write() -> int | None:
+            self.accepted.add_batch(batch_id, accepted)
+            return None if transformed is None else transformed.count()
+
+        try:
+            counts, written = at_once(batch.sparkSession, count, write)
+        finally:
+            if transformed is not None:
+                transformed.unpersist()
+        rejected = quarantined_rows(rows, self.quarantine_columns)
+        if self.quarantine is not None:  # the rejected rows; a batch without any has its log entry alone
+            if counts[QUARANTINED]:
+                self.quarantine.add_batch(batch_id, rejected)
+            else:
+                self.quarantine.add_empty_batch(batch_id, rejected.schema)
+        if self._schemas is None:
+            self._schemas = (accepted.schema, rejected.schema)
+        return counts, written
+
+    def without_input(self, batch: DataFrame, batch_id: int) -> tuple[dict[str, int], int | None]:
+        """A batch that reads no input (``reads_nothing``), which Spark runs after one that moved
+        the watermark: one job runs its stateful operators (the deduplication evicts what the
+        watermark passed, and commits its state), and each table commits the batch naming no
+        file. Nothing to classify, write or count."""
+        batch.write.format("noop").mode("overwrite").save()
+        accepted, rejected = self._schemas
+        self.accepted.add_empty_batch(batch_id, accepted)
+        if self.quarantine is not None:
+            self.quarantine.add_empty_batch(batch_id, rejected)
+        return {k: 0 for k in DECIDED}, None if self.ingestion.transform is None else 0
 
     def transform(self, kept: DataFrame) -> DataFrame:
         """The stream's transform of the rows kept (the view ``input``: source and join

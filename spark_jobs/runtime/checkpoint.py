@@ -203,6 +203,20 @@ def source_offsets(checkpoint: str | os.PathLike[str], batch: int, source: int =
         return None
 
 
+def reads_nothing(checkpoint: str | os.PathLike[str], batch: int) -> bool:
+    """Whether stream batch ``batch`` reads no input: every source's offset in its offsets
+    entry is the one the batch before read up to. Spark runs such a batch after one that
+    moved the watermark, for its stateful operators to emit and evict what it passed.
+    False when either entry cannot be read (or for batch 0)."""
+    if batch < 1:
+        return False
+    try:
+        this, before = (_read_log_file(Path(checkpoint) / "offsets" / str(b))[2:] for b in (batch, batch - 1))
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(this) and this == before
+
+
 def processed_files(checkpoint: str | os.PathLike[str], source: int = 0, through_batch: int | None = None) -> set[str]:
     """Paths the file source has taken into batches, from its (compacted) log; with
     ``through_batch`` (a stream batch id, e.g. the last committed), only those that batch

@@ -39,6 +39,7 @@ from spark_jobs.spec.models import Aggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -297,6 +298,9 @@ class DeltaAppender:
             writer.save(self.path)
 
         retry_conflicts(f"batch {batch_id} of {self.name} into {self.path}", commit)
+
+    def add_empty_batch(self, batch_id: int, schema: StructType) -> None:
+        """A batch without rows makes no commit."""
 
 
 def foreach_delta_batch(stream: str, output: OutputPlan) -> Callable[[DataFrame, int], None]:

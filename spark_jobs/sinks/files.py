@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pyspark.sql import DataFrame
+
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.lease import fence
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 
 class FileSinkWriter:
@@ -18,6 +21,7 @@ class FileSinkWriter:
 
     def __init__(self, spark: SparkSession, path: str, partition_by: list[str]):
         jvm = spark._jvm
+        self._spark = spark
         utils = jvm.org.apache.spark.api.python.PythonUtils
         self.path = path
         self._sink = jvm.org.apache.spark.sql.execution.streaming.sinks.FileStreamSink(
@@ -37,17 +41,24 @@ class FileSinkWriter:
         self._sink.addBatch(batch_id, frame._jdf)
         self._has_file = True  # Spark's sink writes at least one file a batch
 
-    def add_empty_batch(self, batch_id: int, frame: DataFrame) -> None:
-        """Commit a batch whose ``frame`` has no rows: its entry in the log, naming no file.
+    def add_empty_batch(self, batch_id: int, schema: StructType) -> None:
+        """Commit a batch without rows (of ``schema``): its entry in the log, naming no file.
         Spark's sink given an empty frame runs a job that writes one empty file, for the
         schema; that is done only while the sink has no file, so that readers find it."""
         if self._has_file is None:
             self._has_file = bool(sink_files(self.path))
         if not self._has_file:
-            self.add_batch(batch_id, frame)
+            self.add_batch(batch_id, self._empty_frame(schema))
             return
         fence()
         latest = self._log.getLatestBatchId()
         if latest.isDefined() and latest.get() >= batch_id:  # committed before: a replayed batch
             return
         self._log.add(batch_id, self._no_files)
+
+    def _empty_frame(self, schema: StructType) -> DataFrame:
+        """No rows of ``schema``, made in the JVM (PySpark's ``createDataFrame`` would
+        parallelize a Python list: Python tasks to write nothing)."""
+        jss = self._spark._jsparkSession
+        return DataFrame(jss.createDataFrame(self._spark._jvm.java.util.ArrayList(), jss.parseDataType(schema.json())),
+                         self._spark)

@@ -14,7 +14,7 @@ from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
-from spark_jobs.flows.ingestion import at_once, computed_once
+from spark_jobs.flows.ingestion import IngestBatch, at_once, computed_once
 from spark_jobs.frames import accepted_batch
 from spark_jobs.plan import checkpoint_paths, compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import (
@@ -91,13 +91,75 @@ def test_an_empty_batch_committed_again_is_skipped_and_the_log_compacts_over_emp
         if batch_id in (0, 10):
             writer.add_batch(batch_id, rows)
         else:
-            writer.add_empty_batch(batch_id, rows.limit(0))
-    writer.add_empty_batch(10, rows.limit(0))  # a replay of a committed batch: nothing changes
-    writer.add_empty_batch(5, rows.limit(0))
+            writer.add_empty_batch(batch_id, rows.schema)
+    writer.add_empty_batch(10, rows.schema)  # a replay of a committed batch: nothing changes
+    writer.add_empty_batch(5, rows.schema)
     assert sink_last_batch(path) == 11
     assert (tmp_path / "table" / "_spark_metadata" / "9.compact").is_file()
     assert len(sink_files(path)) == 2
     assert [r["x"] for r in spark.read.parquet(path).collect()] == ["a", "a"]
+
+
+def test_a_batch_that_reads_nothing_runs_the_deduplication_alone_and_commits_both_tables(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [])
+    plan = compile_plan(layout.spec, layout)
+    checkpoint, quarantine = plan.checkpoint("_ingest"), plan.ingestion.quarantine
+    without_input: list[int] = []
+    run_alone = IngestBatch.without_input
+
+    def recorded(self: IngestBatch, batch, batch_id: int) -> tuple[dict[str, int], int | None]:  # noqa: ANN001
+        without_input.append(batch_id)
+        return run_alone(self, batch, batch_id)
+
+    monkeypatch.setattr(IngestBatch, "without_input", recorded)
+    events: list[dict] = []
+    queries = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(processing_time="500 milliseconds"),
+                          on_batch=events.append)
+    ingest = queries["_ingest"]
+
+    def committed(rows: int) -> int:
+        """Wait until a batch that read ``rows`` rows (after the last one waited for) is committed; its id."""
+        deadline = time.monotonic() + 120
+        while True:
+            after = max(waited, default=-1)
+            found = [e["batch_id"] for e in events if e["event"] == "ingested" and e["batch_id"] > after
+                     and e["rows"] == rows]
+            done = last_batch(checkpoint, "commits")
+            if found and done is not None and done >= found[0]:
+                waited.append(found[0])
+                return found[0]
+            assert ingest.exception() is None, ingest.exception()
+            assert time.monotonic() < deadline, events
+            ingest.awaitTermination(0.05)
+
+    waited: list[int] = []
+    try:
+        land(Path(layout.landing), "json", [reading("e1", 1)])
+        first = committed(1)
+        committed(0)  # the watermark moved to 23:51 of the day before
+        land(Path(layout.landing), "json", [reading("e1", 2), reading("e2", 30), "not json"])
+        committed(2)  # the repeated e1 dropped by the deduplication: its state outlived the batch that read nothing
+        evicting = committed(0)  # the watermark at 00:20: e1 (00:01, kept until 00:11) leaves the state
+        land(Path(layout.landing), "json", [reading("e1", 25)])
+        committed(1)
+        progress = {p["batchId"]: p for p in (json.loads(q.json) for q in ingest.recentProgress)}
+    finally:
+        for q in queries.values():
+            q.stop()
+    ingested = {e["batch_id"]: e for e in events if e["event"] == "ingested"}
+    assert without_input == [b for b, e in ingested.items() if e["rows"] == 0 and b > first] != []
+    assert progress[evicting]["numInputRows"] == 0
+    assert progress[evicting]["stateOperators"][0]["numRowsRemoved"] == 1
+    assert sum(e["accepted"] for e in ingested.values()) == 3 and sum(e["quarantined"] for e in ingested.values()) == 1
+    # every batch is in both tables' logs; one that read nothing names no file
+    last = max(ingested)
+    assert sink_last_batch(plan.accepted) == sink_last_batch(quarantine) == last
+    for table in (plan.accepted, quarantine):
+        for b in without_input:
+            assert sink_files(table, through_batch=b) == sink_files(table, through_batch=b - 1), (table, b)
+    assert sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()) == ["e1", "e1", "e2"]
+    assert [r["raw"] for r in spark.read.parquet(quarantine).collect()] == ["not json"]
 
 
 def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:

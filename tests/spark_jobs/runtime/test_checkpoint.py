@@ -11,6 +11,7 @@ from spark_jobs.runtime.checkpoint import (
     file_name,
     landing_backlog,
     processed_files,
+    reads_nothing,
     source_log_offset,
 )
 
@@ -33,6 +34,16 @@ def test_batches_map_to_the_source_log_through_their_offsets(tmp_path: Path) -> 
     assert processed_files(ckpt, through_batch=1) == {"file:///landing/a.json"}
     assert processed_files(ckpt, through_batch=2) == {"file:///landing/a.json", "file:///landing/b.json"}
     assert len(processed_files(ckpt)) == 3
+
+
+def test_a_batch_reads_nothing_when_every_source_offset_is_the_batch_befores(tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, [0, 0, 1, 2], {0: ["a.json"], 1: ["b.json"], 2: ["c.json"]})
+    (ckpt / "offsets" / "1").write_text('v1\n{"batchWatermarkMs":5}\n{"logOffset":0}\n')  # only the watermark moved
+    assert [reads_nothing(ckpt, b) for b in range(4)] == [False, True, False, False]
+    assert not reads_nothing(ckpt, 4)  # not planned: unknown
+    (ckpt / "offsets" / "2").write_text('v1\n{"batchWatermarkMs":5}\n')  # torn: no source line
+    (ckpt / "offsets" / "3").write_text('v1\n{"batchWatermarkMs":5}\n')
+    assert not reads_nothing(ckpt, 3)
 
 
 def test_a_batch_without_a_readable_offsets_entry_took_nothing_known(tmp_path: Path) -> None:
