@@ -149,7 +149,9 @@ def closed_at(plan: StreamPlan, output: str, unit: dict) -> float | None:
 
 def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> list[float]:
     """Seconds from each unit's closing to its validation, for the units validated since ``since``:
-    how fresh validation follows new output."""
+    how fresh validation follows new output. A unit is validated when its run wrote its results
+    (the run's ``at`` in the ledger; a unit's own ``validated_at`` is when its rows were read)."""
+    finished = {r.get("run_id"): epoch_ms(r.get("at")) for r in ledger.get("runs") or []}
     delays = []
     for name, entry in (ledger.get("outputs") or {}).items():
         try:
@@ -157,7 +159,7 @@ def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> lis
         except KeyError:
             continue
         for unit in (entry.get("units") or {}).values():
-            validated = epoch_ms(unit.get("validated_at"))
+            validated = finished.get(unit.get("run")) or epoch_ms(unit.get("validated_at"))
             if validated is None or validated / 1000 < since:
                 continue
             closed_time = closed_at(plan, name, unit)

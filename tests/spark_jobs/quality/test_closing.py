@@ -3,9 +3,14 @@ sink's asset events announce."""
 
 from __future__ import annotations
 
-from spark_jobs.quality.closing import Closed, announcement, unit_ends
+import os
+from pathlib import Path
+
+from spark_jobs.plan import compile_plan
+from spark_jobs.quality.closing import Closed, announcement, unit_ends, validation_delays
 from spark_jobs.quality.rules import Target
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.runtime.clock import iso
+from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import load_spec
 
 SPEC = load_spec(default_spec_dir() / "sensors.yaml")
@@ -39,3 +44,21 @@ def test_a_long_outage_lists_the_last_units_and_counts_the_rest() -> None:
     event = announcement(PERIOD, Closed("readings", "period", 500 * 60 * MIN, 9), Closed("readings", "period", 0, 1))
     assert len(event["units"]) == 100 and event["more_units"] == 400
     assert event["units"][-1] == "1970-01-21T20:00:00Z"
+
+
+def test_a_unit_is_validated_when_its_run_wrote_its_results(tmp_path: Path) -> None:
+    plan = compile_plan(SPEC, Layout(SPEC, tmp_path, default_spec_dir()))
+    checkpoint = Path(plan.checkpoint("site_temperature_10m"))
+    for log in ("offsets", "commits"):
+        (checkpoint / log).mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    for batch, watermark in enumerate((0, 12 * MIN, 21 * MIN)):  # batch 2's watermark passes 00:20
+        (checkpoint / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":{watermark}}}\n{{"logOffset":{batch}}}\n')
+        (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+        os.utime(checkpoint / "commits" / str(batch), (t0 + batch, t0 + batch))
+    window = {"unit": "1970-01-01T00:10:00Z/1970-01-01T00:20:00Z", "end": "1970-01-01T00:20:00Z", "run": "r1",
+              "validated_at": iso(t0 + 5)}
+    ledger = {"outputs": {"site_temperature_10m": {"units": {"a": window}}}, "runs": [{"run_id": "r1", "at": iso(t0 + 9)}]}
+    assert validation_delays(plan, ledger) == [7.0]  # closed by batch 2's commit (t0 + 2), results written at t0 + 9
+    assert validation_delays(plan, {**ledger, "runs": []}) == [3.0]  # a ledger without its run: the unit's own time
+    assert validation_delays(plan, ledger, since=t0 + 10) == []
