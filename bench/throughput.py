@@ -240,21 +240,29 @@ class Stream:
         self.name, self.spec_path, self.input_root, self.variants = name, spec_path, input_root, variants
         self.spec: StreamSpec = load_spec(spec_path)
         assert isinstance(self.spec.source, FileSource)
-        # (e): the same spec with its accepted rows in a Delta table, beside the others (same reference data);
-        # the pass-through output the ingestion writes becomes that Delta table, so e does c's work
-        self.delta_spec_path = spec_path.parent.with_name("streams_delta_accepted") / spec_path.name
-        self.delta_spec_path.parent.mkdir(exist_ok=True)
-        data = yaml.safe_load(spec_path.read_text()) | {"accepted": {"format": "delta"}}
+        self.delta_spec_path: Path | None = None
+        self.delta_spec: StreamSpec | None = self._delta_spec() if "e" in variants else None
+
+    def _delta_spec(self) -> StreamSpec:
+        """(e): the same spec with its accepted rows in a Delta table, beside the others (same
+        reference data); the pass-through output the ingestion writes becomes that Delta table,
+        so e does c's work. Written only for e: a caller may pass a spec of the project's own."""
+        path = self.delta_spec_path = self.spec_path.parent.with_name("streams_delta_accepted") / self.spec_path.name
+        path.parent.mkdir(exist_ok=True)
+        data = yaml.safe_load(self.spec_path.read_text()) | {"accepted": {"format": "delta"}}
         served = written_by_ingestion(self.spec)
         for output in data["outputs"]:
             if served is not None and output["name"] == served.name:
                 output["sink"] = {**output["sink"], "type": "delta"}
-        self.delta_spec_path.write_text("# Written by bench/throughput.py: accepted rows in a Delta table.\n"
-                                        + yaml.safe_dump(data, sort_keys=False))
-        self.delta_spec: StreamSpec = load_spec(self.delta_spec_path)
+        path.write_text("# Written by bench/throughput.py: accepted rows in a Delta table.\n"
+                        + yaml.safe_dump(data, sort_keys=False))
+        return load_spec(path)
 
     def spec_of(self, variant: str) -> StreamSpec:
-        return self.delta_spec if variant == "e" else self.spec
+        if variant == "e":
+            assert self.delta_spec is not None, "variant e was not asked for"
+            return self.delta_spec
+        return self.spec
 
     def layout(self, root: Path) -> Layout:
         return Layout(self.spec, root, self.spec_path.parent)
