@@ -16,11 +16,17 @@ if TYPE_CHECKING:
 #: Session settings every stream needs. Filter pushdown into the JSON and CSV readers is
 #: off so that the ingestion's numInputRows counts every record read (the accounting of
 #: input = accepted + quarantined + duplicates + dropped late relies on it).
+#:
+#: Spark keeps the classes it compiles from generated code in a cache of 100 by default. A
+#: stream's queries (the ingestion and its outputs, each batch's stages, projections and
+#: predicates) use more than that, so every batch evicted the classes the next one needed:
+#: it compiled them again, and the JVM then compiled their hot methods again.
 SESSION_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.json.filterPushdown.enabled": "false",
     "spark.sql.csv.filterPushdown.enabled": "false",
     "spark.sql.csv.parser.columnPruning.enabled": "false",
+    "spark.sql.codegen.cache.maxEntries": "2000",
 }
 
 

@@ -39,6 +39,25 @@ def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None: 
             spark.conf.set(key, value)
 
 
+def test_the_session_keeps_the_code_it_compiled_for_more_plans_than_spark_s_default(spark) -> None:  # noqa: ANN001
+    """Spark's cache of compiled classes holds 100 by default: a stream's queries use more,
+    and each batch compiled again the code the batch before had evicted."""
+    from pyspark.sql import functions as F
+
+    compiled = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    # each plan's code differs (its constant is written into it): a class or two each
+    plans = [spark.range(3).select((F.col("id") * 7 + i).alias("v")).where(F.col("v") > i) for i in range(1000, 1080)]
+
+    def run_all() -> int:
+        before = compiled.getCount()
+        for plan in plans:
+            plan.collect()
+        return compiled.getCount() - before
+
+    assert run_all() > 100  # more classes than Spark's default cache holds
+    assert run_all() == 0
+
+
 def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_process(
         spark, tmp_path, missing_system_package) -> None:  # noqa: ANN001
     """Hadoop's local file system, without its native library, starts ``chmod`` for every file
