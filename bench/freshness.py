@@ -1,8 +1,8 @@
 """Freshness on files: from a file landing to its rows being readable in each sink, the
 platform against plain Spark.
 
-    python bench/freshness.py [--files N] [--every S] [--rows-per-file N] [--repeats N]
-                              [--variants plain,...] [--out NAME] [--keep]
+    python bench/freshness.py [--files N] [--warmup N] [--every S] [--rows-per-file N]
+                              [--repeats N] [--variants plain,...] [--out NAME] [--keep]
 
 Each variant runs alone, as ``spark-submit --master local[2]`` with a processing-time trigger
 of 1 second and the same session settings, in a fresh data root:
@@ -26,9 +26,12 @@ The four-output variants are watched at the same sinks: the pass-through output 
 two tables. The sliding window emits a pane when the watermark passes the pane's end,
 minutes after the rows: it is left out.
 
-Once a variant has read a first file (and its tables counted it), ``--files`` files land at
-a steady rate, one every ``--every`` seconds (not a whole number of triggers, so that the
-files meet the trigger at every phase), each of ``--rows-per-file`` valid clicks of
+Once a variant has read a first file, ``--warmup`` files land at a steady rate, one every
+``--every`` seconds (not a whole number of triggers, so that the files meet the trigger at
+every phase), and are not measured: a JVM's compiler is busy with the code a stream runs for
+its first minute or so, the more so the more code (the platform's four queries more than
+plain Spark's one). Once every sink has them, ``--files`` files land at the same rate and are
+measured, each of ``--rows-per-file`` valid clicks of
 the moment (unique ids): written beside the landing directory, then renamed into it, so a
 file appears whole. A file is readable in a Parquet sink when a file committed in the
 sink's ``_spark_metadata`` log holds its last row (for a folder written through
@@ -185,10 +188,12 @@ class Lander:
         return ids, time.time()
 
 
-def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int) -> tuple[dict[str, Any], float]:
-    """Start the variant, land a first file and wait until every sink has it, then land
-    ``files`` files one every ``every`` seconds; each sink's latencies, and the CPU seconds
-    the variant's processes (the JVM and Python) took per file while they landed and were read."""
+def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int,
+        warmup: int = 0) -> tuple[dict[str, Any], float]:
+    """Start the variant, land a first file and wait until every sink has it, land ``warmup``
+    files one every ``every`` seconds and wait until every sink has them (not measured), then
+    land ``files`` files at that rate; each sink's latencies, and the CPU seconds the variant's
+    processes (the JVM and Python) took per file while they landed and were read."""
     from throughput import FOUR, PLAIN_JOB, STREAM_JOB, Stream
 
     root.mkdir(parents=True)
@@ -232,7 +237,13 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         watcher.start()
         warm, _ = lander.land("warm")
         wait(lambda: warm[-1] in watcher.seen[first], "a first file read", 300)
-        wait(watcher.caught_up, "every table counting the first file", 120)
+        start = time.monotonic()
+        for k in range(warmup):
+            while time.monotonic() < start + k * every:
+                time.sleep(0.005)
+            warm, _ = lander.land(f"w{k:04d}")
+        wait(lambda: warm[-1] in watcher.seen[first], "the warm-up files read", 120)
+        wait(watcher.caught_up, "every table counting the warm-up files", 120)
         base = {name: watcher.counts[name][-1][1] for name in tables}
         landed: list[tuple[list[str], float]] = []
         start, cpu_start = time.monotonic(), cpu_seconds(proc.pid)
@@ -263,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds between two files (default 1.37: no whole number of triggers, so the files "
                         "meet the trigger at every phase)")
     p.add_argument("--rows-per-file", type=int, default=50, help="clicks in each file (default 50)")
+    p.add_argument("--warmup", type=int, default=40,
+                   help="files landing at the same rate before the measured ones, not measured (default 40: "
+                        "the JVM's compiler is still busy with a stream's code for its first minute)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant (default 3)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"which variants to run, comma-separated (default all: {','.join(VARIANTS)}); "
@@ -289,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeats):
             for variant in (chosen if i % 2 == 0 else chosen[::-1]):
                 result, cpu_s = run(variant, spec_path, work / f"{variant}-{i}", args.files, args.every,
-                                    args.rows_per_file)
+                                    args.rows_per_file, args.warmup)
                 runs[variant].append(result)
                 cpu[variant].append(cpu_s)
                 note(f"repeat {i + 1}, {variant}: " + "; ".join(
@@ -304,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {v: {n: {k: statistics.median(r[n][k] for r in rs) for k in ("median_s", "p99_s", "max_s")}
                    for n in rs[0]} for v, rs in runs.items()}
     plain = summary["plain"][PARSED]["median_s"]
-    lines = [f"freshness, {args.files} files of {args.rows_per_file} rows, one every {args.every:g} s, "
-             f"{TRIGGER_S:g}-second trigger; medians of {args.repeats} runs:"]
+    lines = [f"freshness, {args.files} files of {args.rows_per_file} rows, one every {args.every:g} s, after "
+             f"{args.warmup} not measured, {TRIGGER_S:g}-second trigger; medians of {args.repeats} runs:"]
     for variant, sinks in summary.items():
         for n, s in sinks.items():
             lines.append(f"  {variant:<12} {n:<46} median {s['median_s']:5.2f} s  p99 {s['p99_s']:5.2f} s  "
@@ -339,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     (results / f"{args.out}.json").write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "system": host.platform(),
                     "pyspark": pyspark.__version__},
-        "master": MASTER, "files": args.files, "every_s": args.every, "rows_per_file": args.rows_per_file,
+        "master": MASTER, "files": args.files, "warmup_files": args.warmup, "every_s": args.every,
+        "rows_per_file": args.rows_per_file,
         "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims,
         "platform_over_hand_written": same_work, "platform_over_two_stages": staged,
         "cpu_s_per_file": cpu_per_file, "runs": runs, "cpu_runs": cpu,
