@@ -57,7 +57,7 @@ from processes import cmdline, descendants, kill_pids
 from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
 from spark_jobs.plan import compile_plan
-from spark_jobs.quality.closing import closed_at
+from spark_jobs.quality.closing import validated_units
 from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.spec.layout import Layout, project_root
@@ -133,23 +133,15 @@ def measure(plan: Any, quality_dir: Path, api: AirflowClient, since: float) -> d
     """Per unit validated since ``since``: closing, validation and the run that validated it; per asset event: its delays."""
     runs = sorted(quality_runs(api), key=lambda r: epoch(r["start_date"]))
     units = []
-    ledger = read_ledger(quality_dir)
-    written = {r.get("run_id"): epoch(r.get("at")) for r in ledger.get("runs") or []}
-    for name, entry in (ledger.get("outputs") or {}).items():
-        for unit in (entry.get("units") or {}).values():
-            # the unit's result is there once its run writes the ledger (the record's validated_at is earlier: its rows read)
-            validated = written.get(unit.get("run")) or epoch(unit.get("validated_at"))
-            closed = closed_at(plan, name, unit)
-            if validated is None or validated < since or closed is None:
-                continue
-            run = next((r for r in runs if epoch(r["start_date"]) <= validated
-                        and (r.get("end_date") is None or validated <= epoch(r["end_date"]) + 1)), None)
-            start = epoch(run["start_date"]) if run else None
-            units.append({"output": name, "unit": unit.get("unit"), "end": unit.get("end"),
-                          "status": unit.get("status"), "closed": closed,
-                          "validated": validated, "delay_s": validated - closed, "run": run and run["run_id"],
-                          "waiting_s": None if start is None else max(0.0, start - closed),
-                          "in_run_s": None if start is None else validated - start})
+    for name, unit, validated, closed in validated_units(plan, read_ledger(quality_dir), since):
+        run = next((r for r in runs if epoch(r["start_date"]) <= validated
+                    and (r.get("end_date") is None or validated <= epoch(r["end_date"]) + 1)), None)
+        start = epoch(run["start_date"]) if run else None
+        units.append({"output": name, "unit": unit.get("unit"), "end": unit.get("end"),
+                      "status": unit.get("status"), "closed": closed,
+                      "validated": validated, "delay_s": validated - closed, "run": run and run["run_id"],
+                      "waiting_s": None if start is None else max(0.0, start - closed),
+                      "in_run_s": None if start is None else validated - start})
     started = {r["run_id"]: epoch(r["start_date"]) for r in runs}
     events = []
     for e in asset_events(api):

@@ -12,11 +12,13 @@ asset events announce (``streamops.triggers.sink_units``) are the same thing, de
 * a table (``snapshot``) is validated whole, at each newly committed batch.
 
 :func:`validation_delays` measures how soon validation followed: from a unit's closing (the
-commit of the batch that closed it) to its validation (the ledger's ``validated_at``).
+commit of the batch that closed it) to its validation (its run writing its results into the
+ledger; :func:`validated_units`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,12 +149,12 @@ def closed_at(plan: StreamPlan, output: str, unit: dict) -> float | None:
     return None
 
 
-def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> list[float]:
-    """Seconds from each unit's closing to its validation, for the units validated since ``since``:
-    how fresh validation follows new output. A unit is validated when its run wrote its results
-    (the run's ``at`` in the ledger; a unit's own ``validated_at`` is when its rows were read)."""
+def validated_units(plan: StreamPlan, ledger: dict, since: float = 0.0) -> Iterator[tuple[str, dict, float, float]]:
+    """The units of the plan's outputs validated since ``since`` whose closing is known: each
+    one's output, ledger record, when it was validated and when it closed (epoch seconds). A unit
+    is validated when its run wrote its results (the run's ``at`` in the ledger; a unit's own
+    ``validated_at`` is when its rows were read, kept for a run the ledger no longer lists)."""
     finished = {r.get("run_id"): epoch_ms(r.get("at")) for r in ledger.get("runs") or []}
-    delays = []
     for name, entry in (ledger.get("outputs") or {}).items():
         try:
             plan.output(name)
@@ -164,5 +166,10 @@ def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> lis
                 continue
             closed_time = closed_at(plan, name, unit)
             if closed_time is not None:
-                delays.append(max(0.0, validated / 1000 - closed_time))
-    return delays
+                yield name, unit, validated / 1000, closed_time
+
+
+def validation_delays(plan: StreamPlan, ledger: dict, since: float = 0.0) -> list[float]:
+    """Seconds from each unit's closing to its validation, for the units validated since ``since``
+    (:func:`validated_units`): how fresh validation follows new output."""
+    return [max(0.0, validated - closed) for _, _, validated, closed in validated_units(plan, ledger, since)]

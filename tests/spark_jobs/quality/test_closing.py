@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from spark_jobs.plan import compile_plan
-from spark_jobs.quality.closing import Closed, announcement, unit_ends, validation_delays
+from spark_jobs.quality.closing import Closed, announcement, unit_ends, validated_units, validation_delays
 from spark_jobs.quality.rules import Target
 from spark_jobs.runtime.clock import iso
 from spark_jobs.spec.layout import Layout, default_spec_dir
@@ -59,6 +59,9 @@ def test_a_unit_is_validated_when_its_run_wrote_its_results(tmp_path: Path) -> N
     window = {"unit": "1970-01-01T00:10:00Z/1970-01-01T00:20:00Z", "end": "1970-01-01T00:20:00Z", "run": "r1",
               "validated_at": iso(t0 + 5)}
     ledger = {"outputs": {"site_temperature_10m": {"units": {"a": window}}}, "runs": [{"run_id": "r1", "at": iso(t0 + 9)}]}
+    assert list(validated_units(plan, ledger)) == [("site_temperature_10m", window, t0 + 9, t0 + 2)]
     assert validation_delays(plan, ledger) == [7.0]  # closed by batch 2's commit (t0 + 2), results written at t0 + 9
     assert validation_delays(plan, {**ledger, "runs": []}) == [3.0]  # a ledger without its run: the unit's own time
     assert validation_delays(plan, ledger, since=t0 + 10) == []
+    other = {"outputs": {"no_such_output": {"units": {"a": window}}}, "runs": ledger["runs"]}
+    assert list(validated_units(plan, other)) == []  # a ledger's output the plan no longer has
