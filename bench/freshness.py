@@ -187,6 +187,15 @@ class Lander:
         os.rename(staged, self.landing / staged.name)
         return ids, time.time()
 
+    def land_steadily(self, prefix: str, count: int, every: float) -> list[tuple[list[str], float]]:
+        """``count`` files, one every ``every`` seconds from now; each one's event ids and when it landed."""
+        start, landed = time.monotonic(), []
+        for k in range(count):
+            while time.monotonic() < start + k * every:
+                time.sleep(0.005)
+            landed.append(self.land(f"{prefix}{k:04d}"))
+        return landed
+
 
 def run(variant: str, spec_path: Path, root: Path, files: int, every: float, rows: int,
         warmup: int = 0) -> tuple[dict[str, Any], float]:
@@ -237,20 +246,14 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         watcher.start()
         warm, _ = lander.land("warm")
         wait(lambda: warm[-1] in watcher.seen[first], "a first file read", 300)
-        start = time.monotonic()
-        for k in range(warmup):
-            while time.monotonic() < start + k * every:
-                time.sleep(0.005)
-            warm, _ = lander.land(f"w{k:04d}")
-        wait(lambda: warm[-1] in watcher.seen[first], "the warm-up files read", 120)
+        warmed = lander.land_steadily("w", warmup, every)
+        if warmed:
+            last = warmed[-1][0][-1]
+            wait(lambda: last in watcher.seen[first], "the warm-up files read", 120)
         wait(watcher.caught_up, "every table counting the warm-up files", 120)
         base = {name: watcher.counts[name][-1][1] for name in tables}
-        landed: list[tuple[list[str], float]] = []
-        start, cpu_start = time.monotonic(), cpu_seconds(proc.pid)
-        for k in range(files):
-            while time.monotonic() < start + k * every:
-                time.sleep(0.005)
-            landed.append(lander.land(f"f{k:04d}"))
+        cpu_start = cpu_seconds(proc.pid)
+        landed = lander.land_steadily("f", files, every)
         wait(lambda: all(ids[-1] in watcher.seen[n] for n in parquet for ids, _ in landed)
              and all(watcher.counted(n, base[n] + rows * files) is not None for n in tables),
              "every file readable in every sink", 180)

@@ -240,14 +240,14 @@ class Stream:
         self.name, self.spec_path, self.input_root, self.variants = name, spec_path, input_root, variants
         self.spec: StreamSpec = load_spec(spec_path)
         assert isinstance(self.spec.source, FileSource)
-        self.delta_spec_path: Path | None = None
-        self.delta_spec: StreamSpec | None = self._delta_spec() if "e" in variants else None
+        self.delta_spec_path = spec_path.parent.with_name("streams_delta_accepted") / spec_path.name
+        self.delta_spec: StreamSpec | None = self._write_delta_spec() if "e" in variants else None
 
-    def _delta_spec(self) -> StreamSpec:
+    def _write_delta_spec(self) -> StreamSpec:
         """(e): the same spec with its accepted rows in a Delta table, beside the others (same
         reference data); the pass-through output the ingestion writes becomes that Delta table,
         so e does c's work. Written only for e: a caller may pass a spec of the project's own."""
-        path = self.delta_spec_path = self.spec_path.parent.with_name("streams_delta_accepted") / self.spec_path.name
+        path = self.delta_spec_path
         path.parent.mkdir(exist_ok=True)
         data = yaml.safe_load(self.spec_path.read_text()) | {"accepted": {"format": "delta"}}
         served = written_by_ingestion(self.spec)
