@@ -290,8 +290,10 @@ def _probe_brokers(spec: StreamSpec, layout: Layout) -> None:
             field = f"outputs[{i}].sink"
             bootstrap = kafka_source.servers(out.sink.bootstrap_servers, f"{field}.bootstrap_servers")
             options = spark_options(out.sink.options)
-            if out.sink.topic not in kafka_source.topics_on(bootstrap, options, field=f"{field}.bootstrap_servers"):
-                raise kafka_source.missing_topic(out.sink.topic, bootstrap, f"{field}.topic")
+            name = out.sink.bootstrap_servers  # as the spec says it, never expanded
+            if out.sink.topic not in kafka_source.topics_on(bootstrap, options, field=f"{field}.bootstrap_servers",
+                                                            name=name):
+                raise kafka_source.missing_topic(out.sink.topic, name, f"{field}.topic")
 
 
 def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ corrupt    the checkpoint is unreadable or inconsistent; never restarted automat
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -42,6 +43,7 @@ from spark_jobs.runtime.checkpoint import (
     unread_accepted_files,
 )
 from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.files import write_atomically
 from spark_jobs.runtime.history import STREAM, History
 from spark_jobs.runtime.lease import (
     holder_alive,
@@ -120,6 +122,8 @@ class Snapshot:
     blocked: list[str] = field(default_factory=list)
     #: the source's broker does not answer (what the probe said); None if it does, or not Kafka
     unreachable: str | None = None
+    #: a Kafka source's figures taken from the supervisor's last measurement: when it was made
+    backlog_measured_at: float | None = None
 
     @property
     def kafka(self) -> bool:
@@ -156,6 +160,9 @@ class Health:
     notes: list[str]
     checked_at: float
     records_behind: dict[str, int] = field(default_factory=dict)
+    #: a Kafka source's records behind from the supervisor's last measurement: when it was made
+    #: (None: measured by this check, or not Kafka)
+    backlog_measured_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -171,8 +178,12 @@ class Health:
                 f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 
-def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None) -> Snapshot:
-    """What the stream's files say now. ``plan``: the stream's plan, if compiled already."""
+def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None,
+             measure: bool = True) -> Snapshot:
+    """What the stream's files say now. ``plan``: the stream's plan, if compiled already.
+    ``measure``: ask a Kafka source's broker how far behind the stream is (and keep the answer
+    for the pages); else take the last answer kept, with its age (a page's request never
+    waits on a broker)."""
     taken_at = time.time() if now is None else now
     plan = plan or compile_plan(spec, layout)
     lag_window = duration_seconds(spec.supervision.lag_window)
@@ -206,9 +217,13 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
             driver_started = event.get("logged_at")
     kafka: dict[str, Any] = {}
     if plan.source is not None and plan.source.kafka is not None and ingestion is not None:
-        kafka = _kafka_backlog(plan, layout, taken_at - lag_window, last_progress.get(INGEST_QUERY, {}))
+        progress = last_progress.get(INGEST_QUERY, {})
+        kafka = (_kafka_backlog(plan, layout, taken_at, progress) if measure else _measured_backlog(layout, taken_at))
+        earlier = History(layout.history_file).series(taken_at - lag_window - 30, taken_at - lag_window,
+                                                      metrics=["backlog_records"]).get((STREAM, "backlog_records"), [])
+        then = int(earlier[-1].last) if earlier else None
         if kafka.get("backlog_records") is not None:
-            trend[INGEST_QUERY] = (kafka.pop("then"), kafka["backlog_records"])
+            trend[INGEST_QUERY] = (then, kafka["backlog_records"])
     return Snapshot(
         launching_since=None if alive else _launching_since(layout),
         stream=spec.name, taken_at=taken_at, driver_alive=alive,
@@ -225,33 +240,55 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
 KAFKA_PROBE_SECONDS = 3.0
 
 
-def _kafka_backlog(plan: StreamPlan, layout: Layout, then: float, progress: dict[str, Any]) -> dict[str, Any]:
+def _kafka_backlog(plan: StreamPlan, layout: Layout, now: float, progress: dict[str, Any]) -> dict[str, Any]:
     """A Kafka stream's backlog: records behind per partition (the broker's end offsets against
-    the checkpoint), how many a trigger takes, and the total one lag window ago (the
-    supervisor's samples in the history); a note instead if the broker does not answer.
-    ``progress``: the ingestion's newest progress event."""
+    the checkpoint) and how many a trigger takes; a note instead if the broker does not answer.
+    ``progress``: the ingestion's newest progress event. Kept for the pages
+    (:func:`_measured_backlog`)."""
     source, ingestion = plan.source, plan.ingestion
     assert source is not None and source.kafka is not None and ingestion is not None
     try:
         behind = lag(source.kafka, ingestion.checkpoint, source.reader_options, timeout=KAFKA_PROBE_SECONDS)
     except KafkaUnavailable as exc:
-        return {"notes": [f"records behind unknown: {exc}"], "unreachable": str(exc)}
-    notes = [f"partition {t}/{p} appeared after the stream started; it is read from its first offset"
-             for t, p in behind.new_partitions]
-    blocked = []
-    if (lost := behind.lost_text()) is not None:
-        if source.kafka.fail_on_data_loss:
-            blocked.append(f"{lost}. The stream fails rather than skip them (source.fail_on_data_loss). To go on "
-                           "without them, set fail_on_data_loss: false and deploy it again; to keep them, "
-                           "restore the records and backfill")
-        else:
-            notes.append(f"{lost}; they are skipped (source.fail_on_data_loss: false)")
-    earlier = History(layout.history_file).series(then - 30, then, metrics=["backlog_records"]).get(
-        (STREAM, "backlog_records"), [])
-    per_trigger = source.kafka.max_offsets_per_trigger or int(progress.get("input_rows") or 0)
-    return {"backlog_records": behind.total, "records_behind": behind.by_partition(), "notes": notes,
-            "blocked": blocked,
-            "records_per_trigger": per_trigger, "then": int(earlier[-1].last) if earlier else None}
+        measured: dict[str, Any] = {"notes": [f"records behind unknown: {exc}"], "unreachable": str(exc)}
+    else:
+        notes = [f"partition {t}/{p} appeared after the stream started; it is read from its first offset"
+                 for t, p in behind.new_partitions]
+        blocked = []
+        if (lost := behind.lost_text()) is not None:
+            if source.kafka.fail_on_data_loss:
+                blocked.append(f"{lost}. The stream fails rather than skip them (source.fail_on_data_loss). To go "
+                               "on without them, set fail_on_data_loss: false and deploy it again; to keep them, "
+                               "restore the records and backfill")
+            else:
+                notes.append(f"{lost}; they are skipped (source.fail_on_data_loss: false)")
+        per_trigger = source.kafka.max_offsets_per_trigger or int(progress.get("input_rows") or 0)
+        measured = {"backlog_records": behind.total, "records_behind": behind.by_partition(), "notes": notes,
+                    "blocked": blocked, "records_per_trigger": per_trigger}
+    try:
+        write_atomically(layout.records_behind_file, json.dumps({"measured_at": now, **measured}))
+    except OSError:  # a read-only view of the checkpoint: the answer is still this caller's
+        pass
+    return measured
+
+
+#: the fields of a kept measurement (:func:`_kafka_backlog`) that a snapshot takes
+MEASURED = ("backlog_records", "records_behind", "notes", "blocked", "records_per_trigger", "unreachable")
+
+
+def _measured_backlog(layout: Layout, now: float) -> dict[str, Any]:
+    """A Kafka stream's backlog as the supervisor last measured it, with its age in a note; a
+    note alone if it has not measured it yet."""
+    try:
+        kept = json.loads(layout.records_behind_file.read_text(encoding="utf-8"))
+        measured_at = float(kept["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"notes": ["records behind not measured yet (the stream's supervisor measures them against "
+                          "the broker)"]}
+    figures = {k: kept[k] for k in MEASURED if k in kept}
+    figures["notes"] = [*kept.get("notes", []), f"records behind as measured {ago(now - measured_at)}"]
+    figures["backlog_measured_at"] = measured_at
+    return figures
 
 
 def _launching_since(layout: Layout) -> float | None:
@@ -350,8 +387,10 @@ def _lagging(snap: Snapshot) -> str | None:
     return None
 
 
-def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None) -> Health:
-    snap = snapshot(spec, layout, now, plan)
+def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None,
+           measure: bool = True) -> Health:
+    """The stream's health now; ``measure``: as :func:`snapshot` (False on a page's request path)."""
+    snap = snapshot(spec, layout, now, plan, measure)
     status, reason = classify(snap, duration_seconds(spec.supervision.stall_window))
     progress = list(snap.last_progress.values())
     newest = max(progress, key=lambda e: e.get("logged_at", 0), default={})
@@ -367,4 +406,5 @@ def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: Str
         problems=[p for q in snap.queries.values() for p in q.problems] + snap.blocked,
         notes=[n for q in snap.queries.values() for n in q.notes] + snap.notes,
         checked_at=snap.taken_at, backlog_records=snap.backlog_records, records_behind=snap.records_behind,
+        backlog_measured_at=snap.backlog_measured_at,
     )

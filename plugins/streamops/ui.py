@@ -136,7 +136,7 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     layout = _layout(spec)
     status: dict[str, Any] = {"stream": spec.name, "description": spec.description}
     try:
-        health = assess(spec, layout, now)
+        health = assess(spec, layout, now, measure=False)  # a broker's figures as the supervisor measured them
         status.update(health.to_dict())
     except (OSError, ValueError) as exc:
         status.update(status="unknown", reason=f"cannot read the checkpoint: {exc}")

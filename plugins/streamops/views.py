@@ -305,7 +305,9 @@ def delta_tables(spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
 
     tables = []
     for name, path in compile_plan(spec, layout).delta_tables.items():
-        entry: dict[str, Any] = {"output": name, "path": path}
+        # every entry has every key, so that a page never meets a missing one
+        entry: dict[str, Any] = {"output": name, "path": path, "note": None, "files": None, "bytes": None,
+                                 "version": None, "compacted": None, "vacuumed": None}
         try:
             table = DeltaTable(path)
         except TableNotFoundError:

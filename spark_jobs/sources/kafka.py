@@ -103,34 +103,58 @@ def client_config(kafka: KafkaPlan | str, options: dict[str, str] | None = None)
     return config
 
 
+def named(kafka: KafkaPlan) -> str:
+    """How messages name a source's brokers: as the spec writes them (``${KAFKA_BOOTSTRAP_SERVERS}``),
+    or its Airflow connection; never the value a variable or connection expands to, which may hold
+    a credential and names hosts that a viewer of a page need not see."""
+    if kafka.connection is not None:
+        return f"the brokers of Airflow connection {kafka.connection!r}"
+    return str(kafka.bootstrap_servers)
+
+
+def _scrubbed(text: str, bootstrap: str, name: str) -> str:
+    """``text`` (a client library's error) with the expanded servers, each of them and their parts
+    (a user, a password, a host and port) as ``name``."""
+    servers = [s.strip() for s in bootstrap.split(",")]
+    parts = {p for s in servers for p in (s, s.rsplit("@", 1)[-1], *re.split(r"[@/]", s))}
+    parts |= {p for p in re.split(r"[,@/:]", bootstrap) if len(p) >= 6 or "." in p}
+    for value in sorted((p for p in parts if p and p != name), key=len, reverse=True):
+        text = text.replace(value, name)
+    return text
+
+
 def topics_on(bootstrap: str, options: dict[str, str] | None = None, timeout: float = PROBE_SECONDS,
-              field: str = "source.bootstrap_servers") -> dict[str, int]:
+              field: str = "source.bootstrap_servers", name: str | None = None) -> dict[str, int]:
     """Every topic the broker at ``bootstrap`` (expanded) has, with its partition count;
-    :class:`KafkaUnavailable` naming ``field`` if it does not answer within ``timeout``."""
+    :class:`KafkaUnavailable` naming ``field`` if it does not answer within ``timeout``. ``name``:
+    how the message names the brokers (the spec's unexpanded text, :func:`named`); without one,
+    it names the field alone."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
+    name = name or field
     try:
         metadata = AdminClient(client_config(bootstrap, options)).list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailable(field, f"no Kafka broker answered at {bootstrap} within {timeout:.0f}s "
-                                      f"({exc.args[0].str() if exc.args else exc})") from None
-    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        said = _scrubbed(str(exc.args[0].str() if exc.args else exc), bootstrap, name)
+        raise KafkaUnavailable(field, f"no Kafka broker answered at {name} within {timeout:.0f}s ({said})") from None
+    return {topic: len(t.partitions) for topic, t in metadata.topics.items() if t.error is None}
 
 
-def missing_topic(topic: str, bootstrap: str, field: str) -> KafkaUnavailable:
-    return KafkaUnavailable(field, f"topic {topic!r} does not exist on {bootstrap} (create it; the platform does not)")
+def missing_topic(topic: str, name: str, field: str) -> KafkaUnavailable:
+    """``name``: the brokers as the spec names them (:func:`named`), never expanded."""
+    return KafkaUnavailable(field, f"topic {topic!r} does not exist on {name} (create it; the platform does not)")
 
 
 def probe(kafka: KafkaPlan, options: dict[str, Any] | None = None, timeout: float = PROBE_SECONDS) -> dict[str, int]:
     """The partitions of each topic the source reads; :class:`KafkaUnavailable` naming the
     field if the broker does not answer within ``timeout`` or a named topic does not exist."""
     bootstrap = bootstrap_servers(kafka)
-    topics = topics_on(bootstrap, options, timeout)
+    topics = topics_on(bootstrap, options, timeout, name=named(kafka))
     if kafka.topics:
         for i, topic in enumerate(kafka.topics):
             if topic not in topics:
-                raise missing_topic(topic, bootstrap, f"source.topics[{i}]")
+                raise missing_topic(topic, named(kafka), f"source.topics[{i}]")
         return {t: topics[t] for t in kafka.topics}
     pattern = re.compile(kafka.pattern or "")
     return {t: n for t, n in topics.items() if pattern.fullmatch(t)}
@@ -148,9 +172,9 @@ def end_offsets(kafka: KafkaPlan, partitions: dict[str, int], options: dict[str,
         return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout, cached=False)
                 for t, n in sorted(partitions.items()) for p in range(n)}
     except KafkaException as exc:  # a partition without a leader, a broker gone meanwhile
-        raise KafkaUnavailable("source.bootstrap_servers", f"the broker did not say its end offsets within "
-                                                           f"{timeout:.0f}s ({exc.args[0].str() if exc.args else exc})"
-                               ) from None
+        said = _scrubbed(str(exc.args[0].str() if exc.args else exc), bootstrap_servers(kafka), named(kafka))
+        raise KafkaUnavailable("source.bootstrap_servers", f"the brokers of {named(kafka)} did not say their end "
+                                                           f"offsets within {timeout:.0f}s ({said})") from None
     finally:
         consumer.close()
 

@@ -101,6 +101,12 @@ class Layout:
         return Path(self.data(f"backfill/{self.spec.name}/{output}"))
 
     @property
+    def records_behind_file(self) -> Path:
+        """A Kafka stream's records behind, as the supervisor last measured them against the broker
+        (``streamops.health``): what the pages show, never asking the broker themselves."""
+        return self.lease_dir / "records_behind.json"
+
+    @property
     def plan_file(self) -> Path:
         """The plan the running job works from (spark_jobs.plan), written when it starts."""
         return self.lease_dir / "plan.json"

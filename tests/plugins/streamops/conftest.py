@@ -30,11 +30,17 @@ def pristine(spark, tmp_path_factory) -> Path:
     return root
 
 
-
-
 @pytest.fixture
 def data_root(pristine: Path, tmp_path: Path) -> Path:
     """A copy of that run's data root, for one test to change."""
     root = tmp_path / "data"
     shutil.copytree(pristine, root)
     return root
+
+
+@pytest.fixture(scope="module")
+def metadata_db() -> None:
+    """Airflow's metadata database with the project's DAGs in it (``ui_client.sync_dags``)."""
+    from ui_client import sync_dags
+
+    sync_dags()

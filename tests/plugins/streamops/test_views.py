@@ -148,7 +148,9 @@ def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_
     first = {t["output"]: t for t in views.delta_tables(spec, layout)}
     assert (first["rows"]["files"], first["rows"]["version"], first["rows"]["compacted"]) == (3, 2, None)
     assert first["rows"]["bytes"] == sum(p.stat().st_size for p in Path(path).glob("*.parquet"))
-    assert first["later"] == {"output": "later", "path": layout.data("delta/later"), "note": "no table yet"}
+    assert first["later"] == {"output": "later", "path": layout.data("delta/later"), "note": "no table yet",
+                              "files": None, "bytes": None, "version": None, "compacted": None, "vacuumed": None}
+    assert first["rows"]["note"] is None and first["rows"].keys() == first["later"].keys()  # one shape: no 500
 
     maintenance.optimize(spark, path)
     maintenance.vacuum(spark, path, 0)
