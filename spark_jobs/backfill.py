@@ -29,23 +29,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import StreamPlan, has_ingestion
 from spark_jobs.quality import closing
-from spark_jobs.runtime.checkpoint import accepted_last_batch
+from spark_jobs.runtime.checkpoint import accepted_last_batch, sink_files
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.sinks import delta as delta_sink
+from spark_jobs.sinks import delta_log
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
+    EVENT_DATE_COLUMN,
     WINDOW_END,
     WINDOW_START,
     DeltaSink,
@@ -73,6 +76,34 @@ def parse_range(start: str, end: str) -> tuple[datetime, datetime]:
     if hi <= lo:
         raise BackfillError(f"end ({hi.isoformat()}) must be after start ({lo.isoformat()})")
     return lo.astimezone(UTC), hi.astimezone(UTC)
+
+
+def held_range(plan: StreamPlan) -> tuple[datetime, datetime] | None:
+    """The event-time range the stream's accepted rows hold, by the event-date partitions of their
+    committed files (the accepted rows are partitioned by event date): from the first day's start to
+    the end of the last; None before the first commit. Read from the table's log, without Spark."""
+    ingestion = plan.ingestion
+    if ingestion is None or EVENT_DATE_COLUMN not in ingestion.partition_by:
+        return None
+    if ingestion.accepted_is_delta:
+        dates = delta_log.partition_values(ingestion.accepted, EVENT_DATE_COLUMN)
+    else:
+        found = (re.search(rf"/{EVENT_DATE_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})/", p) for p in sink_files(ingestion.accepted))
+        dates = {m.group(1) for m in found if m}
+    if not dates:
+        return None
+    first, last = (datetime.fromisoformat(d).replace(tzinfo=UTC) for d in (min(dates), max(dates)))
+    return first, last + timedelta(days=1)
+
+
+def check_held(plan: StreamPlan, lo: datetime, hi: datetime, stream: str) -> None:
+    """:class:`BackfillError` unless ``[lo, hi)`` lies within what the accepted rows hold, naming it."""
+    held = held_range(plan)
+    if held is None:
+        raise BackfillError(f"stream {stream} has no accepted rows to backfill from yet")
+    if lo < held[0] or hi > held[1]:
+        raise BackfillError(f"the range [{lo.isoformat()}, {hi.isoformat()}) is not within what stream {stream}'s "
+                            f"accepted rows hold: [{held[0].isoformat()}, {held[1].isoformat()})")
 
 
 def range_label(lo: datetime, hi: datetime) -> str:

@@ -308,10 +308,12 @@ def act(stream: str, action: str, user: Actor, mode: Annotated[str | None, Form(
             raise HTTPException(400, f"mode must be graceful or immediate, not {mode!r}")
         conf["mode"] = mode
     if action == "backfill":
-        from spark_jobs.backfill import BackfillError, parse_range
+        from spark_jobs.backfill import BackfillError, check_held, parse_range
+        from spark_jobs.plan import compile_plan
 
         try:
             lo, hi = parse_range(start or "", end or "")
+            check_held(compile_plan(spec, _layout(spec)), lo, hi, spec.name)
         except BackfillError as exc:
             raise HTTPException(400, str(exc)) from None
         conf.update(start=lo.isoformat(), end=hi.isoformat())

@@ -116,3 +116,19 @@ def read_through(offset: object) -> int | None:
 def files_after(table: str | os.PathLike[str], version: int) -> int:
     """Data files added by the batches' versions after ``version`` (what a reader there has yet to read)."""
     return sum(c.files for c in batch_commits(table, after=version))
+
+
+def partition_values(table: str | os.PathLike[str], column: str) -> set[str]:
+    """The values (as text) a partition column has across the files of the table's newest version,
+    read with the ``deltalake`` package; empty while there is no table."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        adds = DeltaTable(str(table)).get_add_actions(flatten=True)
+    except TableNotFoundError:
+        return set()
+    name = f"partition.{column}"
+    if name not in adds.schema.names:
+        return set()
+    return {str(v) for v in adds.column(name).to_pylist() if v is not None}

@@ -164,6 +164,31 @@ def test_bad_action_params_are_refused_and_trigger_nothing(client) -> None:
     assert len(DagRun.find(dag_id="stream_sensors_backfill")) == before
 
 
+def test_a_backfill_outside_what_the_accepted_rows_hold_is_refused_naming_the_bounds(client, data_root) -> None:
+    from datetime import date, timedelta
+
+    from airflow.models.dagrun import DagRun
+
+    login(client, role="user")
+    before = len(DagRun.find(dag_id="stream_sensors_backfill"))
+    # the run's accepted rows (the readings sink, which the ingestion writes), by event date
+    days = sorted(date.fromisoformat(p.name.removeprefix("event_date="))
+                  for p in (data_root / "sinks" / "sensors" / "readings").glob("event_date=*"))
+    first, end = days[0].isoformat(), (days[-1] + timedelta(days=1)).isoformat()
+    held = f"accepted rows hold: [{first}T00:00:00+00:00, {end}T00:00:00+00:00)"
+    for start, stop in (("0001-01-01T00:00:00Z", "9999-12-31T00:00:00Z"),
+                        (f"{(days[0] - timedelta(days=1)).isoformat()}T23:00:00Z", f"{first}T01:00:00Z"),
+                        (f"{days[-1].isoformat()}T23:00:00Z", f"{end}T00:00:01Z")):
+        refused = post(client, "/streams/sensors/actions/backfill", {"start": start, "end": stop})
+        assert refused.status_code == 400, (start, stop, refused.text)
+        assert held in refused.json()["detail"], refused.json()
+    assert len(DagRun.find(dag_id="stream_sensors_backfill")) == before
+    everything = post(client, "/streams/sensors/actions/backfill", {"start": f"{first}T00:00:00Z",
+                                                                    "end": f"{end}T00:00:00Z"},
+                      follow_redirects=False)
+    assert everything.status_code == 303 and len(DagRun.find(dag_id="stream_sensors_backfill")) == before + 1
+
+
 def test_a_viewer_may_look_but_not_act(client) -> None:
     login(client, role="viewer")
     assert client.get("/streams/sensors/").status_code == 200

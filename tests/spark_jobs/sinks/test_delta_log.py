@@ -50,3 +50,19 @@ def test_a_reader_has_read_the_versions_before_its_offset_or_its_snapshot_once_d
     assert delta_log.read_through(offset(2, 8, snapshot=True)) == -1  # still reading the snapshot
     assert delta_log.read_through({"logOffset": 3}) is None  # a file source's, not a Delta source's
     assert delta_log.read_through(None) is None
+
+
+def test_a_partition_column_s_values_are_those_of_the_newest_version_s_files(tmp_path: Path) -> None:
+    from datetime import date
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = tmp_path / "accepted"
+    assert delta_log.partition_values(table, "event_date") == set()  # no table yet
+    rows = pa.table({"x": [1, 2], "event_date": pa.array([date(2026, 1, 1), date(2026, 1, 3)])})
+    write_deltalake(str(table), rows, partition_by=["event_date"])
+    assert delta_log.partition_values(table, "event_date") == {"2026-01-01", "2026-01-03"}
+    write_deltalake(str(table), rows.slice(1), partition_by=["event_date"], mode="overwrite")
+    assert delta_log.partition_values(table, "event_date") == {"2026-01-03"}  # the first day's file removed
+    assert delta_log.partition_values(table, "x") == set()  # not a partition column
