@@ -3,6 +3,7 @@ home, and condition waits (never bare sleeps)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psutil
@@ -18,6 +19,19 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
+#: screenshots of the pages the browser tests open
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def sign_in(page, url: str, user: str, password: str) -> None:  # noqa: ANN001 - a Playwright page
+    """Log in to Airflow's UI at ``url`` as a user would, through its login form."""
+    page.goto(f"{url}/")
+    page.locator("input:not([type=password])").first.fill(user)
+    page.locator("input[type=password]").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r".*/(home|dags)?/?$"), timeout=60_000)
 
 
 class Airflow(AirflowServices):

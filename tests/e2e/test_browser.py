@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from airflow_harness import ROOT, Airflow, stream_drivers, wait_for
+from airflow_harness import ARTIFACTS, CHROMIUM_FLAGS, Airflow, sign_in, stream_drivers, wait_for
 
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
@@ -31,18 +30,6 @@ from streamops.health import Status, assess
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 SPEC = default_spec_dir() / "sensors.yaml"
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture(scope="module")
-def chromium(missing_system_package) -> str:  # noqa: ANN001 - tests/conftest.py's skip (fails on CI)
-    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        missing_system_package("no Chromium browser found (set CHROMIUM, or install Debian's package: apt-get "
-                               "install chromium); `./platform test` installs it when run as root")
-    return path
 
 
 def ingested_batch(page) -> int:  # noqa: ANN001 - a Playwright page
@@ -88,11 +75,7 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
             page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             page.goto(f"{airflow.url}/streams/")
             assert "Not authenticated" in page.content()
-            page.goto(f"{airflow.url}/")
-            page.locator("input:not([type=password])").first.fill("ops")
-            page.locator("input[type=password]").fill(password)
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(re.compile(r".*/(home|dags)?/?$"), timeout=60_000)
+            sign_in(page, airflow.url, "ops", password)
 
             page.goto(f"{airflow.url}/streams/")
             status = page.locator("tr[data-stream='sensors'] td.status")

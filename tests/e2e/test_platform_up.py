@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from airflow_harness import free_port, stream_drivers, wait_for
+from airflow_harness import ARTIFACTS, CHROMIUM_FLAGS, free_port, sign_in, stream_drivers, wait_for
 
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
@@ -26,7 +27,35 @@ from spark_jobs.spec.loading import load_specs
 pytestmark = pytest.mark.e2e
 
 
-def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[str, str]) -> None:
+    """An operator's first clicks, in a real browser: each example stream's page, the Kafka and Delta
+    example's with its Delta table's figures (once the table exists), each kept as a screenshot."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        page = browser.new_page()
+        errors: list[str] = []  # a script that failed, or one the pages' Content-Security-Policy refused
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
+        sign_in(page, url, "admin", password)
+        for stream in ("clicks", "sensors"):
+            response = page.goto(f"{url}/streams/{stream}/?range=15m")
+            assert response is not None and response.status == 200, (stream, response and response.status)
+            page.locator("#chart-rates .main-svg").first.wait_for(timeout=60_000)
+            page.locator("#streams-flow .plot .sankey").first.wait_for(timeout=60_000)
+            if stream == "clicks":
+                for output in tables:
+                    row = page.locator("tr", has=page.locator(f"td:text-is('{output}')")).first.inner_text()
+                    assert "no table yet" not in row and re.search(r"\s\d+\s+\d+\s+\d+\s", row), row
+            page.screenshot(path=str(ARTIFACTS / f"stream-{stream}-page.png"), full_page=True)
+        browser.close()
+    assert not errors, errors
+
+
+@pytest.mark.browser
+def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path: Path, chromium: str) -> None:
     data_root = tmp_path / "platform"
     specs, errors = load_specs(default_spec_dir())
     assert specs and not errors
@@ -55,6 +84,10 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         assert home.stat().st_mode & 0o077 == 0, "the Airflow home is for its user alone"
         for secret in (home / "passwords.json", home / "api-server.log", home / "airflow.db"):
             assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
+        tables = compile_plan(specs["clicks"], layouts["clicks"]).delta_tables
+        wait_for(lambda: all((Path(t) / "_delta_log").is_dir() for t in tables.values()),
+                 "the clicks stream's Delta tables to exist", timeout=300, every=2)
+        open_every_stream_page(f"http://127.0.0.1:{port}", passwords["admin"], chromium, tables)
 
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(900) == 0, out.read_text()[-5000:]
