@@ -6,8 +6,8 @@ ARG AIRFLOW_VERSION=3.3.2
 ARG PYTHON_VERSION=3.11
 FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 
-# Java for Spark (drivers run in the Airflow services, executors on the workers); a JDK, to
-# build the platform's local file system below
+# Java for Spark (drivers run in the Airflow services, executors on the workers); a JDK and Maven,
+# to fetch the connectors and build the platform's JVM classes below
 USER root
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven procps curl \
@@ -31,18 +31,19 @@ COPY --chown=airflow:0 include/deploy/maven/spark-connectors.xml include/deploy/
 RUN mvn -q -B -f include/deploy/maven/spark-connectors.xml dependency:copy-dependencies \
         -DoutputDirectory=/opt/streams/.jars/spark-connectors \
  && rm -rf "$HOME/.m2"
+# the platform's JVM classes (include/deploy/java: its local file system, which every driver gets, a
+# chmod or readlink process per file written otherwise; its fenced checkpoint manager), built with the
+# same Maven command as ./platform setup's, against the Spark, Hadoop and Jackson of the pip-installed
+# pyspark (`provided`: Maven fetches them to compile, then they go with its cache)
+COPY --chown=airflow:0 include/deploy/java include/deploy/java
+RUN mvn -q -B -f include/deploy/java/pom.xml -DskipTests clean package \
+ && mkdir -p .jars/local-fs && cp include/deploy/java/target/local-fs.jar .jars/local-fs/local-fs.jar \
+ && rm -rf include/deploy/java/target "$HOME/.m2"
 # ...then the code: Spark jobs, DAGs, the Airflow plugin, specs, rules and reference data
 COPY --chown=airflow:0 spark_jobs spark_jobs
 COPY --chown=airflow:0 plugins plugins
 COPY --chown=airflow:0 dags dags
 COPY --chown=airflow:0 include include
-# the platform's local file system (include/deploy/java), built as ./platform setup builds it: every
-# driver gets it (a chmod or readlink process per file written otherwise)
-RUN jars="$(python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')" \
- && mkdir -p /tmp/local-fs .jars/local-fs \
- && javac --release 17 -nowarn -Xlint:-options -cp "$(ls "$jars"/hadoop-client-api-*.jar)" -d /tmp/local-fs \
-        include/deploy/java/streams/platform/hadoop/*.java \
- && jar cf .jars/local-fs/local-fs.jar -C /tmp/local-fs streams && rm -rf /tmp/local-fs
 
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/streams/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/streams/plugins \

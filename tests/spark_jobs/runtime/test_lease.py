@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,21 @@ from spark_jobs.runtime.lease import (
     DRIVER_ID_ENV,
     EXIT_LEASE_LOST,
     HOST_ENV,
+    TTL_SECONDS,
     DriverLease,
     Holder,
     LeaseHeld,
+    LeaseLost,
     create_record,
+    fence,
+    held_epoch,
     history,
     holder_alive,
+    latest,
     overlaps,
     read_holder,
+    read_record,
+    record_path,
     release_dead,
 )
 
@@ -279,3 +287,54 @@ def test_a_dead_drivers_lease_is_released_where_it_ran_so_another_machine_takes_
         monkeypatch.setenv(HOST_ENV, "worker-x")
         assert release_dead(control, "s-driver-1") is None  # a successor holds it
     assert overlaps(history(control)) == []
+
+
+#: The lease's rule as a table of examples, which the JVM's fence of Spark's checkpoint files runs
+#: too (include/deploy/java: LeaseCasesTest); what its fields mean is at its top.
+LEASE_CASES = json.loads(Path(__file__).with_name("lease_cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", LEASE_CASES, ids=[c["case"] for c in LEASE_CASES])
+def test_the_lease_s_table_of_cases(tmp_path: Path, monkeypatch, case: dict) -> None:  # noqa: ANN001
+    """Whether the driver of an epoch may still write, and whether another driver may take the
+    stream over. The JVM's fence asks for both of the Python side's judgments at once: the
+    driver's own (:meth:`DriverLease.check`: renewed within half its ttl, no later epoch), and
+    every other driver's (its record is the newest, and alive)."""
+    monkeypatch.setenv(HOST_ENV, "worker-a")  # the records are of drivers on another machine
+    control = tmp_path / "_control"
+    (control / "lease").mkdir(parents=True)
+    now = time.time()
+    for epoch, spec in case["records"].items():
+        released = now - spec["released_age"] if "released_age" in spec else None
+        holder = Holder(host="worker-b", pid=41, started_at=now - 3600, heartbeat_at=now - spec["heartbeat_age"],
+                        stream="sensors", epoch=int(epoch), ttl=spec["ttl"], launcher_pid=40, released_at=released)
+        record_path(control, int(epoch)).write_text(json.dumps(asdict(holder)))
+
+    epoch = case["epoch"]
+    if epoch is None:  # a process that holds no lease (a backfill, a test): its commits pass the fence
+        assert held_epoch() is None
+        fence()
+        writes = True
+    else:  # the driver of that epoch, last renewed when its record's heartbeat says
+        own = read_record(record_path(control, epoch), Holder)
+        driver = DriverLease(control, stream="sensors", ttl=own.ttl if own else TTL_SECONDS,
+                             on_lost=lambda problem: None)
+        driver._holder = own or Holder(host="worker-b", pid=41, started_at=now, heartbeat_at=now, epoch=epoch)
+        driver._renewed = time.monotonic() - (now - driver._holder.heartbeat_at)
+        try:
+            driver.check()
+            checked = True
+        except LeaseLost:
+            checked = False
+        newest = latest(control)
+        writes = checked and newest is not None and newest.epoch == epoch and newest.alive(now)
+    assert writes == case["writes"]
+
+    try:
+        with DriverLease(control, stream="sensors"):
+            taken = True
+    except LeaseHeld:
+        taken = False
+    assert taken == case["taken"]
+    # the point of fencing at half the ttl: no driver writes on while another may take its stream
+    assert epoch is None or not (case["writes"] and case["taken"])

@@ -1,9 +1,14 @@
 package streams.platform.hadoop;
 
+import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.attribute.GroupPrincipal;
 import java.nio.file.attribute.PosixFilePermission;
+import java.nio.file.attribute.UserPrincipal;
 import java.util.EnumSet;
+import java.util.Map;
 import java.util.Set;
 
 import org.apache.hadoop.fs.FileStatus;
@@ -16,9 +21,10 @@ import org.apache.hadoop.fs.permission.FsPermission;
  *
  * <p>Without Hadoop's native library (which the pyspark package does not carry), {@link
  * RawLocalFileSystem} runs {@code chmod} in a new process for every file and directory it
- * creates, and {@code readlink} twice for every rename through a {@code FileContext}: every
- * checkpoint file, state store file and data file of a micro-batch, dozens per batch. This
- * class does the same through Java's NIO, in the JVM. Everything else is Hadoop's own.
+ * creates, {@code readlink} twice for every rename through a {@code FileContext}, and {@code ls}
+ * for the permission, owner and group of a file's status: every checkpoint file, state store
+ * file and data file of a micro-batch, dozens per batch. This class does the same through Java's
+ * NIO, in the JVM. Everything else is Hadoop's own.
  */
 public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
 
@@ -48,6 +54,29 @@ public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
       return;
     }
     Files.setPosixFilePermissions(pathToFile(p).toPath(), posix(mode));
+  }
+
+  /**
+   * A file or directory's status, as Hadoop gives it, with its permission (the sticky bit too),
+   * owner and group read in the JVM. (Hadoop's reads them with {@code ls -ld} when they are first
+   * asked for.) Where the JVM cannot read a file's mode, Hadoop's status serves.
+   */
+  @Override
+  public FileStatus getFileStatus(Path f) throws IOException {
+    FileStatus status = super.getFileStatus(f);
+    Map<String, Object> unix;
+    try {
+      unix = Files.readAttributes(pathToFile(f).toPath(), "unix:mode,owner,group");
+    } catch (NoSuchFileException e) {
+      throw new FileNotFoundException("File " + f + " does not exist");
+    } catch (UnsupportedOperationException | IllegalArgumentException e) {
+      return status;
+    }
+    return new FileStatus(status.getLen(), status.isDirectory(), status.getReplication(), status.getBlockSize(),
+        status.getModificationTime(), status.getAccessTime(),
+        new FsPermission((short) ((Integer) unix.get("mode") & 01777)),
+        ((UserPrincipal) unix.get("owner")).getName(), ((GroupPrincipal) unix.get("group")).getName(),
+        status.getPath());
   }
 
   /**

@@ -1,13 +1,14 @@
 package streams.platform.streaming;
 
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Paths;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
+import com.fasterxml.jackson.annotation.JsonIgnoreProperties;
+import com.fasterxml.jackson.annotation.JsonProperty;
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.ObjectMapper;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataInputStream;
 import org.apache.hadoop.fs.FileStatus;
@@ -37,14 +38,19 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
 public final class FencedCheckpointFileManager implements CheckpointFileManager {
   public static final String LEASE_DIR = "spark.streams.lease.dir";
   public static final String LEASE_EPOCH = "spark.streams.lease.epoch";
-  private static final Pattern NUMBER = Pattern.compile("\"%s\":\\s*(null|-?[0-9.eE+-]+)");
+  private static final ObjectMapper JSON = new ObjectMapper();
 
   private final CheckpointFileManager inner;
   private final java.nio.file.Path leaseDir;
   private final long epoch;
 
   public FencedCheckpointFileManager(Path path, Configuration conf) {
-    this.inner = spark(path, conf);
+    this(spark(path, conf), conf);
+  }
+
+  /** Fences {@code inner}'s writes by the lease that {@code conf} names. */
+  FencedCheckpointFileManager(CheckpointFileManager inner, Configuration conf) {
+    this.inner = inner;
     String dir = conf.get(LEASE_DIR);
     String epoch = conf.get(LEASE_EPOCH);
     this.leaseDir = dir == null || dir.isEmpty() || epoch == null ? null : Paths.get(dir);
@@ -69,40 +75,46 @@ public final class FencedCheckpointFileManager implements CheckpointFileManager 
     return dir.resolve(String.format("%08d.json", epoch));
   }
 
-  private static Double field(String json, String name) {
-    Matcher m = Pattern.compile(String.format(NUMBER.pattern(), name)).matcher(json);
-    if (!m.find() || m.group(1).equals("null")) {
-      return null;
-    }
-    return Double.valueOf(m.group(1));
-  }
+  /** What the fence reads of a lease's record (spark_jobs/runtime/lease.py's {@code Holder}). */
+  @JsonIgnoreProperties(ignoreUnknown = true)
+  record Lease(@JsonProperty("heartbeat_at") Double heartbeatAt, @JsonProperty("ttl") Double ttl,
+               @JsonProperty("released_at") Double releasedAt) {}
 
   /** Why the lease is no longer this driver's, or null while it is. */
   String lost() throws IOException {
-    if (leaseDir == null) {
-      return null;
-    }
+    return leaseDir == null ? null : lost(leaseDir, epoch, System.currentTimeMillis() / 1000.0);
+  }
+
+  /**
+   * The fencing rule: why the driver of {@code epoch} may no longer write at {@code now} (seconds
+   * since the epoch, as the records' times), given the lease's records in {@code leaseDir}; null
+   * while it may. Its cases: tests/spark_jobs/runtime/lease_cases.json.
+   */
+  static String lost(java.nio.file.Path leaseDir, long epoch, double now) throws IOException {
     if (Files.exists(record(leaseDir, epoch + 1))) {
       return "epoch " + (epoch + 1) + " of the lease took the stream over";
     }
-    String json;
+    Lease lease;
     try {
-      json = new String(Files.readAllBytes(record(leaseDir, epoch)), StandardCharsets.UTF_8);
+      lease = JSON.readValue(Files.readAllBytes(record(leaseDir, epoch)), Lease.class);
     } catch (NoSuchFileException e) {
       return "the record of epoch " + epoch + " of the lease is gone";
+    } catch (JsonProcessingException e) {
+      return null; // not a whole record (records are replaced whole): the next write checks again
     }
-    if (field(json, "released_at") != null) {
+    if (lease == null) {
+      return null;
+    }
+    if (lease.releasedAt() != null) {
       return "epoch " + epoch + " of the lease was released";
     }
-    Double heartbeat = field(json, "heartbeat_at");
-    Double ttl = field(json, "ttl");
-    if (heartbeat == null || ttl == null) {
+    if (lease.heartbeatAt() == null || lease.ttl() == null) {
       return null; // a record being replaced: the next write checks again
     }
-    double age = System.currentTimeMillis() / 1000.0 - heartbeat;
-    if (age > ttl / 2) {
+    double age = now - lease.heartbeatAt();
+    if (age > lease.ttl() / 2) {
       return String.format("the lease's heartbeat (epoch %d) is %.1fs old, more than half its ttl of %.0fs",
-          epoch, age, ttl);
+          epoch, age, lease.ttl());
     }
     return null;
   }
