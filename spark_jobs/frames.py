@@ -21,6 +21,7 @@ from spark_jobs.sources import kafka as kafka_source
 from spark_jobs.spec.models import (
     ACCEPTED_VIEW,
     CORRUPT_RECORD_COLUMN,
+    RAW_BYTES_COLUMN,
     SOURCE_FILE_COLUMN,
     SPARK_TYPES,
     WINDOW_END,
@@ -38,9 +39,10 @@ if TYPE_CHECKING:
 
 def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True) -> DataFrame:
     """The parsed source, with ``_corrupt_record`` and ``_source_file`` (a record's
-    position) for the sources the platform parses (files, Kafka); the same reader (format,
-    schema, options) in a stream and in a batch. Any other Spark source gives its declared
-    columns, picked by name and cast to their types."""
+    position) for the sources the platform parses (files, Kafka), and for Kafka the value's
+    bytes (``_raw_bytes``); the same reader (format, schema, options) in a stream and in a
+    batch. Any other Spark source gives its declared columns, picked by name and cast to
+    their types."""
     if source.kind == "kafka":
         return _read_kafka(spark, source, streaming)
     if source.kind == "spark":
@@ -70,7 +72,8 @@ def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True)
 def _read_kafka(spark: SparkSession, source: SourcePlan, streaming: bool) -> DataFrame:
     """Kafka records, their values parsed like a file's records (PERMISSIVE, the
     corrupt-record column; an empty or invalid-UTF-8 value is a corrupt one), with their position
-    ``topic/partition@offset`` in ``_source_file``. In a batch (a backfill), every
+    ``topic/partition@offset`` in ``_source_file`` and the value as it came (binary, null
+    for a tombstone) in ``_raw_bytes``, for the quarantine. In a batch (a backfill), every
     record the topics hold."""
     kafka = source.kafka
     assert kafka is not None
@@ -98,7 +101,8 @@ def _read_kafka(spark: SparkSession, source: SourcePlan, streaming: bool) -> Dat
         *columns,
         F.when(corrupt, F.coalesce(value, F.lit(""))).otherwise(parsed.getField(CORRUPT_RECORD_COLUMN))
         .alias(CORRUPT_RECORD_COLUMN),
-        position.alias(SOURCE_FILE_COLUMN))
+        position.alias(SOURCE_FILE_COLUMN),
+        F.col("value").alias(RAW_BYTES_COLUMN))
 
 
 def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:

@@ -64,6 +64,14 @@ if TYPE_CHECKING:
     from spark_jobs.spec.layout import Layout
 
 
+#: The quarantine table's columns (``spark_jobs.flows.ingestion.quarantine_columns``): the
+#: record as text (valid UTF-8, invalid bytes replaced by U+FFFD), its bytes exactly as they
+#: came where the source gives them (else null), why it was rejected, where it came from and
+#: when. A quarantine written before ``raw_bytes`` existed lacks it in its older files: read
+#: with this schema, their rows have it null.
+QUARANTINE_DDL = "raw string, raw_bytes binary, reason string, source_file string, quarantined_at timestamp"
+
+
 def ddl(columns: dict[str, str]) -> str:
     """``name: spec type`` pairs as a Spark DDL schema string."""
     return ", ".join(f"`{name}` {SPARK_TYPES[t]}" for name, t in columns.items())

@@ -35,7 +35,9 @@ entry), Spark's watermark for late events.
 The quarantine's ``reason`` says which rule a row broke, e.g. ``malformed json record:
 value does not match the column type: temperature (double)``, ``missing required
 field(s): ts`` or ``event time too far in the future: ts is more than 1 day ahead of
-the processing time``.
+the processing time``. Its ``raw`` is the record as text, always valid UTF-8 (Parquet's
+strings must be; invalid bytes become U+FFFD), and ``raw_bytes`` the record's bytes
+exactly as they came where the source gives them (``quarantine_columns``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from spark_jobs.spec.models import (
     EVENT_DATE_COLUMN,
     INGEST_QUERY,
     INPUT_VIEW,
+    RAW_BYTES_COLUMN,
     SOURCE_FILE_COLUMN,
     Column,
 )
@@ -204,14 +207,23 @@ def rejection_text(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
 # ---- the streaming part: split, watermark, deduplicate ------------------------------------
 
 
+def _rejected_only(source: SourcePlan) -> list[str]:
+    """The source's columns that only the quarantine reads: a record's position, and a
+    Kafka record's value as it came."""
+    if not source.parses_records:
+        return []
+    return [SOURCE_FILE_COLUMN, RAW_BYTES_COLUMN] if source.kind == "kafka" else [SOURCE_FILE_COLUMN]
+
+
 def decided(plan: StreamPlan, parsed: DataFrame) -> DataFrame:
     """Parsed rows with the rule each broke (``_reason``, null for a valid row),
     watermarked and deduplicated.
 
     Works on a stream and on a batch (a batch has no watermark; it deduplicates all)."""
     df = parsed.withColumn(REASON, rejection(plan))
-    if plan.source.parses_records:  # only the quarantine needs it: no position carried along with every valid row
-        df = df.withColumn(SOURCE_FILE_COLUMN, F.when(F.col(REASON).isNotNull(), F.col(SOURCE_FILE_COLUMN)))
+    # only the quarantine needs them: no position (nor a Kafka value) carried along with every valid row
+    for column in _rejected_only(plan.source):
+        df = df.withColumn(column, F.when(F.col(REASON).isNotNull(), F.col(column)))
     ingestion = plan.ingestion
     if ingestion is None or ingestion.event_time is None:
         return df
@@ -306,18 +318,35 @@ def accepted_rows(ingestion: IngestionPlan, kept: DataFrame, partitioned: bool =
 
 
 def quarantine_columns(plan: StreamPlan) -> list:
-    """The quarantine table's columns of a rejected row: the raw record, the reason, where
-    it came from (its file, or its Kafka position ``topic/partition@offset``), when (made
-    once: many columns, each a call into the JVM)."""
+    """The quarantine table's columns of a rejected row (``plan.QUARANTINE_DDL``; made once:
+    many columns, each a call into the JVM):
+
+    - ``raw``: the record as text: as it came if the parser rejected it, else its parsed
+      values as JSON; always valid UTF-8, every invalid sequence replaced by U+FFFD
+      (Parquet's strings must be UTF-8: readers such as pyarrow fail on other bytes);
+    - ``raw_bytes``: the record's bytes exactly as they came, where the source gives them:
+      a Kafka record's value, whatever the rule it broke (null for a tombstone, empty for an
+      empty value); a JSON file's record the parser rejected (its line, in the file's
+      encoding, without the line break). Null otherwise: Spark's CSV reader decodes a line
+      before anyone sees it (invalid bytes already U+FFFD), and a file's record the parser
+      read but a rule rejected is known by its parsed values only;
+    - ``reason``; ``source_file``: its file, or its Kafka position ``topic/partition@offset``;
+    - ``quarantined_at``.
+    """
     source = plan.source
     raw = F.to_json(F.struct(*[F.col(c.name) for c in source.columns]))
+    raw_bytes = F.lit(None).cast("binary")
     if source.parses_records:
         raw = F.coalesce(F.col(CORRUPT_RECORD_COLUMN), raw)
         source_file = F.col(SOURCE_FILE_COLUMN)
+        if source.kind == "kafka":
+            raw_bytes = F.col(RAW_BYTES_COLUMN)
+        elif source.format == "json":  # the JSON reader keeps a rejected record's bytes as they were
+            raw_bytes = F.col(CORRUPT_RECORD_COLUMN).cast("binary")
     else:
         source_file = F.lit(None).cast("string")
-    return [raw.alias("raw"), rejection_text(plan).alias("reason"), source_file.alias("source_file"),
-            F.current_timestamp().alias("quarantined_at")]
+    return [F.make_valid_utf8(raw).alias("raw"), raw_bytes.alias("raw_bytes"), rejection_text(plan).alias("reason"),
+            source_file.alias("source_file"), F.current_timestamp().alias("quarantined_at")]
 
 
 def quarantined_rows(classified: DataFrame, columns: list) -> DataFrame:
@@ -398,7 +427,7 @@ class IngestBatch:
         #: what the jobs after the shuffle read: the rows kept, and how to quarantine a rejected one
         self.carried = [*plan.ingestion.input_columns, KIND, REASON]
         if plan.source.parses_records:
-            self.carried += [CORRUPT_RECORD_COLUMN, SOURCE_FILE_COLUMN]
+            self.carried += [CORRUPT_RECORD_COLUMN, *_rejected_only(plan.source)]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # Spark judges a batch's rows late by the watermark the batch before ran with (its

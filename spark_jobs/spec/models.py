@@ -34,6 +34,8 @@ NUMERIC_TYPES = {"integer", "long", "double"}
 #: Columns the platform adds itself; a spec may not declare them.
 CORRUPT_RECORD_COLUMN = "_corrupt_record"
 SOURCE_FILE_COLUMN = "_source_file"
+#: A Kafka record's value as it came (binary), carried to the quarantine's ``raw_bytes``.
+RAW_BYTES_COLUMN = "_raw_bytes"
 EVENT_DATE_COLUMN = "event_date"
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: The query that parses a stream's input and commits its accepted rows (spark_jobs.flows.ingestion).
@@ -298,7 +300,11 @@ class KafkaSource(Strict):
 
 
 class Quarantine(Strict):
-    """Where malformed records go: raw text, reason, source file, time quarantined."""
+    """Where malformed records go, as Parquet: ``raw`` (the record as text, always valid
+    UTF-8: invalid bytes replaced by U+FFFD), ``raw_bytes`` (the record's bytes exactly as
+    they came, where the source gives them: a Kafka value, a JSON file's malformed line;
+    else null), ``reason``, ``source_file`` (the file, or ``topic/partition@offset``) and
+    ``quarantined_at``."""
 
     path: DataPath
 

@@ -13,7 +13,7 @@ The quarantine is compared by content with the manifest's ``quarantine`` list, a
 multiset of (file name, record text): records missing, unexpected or present more
 often than written, and records quarantined for another reason than the ground truth's.
 Two forms of a record's text count as the same (see :func:`record_key`): invalid UTF-8
-(the ledger writes ``\\xff``, Spark replaces it with U+FFFD), and a record Spark could
+(the ledger writes ``\\xff``, the quarantine's ``raw`` holds U+FFFD), and a record Spark could
 parse but rejected, which it keeps as its parsed values in JSON rather than as written.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
-from spark_jobs.plan import input_columns, result_key
+from spark_jobs.plan import QUARANTINE_DDL, input_columns, result_key
 from spark_jobs.runtime.clock import iso_ms
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
@@ -69,10 +69,12 @@ def normalize(value: Any) -> Any:
 # ---- reading sinks -----------------------------------------------------------------------------------
 
 
-def _read_parquet(spark: SparkSession, path: str, columns: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Committed rows of a file sink; an absent sink is an empty one."""
+def _read_parquet(spark: SparkSession, path: str, columns: tuple[str, ...] = (),
+                  schema: str | None = None) -> list[dict[str, Any]]:
+    """Committed rows of a file sink (read with ``schema`` if given: a column a file lacks is
+    null); an absent sink is an empty one."""
     try:
-        frame = spark.read.parquet(path)
+        frame = (spark.read.schema(schema) if schema else spark.read).parquet(path)
         rows = (frame.select(*columns) if columns else frame).collect()
     except Exception as exc:  # noqa: BLE001 - an absent sink is an empty one
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
@@ -168,10 +170,11 @@ def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: O
 
 
 def read_quarantine(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
-    """The quarantine's rows (raw, reason, source_file); none without a quarantine."""
+    """The quarantine's rows (raw, reason, source_file); none without a quarantine. Read with
+    the quarantine's schema, so that one written before ``raw_bytes`` existed reads alike."""
     if spec.quarantine is None:
         return []
-    return _read_parquet(spark, layout.data(spec.quarantine.path), QUARANTINE_COLUMNS)
+    return _read_parquet(spark, layout.data(spec.quarantine.path), QUARANTINE_COLUMNS, QUARANTINE_DDL)
 
 
 def count_quarantined(spark: SparkSession, spec: StreamSpec, layout: Layout) -> int:
@@ -266,7 +269,7 @@ REASON_KINDS = (
     ("event time too far in the future", "future"),
 )
 _KNOWN_KINDS = {kind for _, kind in REASON_KINDS}
-# runs of bytes that were not UTF-8: escaped by the ledger (\xff), replaced by Spark (U+FFFD)
+# runs of bytes that were not UTF-8: escaped by the ledger (\xff), replaced in the quarantine's raw (U+FFFD)
 _NOT_UTF8 = re.compile(r"(?:\\x[89a-fA-F][0-9a-fA-F]|\ufffd)+")
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from examples import clicks_on_files
+from quarantine_files import pyarrow_rows
 from test_pipeline import T0, Run, at, run
 
 from spark_jobs import analysis
@@ -288,10 +289,23 @@ def json_corpus() -> list[Kind]:
             bad_bytes(js("nu-in-value", m("non_utf8", 1), status="ok"), "ok", b"o\xffk"),
             js("nu-latin1", m("non_utf8", 1), status="café").encode("latin-1"),
             b"{\xc3\x28" + js("nu-between", m("non_utf8", 1)).encode()[1:],
-            bad_bytes(js("nu-in-id-X", m("non_utf8", 1)), "-X", b"-\x80")],
-            accepted={"nu-ok"},
+            bad_bytes(js("nu-in-id-X", m("non_utf8", 1)), "-X", b"-\x80"),  # a lone continuation byte
+            bad_bytes(js("nu-truncated", m("non_utf8", 1), status="caf"), "caf", b"caf\xc3"),
+            # an overlong "/": Spark's JSON reader (Jackson) decodes it instead of refusing it
+            # (asserted below); in a record it rejects, the text is checked and it is not UTF-8
+            bad_bytes(js("nu-overlong", m("non_utf8", 1), status="/"), '"/"', b'"\xc0\xaf"'),
+            bad_bytes(js("nu-overlong-cut", m("non_utf8", 1), status="/"), '"/"', b'"\xc0\xaf"')[:-1],
+            bad_bytes(js("nu-surrogate", m("non_utf8", 1), status="s"), '"s"', b'"\xed\xa0\x80"'),
+            # a NUL byte in a string: valid UTF-8, but the reader refuses an unescaped control
+            # character, which the JSON functions explaining the rejection accept: every column named
+            bad_bytes(js("nu-nul", m("non_utf8", 1), status="n"), '"n"', b'"\x00"'),
+            b"\xff\xfe" + js("nu-bom", m("non_utf8", 1)).encode()],
+            accepted={"nu-ok", "nu-overlong"},
             quarantined={"nu-in-value": NOT_UTF8, "nu-latin1": NOT_UTF8, "nu-between": NOT_UTF8,
-                         "nu-in-id-": NOT_UTF8}),
+                         "nu-in-id-": NOT_UTF8, "nu-truncated": NOT_UTF8, "nu-overlong-cut": NOT_UTF8,
+                         "nu-surrogate": NOT_UTF8, "nu-bom": NOT_UTF8,
+                         "nu-nul": WRONG_TYPE + "event_id (string), device_id (string), ts (timestamp), "
+                                                "temperature (double), status (string)"}),
         Kind("empty_file", "ef-", [], accepted=set()),
         Kind("blank_lines", "bk-", ["", "   ", "\t"], records=0, accepted=set()),
         Kind("late", "lt-", [
@@ -337,6 +351,7 @@ def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
     assert rows["wt-epoch-seconds"]["ts"] == T0 + timedelta(minutes=minute(J["wrong_types"], 3))
     assert math.isnan(rows["wt-nan"]["temperature"])  # Spark reads "NaN" as a double; a range check catches it
     assert rows["nu-ok"]["status"] == "café ✓"
+    assert rows["nu-overlong"]["status"] == "/"  # b"\xc0\xaf", an overlong "/", decoded by the reader
     assert len(rows["ll-ok"]["status"]) == LONG
     assert rows["mr-ok"]["humidity"] is None and rows["mr-ok"]["status"] is None
     # unknown fields are dropped, even ones named like the platform's columns
@@ -345,6 +360,36 @@ def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
     assert rows["dp-2"]["temperature"] == 20.0  # of two records with one key, the first wins
     long_raw = next(r["raw"] for r in sensors_run.quarantine if "ll-bad" in r["raw"])
     assert len(long_raw) == len(js("ll-bad", minute(J["long_line"], 2), status="y" * LONG)) - 2  # kept whole
+
+
+def corpus_lines(kinds: list[Kind]) -> set[bytes]:
+    return {ln if isinstance(ln, bytes) else ln.encode() for k in kinds for ln in k.lines}
+
+
+def test_sensors_quarantine_is_readable_by_any_parquet_reader_and_keeps_the_lines_bytes(sensors_run: Outcome) -> None:
+    """pyarrow reads every quarantined row: ``raw`` valid UTF-8 (invalid bytes replaced by
+    U+FFFD) and, for a line the JSON parser rejected, ``raw_bytes`` the line exactly."""
+    rows = pyarrow_rows(sensors_run.run.plan.ingestion.quarantine)
+    assert len(rows) == len(sensors_run.quarantine)
+    lines = corpus_lines(JSON_KINDS)
+    parsed = [r for r in rows if r["reason"].startswith("malformed json record: ")]
+    assert sum(r["reason"] == NOT_UTF8 for r in parsed) == 8
+    for row in parsed:
+        assert row["raw_bytes"] in lines, row["raw"][:120]
+        assert row["raw"] == row["raw_bytes"].decode("utf-8", "replace")
+    # read by the parser, rejected by a rule: known by its parsed values (raw, as JSON) alone
+    assert all(r["raw_bytes"] is None for r in rows if r not in parsed)
+    assert sum(r["raw_bytes"] is None for r in rows) == sum(
+        r.startswith(("missing", "event time")) for k in JSON_KINDS for r in k.quarantined.values())
+
+
+def test_clicks_quarantine_is_readable_by_any_parquet_reader(clicks_run: Outcome) -> None:
+    """Spark's CSV reader decodes a line before anyone sees it (invalid bytes replaced by
+    U+FFFD): ``raw`` is that text, and no original bytes are kept."""
+    rows = pyarrow_rows(clicks_run.run.plan.ingestion.quarantine)
+    assert len(rows) == len(clicks_run.quarantine) == sum(len(k.quarantined) for k in CSV_KINDS)
+    assert all(r["raw_bytes"] is None for r in rows)
+    assert sum("\ufffd" in r["raw"] for r in rows) == 3  # the non_utf8 kind's records
 
 
 def test_far_future_rows_never_reach_the_watermark(sensors_run: Outcome) -> None:

@@ -8,7 +8,9 @@ import sqlite3
 import time
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
+import pyarrow.parquet as pq
 import pytest
 from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
 
@@ -16,7 +18,7 @@ from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.flows.ingestion import IngestBatch, at_once, computed_once
 from spark_jobs.frames import accepted_batch
-from spark_jobs.plan import checkpoint_paths, compile_plan, written_by_ingestion
+from spark_jobs.plan import QUARANTINE_DDL, checkpoint_paths, compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     last_batch,
@@ -78,7 +80,39 @@ def test_a_quarantine_that_never_had_a_row_keeps_one_empty_file_for_its_schema(s
     quarantine = compile_plan(spec, layout).ingestion.quarantine
     assert sink_last_batch(quarantine) == 2 and len(sink_files(quarantine)) == 1
     empty = spark.read.parquet(quarantine)
-    assert empty.count() == 0 and empty.columns == ["raw", "reason", "source_file", "quarantined_at"]
+    assert empty.count() == 0 and empty.columns == ["raw", "raw_bytes", "reason", "source_file", "quarantined_at"]
+    assert empty.schema.simpleString() == spark.createDataFrame([], QUARANTINE_DDL).schema.simpleString()
+
+
+def test_a_quarantine_written_before_raw_bytes_existed_is_written_on_and_read(
+        spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spark_jobs.flows import ingestion
+    from spark_jobs.quality.validation import read_committed
+
+    spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), FILES[:1])  # "not json" twice
+    columns = ingestion.quarantine_columns
+    assert QUARANTINE_DDL.split(", ")[:2] == ["raw string", "raw_bytes binary"]
+    # the quarantine's columns before raw_bytes
+    monkeypatch.setattr(ingestion, "quarantine_columns", lambda plan: [columns(plan)[0], *columns(plan)[2:]])
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    quarantine = compile_plan(spec, layout).ingestion.quarantine
+    assert spark.read.parquet(quarantine).columns == ["raw", "reason", "source_file", "quarantined_at"]
+    before = sink_last_batch(quarantine)
+
+    monkeypatch.undo()  # this version, resuming from the checkpoint
+    bad = b'{"event_id": "e9", "device_id": "dev-\xff\x80", "ts": "2026-01-01T00:30:00.000Z"}'
+    land(Path(layout.landing), "json", [reading("e7", 20), bad])
+    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
+    rows = spark.read.schema(QUARANTINE_DDL).parquet(quarantine).collect()
+    assert sorted((r["raw"], r["raw_bytes"]) for r in rows) == [
+        ("not json", None), ("not json", None), (bad.decode("utf-8", "replace"), bytearray(bad))]
+    # its readers: the quality's accounting (its count), the ground truth's comparison
+    assert read_committed(spark, quarantine).count() == 3
+    assert sorted(r["raw"] for r in verify.read_quarantine(spark, spec, layout)) == sorted(r["raw"] for r in rows)
+    # the new batch's file, read by any Parquet reader
+    (new,) = {unquote(urlsplit(p).path) for p in sink_files(quarantine) - sink_files(quarantine, through_batch=before)}
+    assert [(r["raw"], r["raw_bytes"]) for r in pq.read_table(new).to_pylist()] == [
+        (bad.decode("utf-8", "replace"), bad)]
 
 
 def test_an_empty_batch_committed_again_is_skipped_and_the_log_compacts_over_empty_entries(spark, tmp_path: Path) -> None:

@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from quarantine_files import pyarrow_rows  # tests/ is on sys.path (rootdir conftest)
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.frames import accepted_batch
-from spark_jobs.plan import KafkaPlan, compile_plan
+from spark_jobs.plan import QUARANTINE_DDL, KafkaPlan, compile_plan
 from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import parse_spec
@@ -113,6 +114,86 @@ def test_records_are_parsed_once_quarantined_with_their_position_and_resumed_exa
     assert accepted == ["e1", "e2", "e3", "e4", "e5"]  # e1 again: a duplicate within the watermark
     assert len(quarantine(spark, layout)) == 5
     assert all(r.ok for r in verify.agreement(spark, spec, layout))
+
+
+#: Values no parser can read, whatever the format: each is quarantined, and must reach the
+#: quarantine readable by any Parquet reader with its bytes kept exactly.
+UNREADABLE = {
+    "lone continuation byte": b"\x80",
+    "truncated multibyte": b"caf\xc3",
+    "overlong encoding": b"\xc0\xaf",
+    "0xff": b"\xff",
+    "surrogate": b"\xed\xa0\x80",
+    "beyond U+10FFFF": b"\xf4\x90\x80\x80",
+    "Latin-1": "café".encode("latin-1"),
+    "UTF-16": "{}".encode("utf-16"),
+    "NUL byte": b"\x00",
+    "empty": b"",
+    "blank": b" \t ",
+    "tombstone": None,
+    "not JSON": b"not json",
+    "huge, not UTF-8": b"\xfe" + b"x\xff" * 150_000,
+}
+
+
+def bad_records(fmt: str) -> dict[str, bytes]:
+    """Records of ``fmt`` with one thing wrong: invalid bytes inside a value, a NUL byte in
+    one, a required field missing (the parser reads it; a rule rejects it)."""
+    if fmt == "csv":
+        return {"in a value": b"b1,dev-\xe2\x82,2026-01-01T00:02:00.000Z,1.0",
+                "NUL in a value": b"b2,dev-\x00,2026-01-01T00:02:00.000Z,nan\x00",
+                "missing required": b"b3,,2026-01-01T00:02:00.000Z,1.0"}
+    return {"in a value": b'{"event_id": "b1", "device_id": "dev-\xe2\x82", "ts": "2026-01-01T00:02:00.000Z"}',
+            "NUL in a value": b'{"event_id": "b2", "device_id": "dev-\x00", "ts": "2026-01-01T00:02:00.000Z"}',
+            "missing required": b'{"event_id": "b3", "ts": "2026-01-01T00:02:00.000Z"}'}
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_a_quarantined_value_is_readable_by_any_parquet_reader_and_keeps_its_bytes(
+        spark, tmp_path: Path, kafka_broker, kafka_topic: str, fmt: str) -> None:
+    good = (reading("g1", 1) if fmt == "json" else "g1,dev-001,2026-01-01T00:01:00.000Z,20.0").encode()
+    values = {"good": good, **UNREADABLE, **bad_records(fmt)}
+    names = list(values)
+    kafka_broker.produce(kafka_topic, list(values.values()), partition=0)
+    spec, layout = setup(tmp_path, kafka_spec(kafka_topic, kafka_broker.bootstrap, [PASSTHROUGH], format=fmt))
+    events: list[dict] = []
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout), on_batch=events.append)
+
+    ingested = [e for e in events if e["event"] == "ingested"]
+    assert {k: sum(e[k] for e in ingested) for k in ("rows", "accepted", "quarantined", "late", "unmatched")} == {
+        "rows": len(values), "accepted": 1, "quarantined": len(values) - 1, "late": 0, "unmatched": 0}
+    rows = pyarrow_rows(layout.data("quarantine"))  # no UnicodeDecodeError
+    by_name = {names[int(r["source_file"].rsplit("@", 1)[1])]: r for r in rows}
+    assert sorted(by_name) == sorted(n for n in names if n != "good")
+    for name, row in by_name.items():
+        value = values[name]
+        assert row["raw_bytes"] == value, name  # exactly as produced; null for a tombstone only
+        if row["reason"].startswith(f"malformed {fmt} record: "):  # the parser's: the text as it came, made valid
+            assert row["raw"] == (value or b"").decode("utf-8", "replace"), name
+    not_utf8 = [n for n, v in values.items() if v is not None and not _is_utf8(v)]
+    assert {n for n, r in by_name.items() if r["reason"] == f"malformed {fmt} record: not valid UTF-8"} == set(not_utf8)
+    assert by_name["missing required"]["reason"] == "missing required field(s): device_id"
+    assert json.loads(by_name["missing required"]["raw"])["event_id"] == "b3"  # the values the parser read
+    # Spark reads the same rows
+    assert sorted(seen(r) for r in spark_rows(spark, layout)) == sorted(seen(r) for r in rows)
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def spark_rows(spark, layout: Layout) -> list[dict]:  # noqa: ANN001
+    return [r.asDict() for r in spark.read.schema(QUARANTINE_DDL).parquet(layout.data("quarantine")).collect()]
+
+
+def seen(row: dict) -> tuple:
+    """A quarantine row's content (Spark gives binary as a bytearray, pyarrow as bytes)."""
+    raw_bytes = None if row["raw_bytes"] is None else bytes(row["raw_bytes"])
+    return row["source_file"], row["reason"], row["raw"], raw_bytes
 
 
 def test_csv_values_with_the_record_timestamp_as_event_time(spark, tmp_path: Path, kafka_broker,
