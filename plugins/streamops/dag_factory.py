@@ -13,6 +13,9 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 * ``stream_<name>_quality``: validate every unit of the sinks closed since the last run with
   Great Expectations, and the accounting of every input row; when units of the sinks close
   (every sink is an Airflow asset, ``streamops.assets``), and on the rules' ``schedule`` if set.
+* ``stream_<name>_state``: read what the stream's state holds (open windows, deduplication
+  keys) in a Spark job of its own, for its page; from the page, and after a scheduled restart.
+* ``stream_<name>_maintenance``: compact and vacuum its Delta tables, if it has any.
 
 A stream that is an application of the user's own (``application:`` in its spec) gets the
 first three: it is deployed, supervised, stopped and restarted like the others.
@@ -47,6 +50,7 @@ from streamops.assets import quality_schedule, sink_assets
 from streamops.health import RUNNING
 from streamops.operators.maintenance import MaintainTablesOperator
 from streamops.operators.quality import RUN_ID_PATTERN, ValidateStreamOperator
+from streamops.operators.state import InspectStateOperator
 from streamops.operators.stream import (
     BackfillOperator,
     ResumeStreamOperator,
@@ -161,6 +165,9 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
 
         stop >> resume >> start >> running
         downtime(stop.output, running.output)
+        if spec.application is None:  # what its state holds now, for its page (stream_<name>_state)
+            running >> TriggerDagRunOperator(task_id="inspect_state", trigger_dag_id=dag_id(spec.name, "state"),
+                                             logical_date=None, wait_for_completion=False)
     dags[restart_dag.dag_id] = restart_dag
     if spec.application is None:  # an application's own queries: nothing of the platform's to backfill or validate
         dags |= _data_dags(spec, plan, spec_dir, paths, tags)
@@ -229,6 +236,15 @@ def _data_dags(spec: StreamSpec, plan: StreamPlan, spec_dir: Path, paths: dict[s
         ValidateStreamOperator(task_id="validate", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
                                again="{{ params.again or '' }}", conf=_conf(), **paths)
     dags[quality_dag.dag_id] = quality_dag
+
+    state_doc = (f"{_doc(spec, plan, 'what its state holds')}\n\nReads, in a Spark job of its own, what each flow's "
+                 "state holds at its last committed batch (open windows, deduplication keys, groups) for the "
+                 "stream's page; never touches the running driver. From the page, and after a scheduled restart.")
+    with DAG(dag_id(spec.name, "state"), doc_md=state_doc, schedule=None, start_date=START, catchup=False,
+             max_active_runs=1, tags=[*tags, "state"], default_args={**_default_args(spec), "retries": 0}) as state_dag:
+        InspectStateOperator(task_id="inspect", stream=spec.name, conn_id=spec.spark.connection, jars=_jars(),
+                             conf=_conf(), **paths)
+    dags[state_dag.dag_id] = state_dag
 
     tables = plan.delta_tables
     if tables:

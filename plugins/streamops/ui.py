@@ -247,6 +247,7 @@ ACTIONS = {
     "backfill": ("backfill", "recompute an event-time range from the accepted rows, then validate it"),
     "validate": ("quality", "validate the units closed since the last validation"),
     "maintain": ("maintenance", "compact and vacuum the stream's Delta tables"),
+    "inspect": ("state", "read what the state holds (open windows, deduplication keys) at the last committed batch"),
 }
 #: The actions of a stream that is an application of the user's own: its DAGs (dag_factory)
 APPLICATION_ACTIONS = ("start", "stop", "restart")
@@ -285,8 +286,10 @@ def stream_page(stream: str, request: Request, user: User, triggered: str | None
     tables = views.delta_tables(spec, _layout(spec)) if uses_delta(spec) else []
     maintenance = dag_id(stream, "maintenance")
     runs = _recent_runs(maintenance) if tables and _allowed(user, maintenance) else []
+    status = stream_status(spec)
+    held = views.state(spec, _layout(spec), status.get("last_committed") or {}) if spec.application is None else None
     return TEMPLATES.get_template("stream.html").render(
-        stream=stream, description=spec.description, triggered=triggered, status=stream_status(spec),
+        stream=stream, description=spec.description, triggered=triggered, status=status, state=held,
         ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
         csrf_token=csrf_token(request), refresh=False, static="../", tables=tables, maintenance=maintenance,
         maintenance_runs=runs)

@@ -326,3 +326,20 @@ def _last(history: list[dict[str, Any]], operation: str) -> str | None:
     stamp = next((h["timestamp"] for h in history if h.get("operation") == operation), None)
     return iso(stamp / 1000) if stamp is not None else None
 
+
+def state(spec: StreamSpec, layout: Layout, last_committed: dict[str, int | None]) -> dict[str, Any] | None:
+    """What the stream's state held when it was last read (``spark_jobs.state``, the stream's
+    ``_state`` DAG), per flow and stateful operator, with how many batches each flow has committed
+    since (``last_committed``: the health's); None if it was never read."""
+    try:
+        found = json.loads(layout.state_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    flows = []
+    for name, flow in sorted((found.get("flows") or {}).items(), key=lambda f: (f[0] != INGEST_QUERY, f[0])):
+        now = last_committed.get(name)
+        flows.append({"flow": _label(name), "batch": flow.get("batch"), "watermark": flow.get("watermark"),
+                      "bytes": flow.get("bytes"), "operators": flow.get("operators") or [],
+                      "since": None if now is None or flow.get("batch") is None else now - flow["batch"]})
+    return {"inspected_at": found.get("inspected_at"), "flows": flows}
+

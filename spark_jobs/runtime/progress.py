@@ -84,6 +84,7 @@ def summarize(progress: dict[str, Any]) -> dict[str, Any]:
         "event_time": progress.get("eventTime", {}),
         "watermark": (progress.get("eventTime") or {}).get("watermark"),
         "state_rows": sum(s.get("numRowsTotal", 0) for s in state),
+        "state_bytes": sum(s.get("memoryUsedBytes", 0) for s in state),
         "dropped_by_watermark": sum(s.get("numRowsDroppedByWatermark", 0) for s in state),
         "dropped_duplicates": sum((s.get("customMetrics") or {}).get("numDroppedDuplicateRows", 0) for s in state),
         "sink_rows": sink.get("numOutputRows", -1),

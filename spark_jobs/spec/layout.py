@@ -107,6 +107,12 @@ class Layout:
         return self.lease_dir / "records_behind.json"
 
     @property
+    def state_file(self) -> Path:
+        """What the stream's state held at a committed batch, per flow and stateful operator, as the
+        last inspection read it (``spark_jobs.state``)."""
+        return self.lease_dir / "state.json"
+
+    @property
     def plan_file(self) -> Path:
         """The plan the running job works from (spark_jobs.plan), written when it starts."""
         return self.lease_dir / "plan.json"

@@ -66,7 +66,7 @@ def _streams() -> list[dict]:
 
 
 @pytest.fixture
-def site(data_root: Path, tmp_path: Path, monkeypatch) -> Path:  # noqa: ANN001
+def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:  # noqa: ANN001
     """The streams' specs and data: sensors' real run (conftest), the others' parts on disk."""
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -79,6 +79,15 @@ def site(data_root: Path, tmp_path: Path, monkeypatch) -> Path:  # noqa: ANN001
     monkeypatch.setenv("STREAMS_DATA_DIR", str(data_root))
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", BOOTSTRAP)
     checkpoints = data_root / "checkpoints"
+    # sensors: what its state holds, as its _state DAG's job reads it
+    from spark_jobs import state
+    from spark_jobs.plan import compile_plan
+    from spark_jobs.spec.layout import Layout
+    from spark_jobs.spec.loading import load_spec
+
+    sensors = load_spec(specs / "sensors.yaml")
+    layout = Layout(sensors, data_root, specs)
+    write_atomically(layout.state_file, json.dumps(state.inspect(spark, compile_plan(sensors, layout), layout)))
     # clicks: a committed batch, a Delta table that exists (the page that answered 500) and one row
     _kafka_checkpoint(checkpoints / "clicks" / "_ingest", "clicks", {"0": 5})
     views = pa.table({"window_start": pa.array([0], pa.timestamp("us", "UTC")), "category": ["news"],
@@ -183,8 +192,11 @@ def test_every_page_of_every_stream_renders_for_every_role(client, monkeypatch) 
     parts = client.get("/streams/parts/").text
     assert "<td>_accepted</td>" in parts and "no table yet" in parts  # neither Delta table written yet
     assert "standby:" in parts
-    forms = {"sensors": ("start", "stop", "restart", "backfill", "validate"),
-             "clicks": ("start", "stop", "restart", "backfill", "validate", "maintain"),
+    state = client.get("/streams/sensors/").text
+    assert "<h2 id='state'>State</h2>" in state and "open window(s): oldest" in state and "key(s); the oldest" in state
+    assert "Not read yet" in client.get("/streams/clicks/").text
+    forms = {"sensors": ("start", "stop", "restart", "backfill", "validate", "inspect"),
+             "clicks": ("start", "stop", "restart", "backfill", "validate", "maintain", "inspect"),
              "rate_counts": ("start", "stop", "restart")}
     for stream, actions in forms.items():
         page = client.get(f"/streams/{stream}/").text
