@@ -229,3 +229,15 @@ def test_parsing_is_cheap() -> None:
     print(f"parsed {result['dags']} DAGs in {result['seconds']:.2f}s")
     assert result["heavy"] == []
     assert result["dags"] >= 10
+
+
+def test_every_stream_of_the_platform_s_own_gets_a_state_dag_run_after_a_scheduled_restart(bag) -> None:
+    from streamops.operators.state import InspectStateOperator
+
+    for name in ("sensors", "clicks"):
+        task = bag.dags[f"stream_{name}_state"].get_task("inspect")
+        assert isinstance(task, InspectStateOperator) and task.application.endswith("spark_jobs/state.py")
+        assert task.retries == 0 and bag.dags[f"stream_{name}_state"].schedule is None  # the page's or a restart's
+        restart = bag.dags[f"stream_{name}_restart"]
+        assert restart.get_task("inspect_state").trigger_dag_id == f"stream_{name}_state"
+        assert restart.get_task("inspect_state").upstream_task_ids == {"running"}
