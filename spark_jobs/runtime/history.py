@@ -59,6 +59,7 @@ METRICS = {
     "batch_ms": "a batch's duration (Spark: triggerExecution)",
     "lag_s": "event-time lag: when the batch ran minus its watermark, in seconds",
     "state_rows": "rows held in state",
+    "state_bytes": "bytes the state store holds in memory (Spark: memoryUsedBytes of the batch's state operators)",
     "sink_rows": "rows the batch wrote to its sink",
     "classified": "rows the ingestion classified (after deduplication): accepted, quarantined or late",
     "accepted": "rows the ingestion accepted",
@@ -103,6 +104,8 @@ def values_of(event: dict[str, Any]) -> tuple[str | None, dict[str, float]]:
         if ran is not None and watermark:  # a watermark of 0 (the epoch) is none yet
             values["lag_s"] = max(0.0, ran - watermark)
         values["state_rows"] = event.get("state_rows") or 0
+        if isinstance(event.get("state_bytes"), int | float):  # events written before it was kept have none
+            values["state_bytes"] = event["state_bytes"]
         if (event.get("sink_rows") or -1) >= 0:
             values["sink_rows"] = event["sink_rows"]
         if event.get("dropped_duplicates"):
@@ -208,8 +211,27 @@ class History:
         return out
 
     def totals(self, since: float, until: float | None = None) -> dict[tuple[str, str], float]:
-        """Every (query, metric)'s sum over the range: rows in and out of each part of the stream."""
-        totals: dict[tuple[str, str], float] = {}
-        for key, points in self.series(since, until).items():
-            totals[key] = sum(p.sum for p in points)
-        return totals
+        """Every (query, metric)'s sum over the range (the points :meth:`series` gives): rows in and
+        out of each part of the stream. Summed by SQLite: a scrape of the metrics asks every 15 s."""
+        return {(query, metric): total for query, metric, total in
+                self._grouped("SUM(sum)", since, until)}
+
+    def latest(self, since: float, until: float | None = None) -> dict[tuple[str, str], Point]:
+        """Every (query, metric)'s newest point within the range (of the points :meth:`series` gives)."""
+        # SQLite takes a bare column's value from the row that MAX() picked
+        return {(query, metric): Point(at, total, n, top, last) for query, metric, at, total, n, top, last in
+                self._grouped("MAX(at), sum, n, max, last", since, until)}
+
+    def _grouped(self, columns: str, since: float, until: float | None) -> list[tuple[Any, ...]]:
+        if not self.path.exists():
+            return []
+        until = time.time() if until is None else until
+        tier = self.tier_for(since, until)
+        sql = (f"SELECT query, metric, {columns} FROM points WHERE tier = ? AND at >= ? AND at <= ? "
+               "GROUP BY query, metric")
+        try:
+            with self._db(write=False) as db:
+                return db.execute(sql, [tier, since - (MINUTE if tier == MINUTE else 0), until]).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("cannot read the stream's history %s: %s", self.path, exc)
+            return []

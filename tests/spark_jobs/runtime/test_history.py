@@ -54,6 +54,22 @@ def test_points_are_kept_per_batch_and_per_minute(tmp_path: Path) -> None:
     assert history.totals(NOW - 1, NOW + 100)[("_ingest", "input_rows")] == 165
 
 
+def test_the_state_bytes_of_a_batch_are_kept_and_the_newest_point_and_sums_read_in_sql(tmp_path: Path) -> None:
+    """What the metrics endpoint reads at every scrape: the range's sums (as :meth:`History.series`
+    adds them up) and each figure's newest point, without reading every point."""
+    assert values_of({**progress(NOW), "state_bytes": 4096})[1]["state_bytes"] == 4096
+    history = History(tmp_path / "h.sqlite")
+    assert history.totals(NOW - 1, NOW + 100) == {} and history.latest(NOW - 1, NOW + 100) == {}
+    for i, rows in enumerate((100, 50, 10)):
+        history.fold({**progress(NOW + 10 * i, rows=rows), "state_bytes": 1000 + i})
+    history.fold(progress(NOW + 200, rows=7))  # after the range
+    series = history.series(NOW - 1, NOW + 100)  # the tier the range takes, as theirs
+    assert history.totals(NOW - 1, NOW + 100) == {key: sum(p.sum for p in points) for key, points in series.items()}
+    latest = history.latest(NOW - 1, NOW + 100)
+    assert latest == {key: points[-1] for key, points in series.items()}
+    assert (latest[("_ingest", "input_rows")].last, latest[("_ingest", "state_bytes")].last) == (10, 1002)
+
+
 def test_the_range_picks_the_tier_that_keeps_it(tmp_path: Path) -> None:
     history = History(tmp_path / "h.sqlite")
     now = time.time()
