@@ -125,3 +125,58 @@ def test_a_kafka_broker_inside_the_network_and_the_connector_baked_into_the_imag
     # the same Maven definition as ./platform setup, into the folder the drivers' --jars read
     assert "include/deploy/maven/spark-connectors.xml dependency:copy-dependencies" in DOCKERFILE
     assert "-DoutputDirectory=/opt/streams/.jars/spark-connectors" in DOCKERFILE
+
+
+def test_prometheus_scrapes_the_streams_metrics_with_the_token_and_alerts_on_what_the_plugin_exports() -> None:
+    """The compose file's Prometheus: its scrape configuration and alert rules exist and parse, it
+    scrapes the path the plugin serves with the token the API server accepts (a secret, not a
+    literal), and its rules name only metrics, labels and statuses the plugin exports
+    (``streamops.metrics``). Checked as YAML (``promtool`` is not at hand here)."""
+    from streamops import STREAMS_URL, metrics
+
+    prometheus = SERVICES["prometheus"]
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", prometheus["image"]), "pin Prometheus to a release"
+    assert "./include/deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert prometheus["depends_on"] == {"airflow-api-server": {"condition": "service_healthy"}}
+    assert all(p.startswith("127.0.0.1:") for p in prometheus["ports"])
+    config = yaml.safe_load((ROOT / "include/deploy/prometheus/prometheus.yml").read_text())
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+
+    (job,) = [j for j in config["scrape_configs"] if j["metrics_path"] == STREAMS_URL + metrics.PATH]
+    assert [t for c in job["static_configs"] for t in c["targets"]] == ["airflow-api-server:8080"]
+    assert job.get("scrape_interval", config["global"]["scrape_interval"]) == "15s"
+    # the token: the compose secret made from STREAMS_METRICS_TOKEN, which the API server reads from .env
+    secret = job["authorization"]["credentials_file"]
+    assert job["authorization"]["type"] == "Bearer" and secret.startswith("/run/secrets/")
+    name = secret.removeprefix("/run/secrets/")
+    assert name in prometheus["secrets"] and COMPOSE["secrets"][name] == {"environment": metrics.TOKEN_ENV}
+    assert SERVICES["airflow-api-server"]["env_file"] == ".env"
+    example = dict(line.split("=", 1) for line in (ROOT / ".env_example").read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+    assert example[metrics.TOKEN_ENV] == "<random-secret>"
+
+    # the alert rules: loaded by Prometheus, stalled, lagging and quality covered, over exported metrics
+    (rules_file,) = config["rule_files"]
+    assert rules_file.startswith("/etc/prometheus/")
+    rules = yaml.safe_load((ROOT / "include/deploy/prometheus" / rules_file.removeprefix("/etc/prometheus/"))
+                           .read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert {"StreamStalled", "StreamLagging", "StreamQualityFailed"} <= set(alerts)
+    labels = {label for m in metrics.METRICS for label in m.labels}
+    for alert, rule in alerts.items():
+        expr = rule["expr"]
+        used = set(re.findall(r"\bstreams_\w+", expr))
+        assert used or expr.startswith("up{"), (alert, expr)
+        assert used <= metrics.NAMES, f"{alert} names metrics the plugin does not export: {sorted(used - metrics.NAMES)}"
+        for label, values in re.findall(r"\b(\w+)=~?\"([^\"]*)\"", expr):
+            if label == "job":
+                assert values == job["job_name"], alert
+                continue
+            assert label in labels, (alert, label)
+            if label == "status":
+                assert set(values.split("|")) <= set(metrics.STATUSES), (alert, values)
+        for label in re.findall(r"\$labels\.(\w+)", str(rule["annotations"])):
+            assert label in labels, (alert, label)
+    assert "streams_status" in alerts["StreamStalled"]["expr"] and '"stalled"' in alerts["StreamStalled"]["expr"]
+    assert '"lagging"' in alerts["StreamLagging"]["expr"]
+    assert "streams_validation_ok" in alerts["StreamQualityFailed"]["expr"]

@@ -18,6 +18,8 @@ at :data:`streamops.STREAMS_URL` (``/streams``):
 * ``/<stream>/quality/``: its data-quality summary, and ``/<stream>/quality/docs/`` its
   Great Expectations Data Docs;
 * ``/dag/<dag_id>``: the page of the stream a DAG belongs to (the tab on DAG pages).
+* ``/metrics``: every stream's figures in Prometheus' text format (``streamops.metrics``),
+  readable with the login or with the scrapers' token, which opens no other route.
 
 Airflow does not guard plugin apps, so every route checks the caller itself
 (``streamops.ui_guard``): anonymous requests get 401; reading needs read access to the
@@ -50,7 +52,7 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import load_specs
 from spark_jobs.spec.models import StreamSpec
-from streamops import DAG_ROLES, dag_id, views
+from streamops import DAG_ROLES, dag_id, metrics, views
 from streamops.ui_guard import (
     CSRF_FIELD,
     DOCS_POLICY,
@@ -361,3 +363,13 @@ def quality_file(stream: str, path: str, user: User) -> Response:
     if target.suffix.lower() in (".html", ".htm"):
         return HTMLResponse(offline_docs(target.read_text(encoding="utf-8", errors="replace")), headers=headers)
     return FileResponse(target, headers=headers)
+
+
+@app.get(metrics.PATH)
+def metrics_text(reader: Annotated[object, Depends(metrics.reader)]) -> Response:
+    """The streams' figures in Prometheus' text format (``streamops.metrics``): the streams the
+    caller may read, or every stream for the scrapers' token; the page's figures at one moment."""
+    now = time.time()
+    specs = [spec for _, spec in sorted(_specs().items())] if reader is metrics.SCRAPER else _readable(reader)
+    return metrics.response([metrics.figures(spec, _layout(spec), stream_status(spec, now), now) for spec in specs],
+                            now)

@@ -14,6 +14,9 @@ production; one instance for the whole file):
 3. a stream whose driver fails at every start spends its restart budget: the supervisor
    fails saying so and why, and exactly one alert e-mail arrives at the SMTP server that
    Airflow's SMTP connection points at.
+
+While the supervised stream runs, Prometheus' scrape of the streams' metrics (the metrics
+token, over HTTP) is parsed with prometheus-client's parser and agrees with the checkpoint.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ ALERT_FROM = "streams@example.com"
 DAY = "2026-01-01"
 RANGE = ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00")
 MISSING_REFERENCE = "reference/no_such_devices.csv"
+#: the scrapers' token of the metrics endpoint (STREAMS_METRICS_TOKEN of the API server)
+METRICS_TOKEN = "e2e-metrics-scraper-token"
 
 
 # ---- a mail server on loopback -----------------------------------------------------------------
@@ -221,7 +226,8 @@ def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]: 
     metadata_url = module_postgres_database.replace("postgresql://", "postgresql+psycopg://", 1)
     airflow = Airflow(root / "airflow", data_root, metadata_url, extra_env={
         "STREAMS_SPEC_DIR": str(spec_dir), "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder(root / "dags")),
-        "STREAMS_ALERT_EMAIL": ALERT_TO, "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps(smtp)})
+        "STREAMS_ALERT_EMAIL": ALERT_TO, "AIRFLOW_CONN_SMTP_DEFAULT": json.dumps(smtp),
+        "STREAMS_METRICS_TOKEN": METRICS_TOKEN})
     # the services import this checkout's code (the plugins folder, and spark_jobs through PYTHONPATH)
     assert Path(airflow.env["AIRFLOW__CORE__PLUGINS_FOLDER"]) == ROOT / "plugins"
     mail.start()
@@ -234,6 +240,25 @@ def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]: 
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
         mail.stop()
+
+
+def scrape_metrics(p: Platform) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """One scrape of ``/streams/metrics`` as Prometheus makes it (the metrics token), parsed with
+    prometheus-client's parser: every sample by name and labels."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"{p.airflow.url}/streams/metrics"
+    # this Airflow lets every request in as an admin, but a token that is neither its own nor the
+    # scrapers' is refused all the same
+    assert requests.get(url, headers={"Authorization": "Bearer not-the-token"}, timeout=30).status_code in (401, 403)
+    started = time.monotonic()
+    response = requests.get(url, headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=30)
+    print(f"a scrape of the metrics took {time.monotonic() - started:.2f}s")
+    assert response.status_code == 200, response.text[:2000]
+    assert response.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text) for s in family.samples}
 
 
 # ---- 1. backfill -------------------------------------------------------------------------------
@@ -372,6 +397,24 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
              "a new driver to commit a batch after the kill", timeout=240, every=0.2)
     print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
     wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+
+    # the metrics Prometheus scrapes say what the checkpoint and the run history say
+    batch_before, restarts = committed(), budget.restarts_since(time.time() - 86400)
+    samples = scrape_metrics(p)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted({"stream": "sensors", **labels}.items()))))
+
+    statuses = {dict(labels)["status"]: v for (name, labels), v in samples.items()
+                if name == "streams_status" and dict(labels)["stream"] == "sensors"}
+    # idle, or healthy for the moment a no-data batch (the watermark moving on) runs
+    assert sum(statuses.values()) == 1 and statuses["idle"] + statuses["healthy"] == 1, statuses
+    assert 0 <= batch_before <= sample("streams_last_committed_batch", flow="ingestion") <= committed()
+    assert sample("streams_driver_running") == 1 and sample("streams_stopped_on_purpose") == 0
+    assert restarts >= 2 and sample("streams_restarts_last_day") == restarts  # started again after the stop; the kill
+    assert sample("streams_read_rows_last_hour", flow="ingestion") > 0
+    assert sample("streams_backlog_files") == 0 and sample("streams_batch_duration_seconds", flow="ingestion") > 0
+    assert any(name == "streams_status" and ("stream", "doomed") in labels for name, labels in samples)  # every one
 
     # 2d. unpaused, the quality DAG validates the closed units of the live sinks, run by their asset
     # events (the sinks' watchers start with the unpaused DAG); a second event may start a
