@@ -13,7 +13,14 @@ beside the checkpoint, and runs until:
 With ``--standby`` it does everything up to the queries' start, then waits to take the
 stream over (spark_jobs.runtime.standby).
 
-Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments,
+Before any query starts, the plan is judged against the plan of the last start and the state its
+checkpoint holds, flow by flow (``spark_jobs.changes``): a change the checkpoint cannot honestly
+resume (a window edited in place, a grouping key added, a sink moved, ...) is refused with exit 2
+and the verdicts, and nothing is written. A start that runs keeps its plan (``_control/plans/``)
+and archives the checkpoints of outputs removed from the spec.
+
+Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments, or a change
+the checkpoint cannot resume,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
 stream over: this one halts without committing), 137 stopped immediately (the marker).
 """
@@ -24,6 +31,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 from spark_jobs.plan import has_ingestion
 from spark_jobs.runtime.driver import (
@@ -116,9 +124,10 @@ def _trigger(args: argparse.Namespace) -> Trigger | None:
 
 
 def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:  # noqa: ANN001
+    from spark_jobs import changes
     from spark_jobs.analysis import analyze
     from spark_jobs.flows import queries
-    from spark_jobs.runtime.checkpoint import refuse_incompatible
+    from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
     from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import build_session, fence_lease
 
@@ -147,6 +156,18 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         except KafkaUnavailable as exc:  # the broker or a topic is not there (yet): a failure to restart from
             code = _start_failed(spec, layout, events, exc)
             return code
+        previous = previous_plan(layout)
+        verdicts = changes.judge(plan, previous, args.spec, spec.event_time.watermark if spec.event_time else None)
+        refused = changes.blocking(verdicts)
+        if refused:  # resumed under its checkpoint, a sink would mix old and new results
+            log.error("stream %s: the spec changed in ways its checkpoint cannot honestly resume; nothing started. "
+                      "Run the stream's upgrade, or restore the spec. Per flow:\n%s", spec.name,
+                      changes.report(verdicts))
+            events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
+                          "error": "spec changed: run the upgrade\n" + changes.report(refused)[:3800],
+                          "verdicts": {v.flow: v.verdict for v in verdicts}})
+            code = EXIT_BAD_SPEC
+            return code
         try:  # everything up to the queries' start, before a standby waits
             refuse_incompatible(plan, layout)
             planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
@@ -162,6 +183,10 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
                       "standby": args.standby})
         started = True
+        now = time.time()
+        for archived in changes.retire(verdicts, previous, layout, now):
+            log.info("a removed output's checkpoint archived in %s (its sink is kept)", archived)
+        changes.keep(layout, args.spec, plan, now)
         plan.write(layout.plan_file)
         ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
         for only in phases:

@@ -425,12 +425,12 @@ def refuse_incompatible(plan: StreamPlan, layout: Layout) -> None:
     layout of the stream's tables this plan cannot resume from."""
     _refuse_old_layout(plan, layout)
     _refuse_written_output_layout(plan, layout)
-    previous = _previous_plan(layout)
+    previous = previous_plan(layout)
     _refuse_moved_accepted_rows(plan, layout, previous)
     _refuse_changed_sinks(plan, layout, previous)
 
 
-def _previous_plan(layout: Layout) -> dict:
+def previous_plan(layout: Layout) -> dict:
     """The plan the last start wrote (``_control/plan.json``); empty if none or unreadable
     (an unreadable plan says nothing; the start writes a new one)."""
     try:

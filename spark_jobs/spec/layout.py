@@ -107,6 +107,16 @@ class Layout:
         return self.lease_dir / "records_behind.json"
 
     @property
+    def plans_dir(self) -> Path:
+        """Every plan the stream started with, one file per start, with its spec's text (``spark_jobs.changes``)."""
+        return self.lease_dir / "plans"
+
+    @property
+    def retired_dir(self) -> Path:
+        """The checkpoints of outputs removed from the spec, archived when the next start retired them."""
+        return self.lease_dir / "retired"
+
+    @property
     def state_file(self) -> Path:
         """What the stream's state held at a committed batch, per flow and stateful operator, as the
         last inspection read it (``spark_jobs.state``)."""

@@ -1,0 +1,185 @@
+"""A spec edited under a running stream's checkpoint: a verdict per flow before anything runs
+(spark_jobs.changes), and bare starts of the stream job that refuse, run, add and retire."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from examples import example_spec, include_with
+
+from spark_jobs import changes, stream_job
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import previous_plan, sink_files
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.testdata import generate
+
+HOT = {"name": "hot", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/hot"},
+       "query": {"type": "sql", "sql": "SELECT event_id, device_id, temperature FROM accepted WHERE temperature > 25"}}
+
+
+def _spec() -> dict:
+    data = example_spec("sensors")
+    data["outputs"].append(HOT)
+    return data
+
+
+def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:  # noqa: ANN001
+    """One bare start of the stream job on what waits (available now), in the tests' session."""
+    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    return stream_job.main(["--spec", str(spec_file), "--data-root", str(data_root), "--trigger", "available-now"])
+
+
+@pytest.fixture(scope="module")
+def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:  # noqa: ANN001
+    """The stream run once (two sliding windows closed, a table, a SQL output): its include/ and data
+    root, and a copy of both. The copy is put back in place (the same paths: Spark's file-sink logs
+    name absolute paths) before each test (:func:`stream`)."""
+    root = tmp_path_factory.mktemp("changes")
+    spec_file = include_with(root / "run" / "include", _spec()) / "sensors.yaml"
+    data = root / "run" / "data"
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "8",
+                          "--events-per-file", "25", "--seed", "4"]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        assert start(spark, spec_file, data, mp) == stream_job.EXIT_OK
+    shutil.copytree(root / "run", root / "pristine")
+    return spec_file, data, root
+
+
+@pytest.fixture
+def stream(ran) -> tuple[Path, Path]:
+    """That run as it was, for one test to edit and start again."""
+    spec_file, data, root = ran
+    shutil.rmtree(root / "run")
+    shutil.copytree(root / "pristine", root / "run")
+    return spec_file, data
+
+
+def edit(spec_file: Path, change) -> Path:  # noqa: ANN001
+    data = yaml.safe_load(spec_file.read_text())
+    change(data)
+    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    return spec_file
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` but a driver's own records (its events, its lease's tenure)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and "_events" not in p.parts and "lease" not in p.parts}
+
+
+def verdicts(spec_file: Path, data: Path) -> dict[str, changes.Verdict]:
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data, spec_file.parent)
+    found = changes.judge(compile_plan(spec, layout), previous_plan(layout), str(spec_file), spec.event_time.watermark)
+    return {v.flow: v for v in found}
+
+
+def window(data: dict, **query) -> dict:  # noqa: ANN003
+    (out,) = [o for o in data["outputs"] if o["name"] == "site_temperature_10m"]
+    out["query"] |= query
+    return out
+
+
+EDITS = {
+    "a window edited in place": (lambda d: window(d, window={"duration": "15 minutes", "slide": "5 minutes"}),
+                                 "site_temperature_10m", "outputs[1]: query.window"),
+    "a grouping key added": (lambda d: window(d, group_by=["site", "model"]), "site_temperature_10m",
+                             "outputs[1]: query.group_by"),
+    "an aggregate changed": (lambda d: window(d, aggregates=[
+        a | {"fn": "min"} if a["name"] == "max_temperature" else a for a in window(d)["query"]["aggregates"]]),
+        "site_temperature_10m", "outputs[1]: query.aggregates"),
+    "an output's sink moved": (lambda d: d["outputs"][1].update(sink={"type": "parquet", "path": "sinks/moved"}),
+                               "site_temperature_10m", "outputs[1]: sink.path"),
+    "the watermark changed": (lambda d: d["event_time"].update(watermark="20 minutes"), "site_temperature_10m",
+                              "event_time.watermark"),
+    "the deduplication key changed": (lambda d: d["deduplicate"].update(key=["device_id", "ts"]), "_ingest",
+                                      "deduplicate.key"),
+}
+
+
+@pytest.mark.parametrize("what", list(EDITS))
+def test_an_edit_the_checkpoint_cannot_resume_is_refused_before_any_query_starts(spark, stream, monkeypatch, caplog,
+                                                                                 what: str) -> None:
+    spec_file, data = stream
+    change, flow, field = EDITS[what]
+    before = files_under(data)
+    edit(spec_file, change)
+    found = verdicts(spec_file, data)
+    assert found[flow].verdict in (changes.REBUILD, changes.REPROCESS), found[flow].text()
+    assert any(field in r and str(spec_file) in r for r in found[flow].reasons), found[flow].reasons
+    with caplog.at_level("ERROR", logger="stream_job"):
+        assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC == 2
+    assert field in caplog.text and "nothing started" in caplog.text
+    assert files_under(data) == before  # nothing written: no sink, checkpoint, plan or table changed
+    assert spark.streams.active == []
+
+
+def test_the_window_edit_is_caught_by_the_state_even_without_the_last_plan(stream) -> None:
+    """The keys and the watermark a window's state was kept by, read from the checkpoint's state
+    schema, when no plan of the last start is there to compare with."""
+    spec_file, data = stream
+    Path(Layout(load_spec(spec_file), data, spec_file.parent).plan_file).unlink()
+    edit(spec_file, lambda d: window(d, group_by=["site", "model"]))
+    grouped = verdicts(spec_file, data)["site_temperature_10m"]
+    assert grouped.verdict == changes.REBUILD and "is keyed by ['window', 'site']" in grouped.text()
+    assert "_metadata/schema" in grouped.text()
+    edit(spec_file, lambda d: (window(d, group_by=["site"]), d["event_time"].update(watermark="3 minutes")))
+    late = verdicts(spec_file, data)["site_temperature_10m"]
+    assert late.verdict == changes.REBUILD and "kept by a watermark of 600s" in late.text()
+
+
+def test_the_same_spec_is_unchanged_and_a_rate_limit_or_a_sql_filter_is_compatible(spark, stream, monkeypatch) -> None:
+    spec_file, data = stream
+    assert {f: v.verdict for f, v in verdicts(spec_file, data).items()} == {
+        "_ingest": "unchanged", "readings": "unchanged", "site_temperature_10m": "unchanged",
+        "device_status": "unchanged", "hot": "unchanged"}
+    edit(spec_file, lambda d: (d["source"].update(max_files_per_trigger=3),
+                               d["outputs"][3]["query"].update(sql=HOT["query"]["sql"].replace("> 25", "> 30"))))
+    found = verdicts(spec_file, data)
+    assert found["_ingest"].verdict == found["hot"].verdict == changes.COMPATIBLE
+    assert "outputs[3]: query.sql" in found["hot"].text()
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data, spec_file.parent)
+    hot, accepted = layout.data("sinks/sensors/hot"), layout.data("sinks/sensors/readings")
+    before = {t: sink_files(t) for t in (hot, accepted)}
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "3",
+                          "--events-per-file", "25", "--seed", "6"]) == 0
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    kept = changes.plans(layout)
+    assert [p["number"] for p in kept] == [2, 1] and kept[0]["spec_sha256"] != kept[1]["spec_sha256"]
+    # the batches after the edit: the new filter over the rows they accepted (the earlier batches' rows stay as
+    # they were written, Spark's semantics for a stateless query changed under its checkpoint)
+    new = {t: sorted(sink_files(t) - before[t]) for t in (hot, accepted)}
+    assert new[accepted] and new[hot]
+
+    def rows(files: list[str], where: str = "true") -> list[tuple]:
+        return sorted((r["event_id"], r["temperature"]) for r in spark.read.parquet(*files).where(where).collect())
+
+    assert rows(new[hot]) == rows(new[accepted], "temperature > 30")
+
+
+def test_an_added_output_runs_over_every_accepted_row_and_a_removed_one_is_archived(spark, stream, monkeypatch) -> None:
+    spec_file, data = stream
+    cold = {"name": "cold", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/cold"},
+            "query": {"type": "sql", "sql": "SELECT event_id, temperature FROM accepted WHERE temperature < 20"}}
+    edit(spec_file, lambda d: (d["outputs"].append(cold), d["outputs"].remove(HOT)))
+    found = verdicts(spec_file, data)
+    assert found["cold"].verdict == changes.NEW and found["hot"].verdict == changes.RETIRED
+    layout = Layout(load_spec(spec_file), data, spec_file.parent)
+    hot_checkpoint = Path(layout.checkpoint_root) / "hot"
+    hot_sink = files_under(Path(layout.data("sinks/sensors/hot")))
+    assert hot_checkpoint.is_dir()
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    accepted = spark.read.parquet(layout.data("sinks/sensors/readings"))
+    expected = sorted((r["event_id"], r["temperature"]) for r in accepted.where("temperature < 20").collect())
+    got = sorted((r["event_id"], r["temperature"]) for r in spark.read.parquet(layout.data("sinks/sensors/cold")).collect())
+    assert got == expected and expected  # the new output: its query over every accepted row since the stream began
+    assert not hot_checkpoint.exists()
+    (archived,) = layout.retired_dir.iterdir()
+    assert archived.name.startswith("hot-") and (archived / "commits").is_dir()
+    assert files_under(Path(layout.data("sinks/sensors/hot"))) == hot_sink  # its sink kept as it was
