@@ -48,16 +48,13 @@ from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, sink_assets
 from streamops.health import RUNNING
+from streamops.operators.backfill import BackfillOperator
+from streamops.operators.control import ResumeStreamOperator, StopStreamOperator
 from streamops.operators.maintenance import MaintainTablesOperator
 from streamops.operators.quality import RUN_ID_PATTERN, ValidateStreamOperator
+from streamops.operators.standby import StreamStandbyOperator
 from streamops.operators.state import InspectStateOperator
-from streamops.operators.stream import (
-    BackfillOperator,
-    ResumeStreamOperator,
-    StopStreamOperator,
-    StreamStandbyOperator,
-    StreamSupervisorOperator,
-)
+from streamops.operators.supervise import StreamSupervisorOperator
 from streamops.sensors.stream_health import StreamHealthSensor
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never "now"

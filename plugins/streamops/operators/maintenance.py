@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -12,9 +11,10 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from streamops.hooks.stream import StreamHook
+from streamops.operators import job_path
 from streamops.operators.quality import point_job, prune_results
 
-MAINTENANCE_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "maintenance.py")
+MAINTENANCE_JOB = job_path("maintenance.py")
 
 
 class MaintainTablesOperator(SparkSubmitOperator):

@@ -16,8 +16,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from spark_jobs.spec.layout import default_spec_dir
 from streamops import STREAMS_URL
 from streamops.hooks.stream import StreamHook
+from streamops.operators import job_path
 
-QUALITY_JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "quality_job.py")
+QUALITY_JOB = job_path("quality_job.py")
 KEEP_RESULTS = 200
 #: what a validation run's id may be (``20260101T000000Z-1a2b3c``, or one a caller chose)
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,99}$")

@@ -30,7 +30,9 @@ from spark_jobs.runtime.lease import (
 from spark_jobs.spec.layout import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
-from streamops.operators.stream import StopStreamOperator, StreamSupervisorOperator, killed_task_cleanup_seconds
+from streamops.operators.control import StopStreamOperator
+from streamops.operators.driver import killed_task_cleanup_seconds
+from streamops.operators.supervise import StreamSupervisorOperator
 
 DRIVER = """
 import sys, time
@@ -269,8 +271,8 @@ def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operato
                                                                                         monkeypatch) -> None:  # noqa: ANN001
     from airflow.providers.apache.spark.operators import spark_submit
 
-    monkeypatch.setattr("streamops.operators.stream.SparkSubmitHook", RecordingSubmitHook)
-    monkeypatch.setattr(spark_submit, "SparkSubmitHook", RecordingSubmitHook)  # the provider's own, for reference
+    # the provider's own: SparkSubmitOperator builds the supervisor's hooks too, and the reference's below
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", RecordingSubmitHook)
     RecordingSubmitHook.built = []
     op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
                                   data_root=str(tmp_path), poll_seconds=0, default_args={"deploy_mode": "client",
@@ -530,7 +532,7 @@ def test_a_kafka_sources_airflow_connection_reaches_the_driver_as_its_environmen
     import yaml
 
     from spark_jobs.sources.kafka import connection_env
-    from streamops.operators.stream import _kafka_env
+    from streamops.operators.driver import _kafka_env
 
     spec = {"name": "from_conn", "source": {"type": "kafka", "connection": "plant_kafka", "topics": ["t"],
                                             "format": "json", "columns": [{"name": "id", "type": "string"}]},

@@ -1,0 +1,248 @@
+"""The operator that runs a stream and keeps it running: it does what its
+:class:`~streamops.supervisor.Supervisor` decides."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from spark_jobs.runtime.lease import read_holder, release_dead
+from streamops import tenure
+from streamops.health import Health
+from streamops.hooks.stream import StreamHook
+from streamops.operators.driver import StreamDriverOperator
+from streamops.restarts import RestartBudget
+from streamops.supervisor import Act, Supervisor
+
+
+def _supervisor_state(name: str, doc: str) -> property:
+    """One of what the supervisor remembers, as an attribute of the task."""
+    return property(lambda self: getattr(self.supervisor, name),
+                    lambda self, value: setattr(self.supervisor, name, value), doc=doc)
+
+
+class StreamSupervisorOperator(StreamDriverOperator):
+    """Run a stream with ``spark-submit`` and keep it running.
+
+    The driver runs as a child of this task (client mode), or in the cluster (YARN or
+    Kubernetes cluster mode), where the lease's heartbeat tells a retried task that it
+    still runs. While it runs, the stream's health is read from
+    its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
+    hard) and started again; a dead driver is started again from its checkpoint. Restarts
+    back off exponentially and stop after ``restart.max_attempts`` failures within
+    ``restart.period_minutes`` (the count resets after a stable run); then the task fails
+    and its failure callback alerts. A corrupt checkpoint is never touched, and a Kafka
+    stream whose unread records were deleted is not restarted: the task fails with a
+    diagnosis. A driver left running by an earlier try of this task (a killed worker) is
+    adopted, never doubled. The task ends successfully only when an operator
+    stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
+    other exit of the driver is a failed run. A try that a newer try of this task has
+    replaced (``streamops.tenure``) leaves the stream alone. With ``supervision.standby``
+    it keeps a warm standby driver (``spark_jobs.runtime.standby``) that takes over when the
+    active driver dies, and then launches the next. A stream that is an application of the user's own (``application:``
+    in its spec) is submitted as that application, with its arguments and the spec's path
+    in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.runtime.driver`), and supervised alike.
+
+    What to do is decided by a :class:`~streamops.supervisor.Supervisor` (``self.supervisor``),
+    from the stream's health, lease and hold marker; this task does it and logs what it says.
+
+    Takes :class:`~streamops.operators.driver.StreamDriverOperator`'s arguments (the stream,
+    ``poll_seconds``, ``grace_seconds``, ``kill_grace_seconds``, and SparkSubmitOperator's), and:
+
+    :param stalled_grace_seconds: how long a graceful stop of a stalled driver may take, which
+        has already committed nothing for the whole stall window (a frozen or hung driver);
+        default 5 (``grace_seconds`` bounds it).
+    :param archive_every_seconds: how often input files every query has committed are moved
+        to the spec's ``source.archive_path`` while the stream runs (see
+        :mod:`spark_jobs.runtime.archive`); default 60.
+    """
+
+    def __init__(self, *, stalled_grace_seconds: float = 5.0, archive_every_seconds: float = 60.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stalled_grace_seconds = stalled_grace_seconds
+        self.archive_every_seconds = archive_every_seconds
+        self.supervisor = Supervisor(self.stream, stop_grace=min(self.grace_seconds, stalled_grace_seconds),
+                                     archive_every=archive_every_seconds)
+
+    active = _supervisor_state("active", "the driver this task runs (a Launch)")
+    standby = _supervisor_state("standby", "its warm standby (``supervision.standby``)")
+    adopted_pid = _supervisor_state("adopted_pid", "the pid of the driver this task adopted")
+    supervised_epoch = _supervisor_state("epoch", "the lease epoch of the driver this task runs or adopted")
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook, sup = self.stream_hook, self.supervisor
+        ti = context.get("ti")
+        sup.begin(tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
+                                                      f"try {getattr(ti, 'try_number', '?')}"),
+                  RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart),
+                  events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
+                  available_now=hook.spec.trigger.available_now)
+        hook.release_hold()
+        self._driver_env(hook)
+        app = hook.spec.application
+        if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
+            from spark_jobs.runtime.driver import APP_SPEC_ENV
+
+            self.application, self.application_args = hook.layout.application_file, list(app.args)
+            self.env_vars[APP_SPEC_ENV] = str(hook.layout.spec_dir / f"{self.stream}.yaml")
+            if self.data_root:
+                self.env_vars["STREAMS_DATA_DIR"] = str(self.data_root)
+        try:
+            while True:
+                if self._superseded():
+                    return {}
+                health = hook.health()
+                self.log.info("%s", health.summary())
+                alive = hook.driver_alive()
+                run = sup.next_run(health, hook.held_by(), alive, read_holder(hook.layout.lease_dir) if alive else None)
+                self._say(run)
+                if run.act is Act.FAIL:
+                    raise AirflowFailException(run.why)
+                if run.act is Act.END:
+                    return health.to_dict()
+                if run.act is Act.START:
+                    if run.delay:
+                        time.sleep(run.delay)  # the backoff itself
+                    if self._superseded():
+                        return {}
+                    self._say(sup.started(self._launch(standby=False)))
+                elif run.act is Act.WATCH:  # its standby took over
+                    self._say(sup.started())
+                reason, forced = self._supervise()
+                own = sup.active
+                if own is not None and self._superseded():  # its own driver halts by itself: the lease is another's
+                    return {}
+                code, reason = sup.exited(reason, own.result() if own is not None else None)
+                if self._superseded():  # a try Airflow no longer runs records nothing
+                    return {}
+                ended = sup.run_ended(code, reason, forced, hook.held_by())
+                self._say(ended)
+                if ended.end_standby:
+                    self._end_standby()
+                if ended.act is Act.FAIL:
+                    raise AirflowFailException(ended.why)
+                if ended.act is Act.END:
+                    return hook.health().to_dict()
+                self._take_over()
+        finally:
+            if sup.standby is not None:
+                sup.standby.kill()
+
+    def _superseded(self) -> bool:
+        """Is a newer try of this task the stream's supervisor now (this try's worker was cut off,
+        and Airflow retried the task elsewhere)? Then this one leaves the stream alone: it adopts
+        nothing, stops nothing and records no run."""
+        sup = self.supervisor
+        newer = tenure.current(self.stream_hook.layout.lease_dir) if sup.tenure is not None else None
+        if (leave := sup.leaves(newer)) is None:
+            return False
+        if leave.say:  # the first time
+            self._say(leave)
+            from spark_jobs.runtime.progress import EventLog
+
+            EventLog(self.stream_hook.layout.events_file).write({
+                "event": "supervisor_superseded", "stream": self.stream, "supervisor": sup.tenure.task,
+                "by": newer.task, "host": sup.tenure.host})
+        if (standby := sup.drop_standby()) is not None:
+            standby.kill()
+        return True
+
+    def _end_standby(self) -> None:
+        """End the standby, and the driver it became if it has taken the stream over already."""
+        standby = self.supervisor.drop_standby()
+        if standby is None:
+            return
+        holder = read_holder(self.stream_hook.layout.lease_dir)
+        if holder is not None and holder.driver_id == standby.driver_id:
+            self.stream_hook.kill_driver(epoch=holder.epoch, by=f"its supervisor ({self.supervisor.tenure_name})")
+        standby.kill()
+
+    def _take_over(self) -> None:
+        """After the active driver ended: the standby that takes the stream over (see
+        :meth:`Supervisor.takeover`). The ended driver's lease is released first, so that a standby
+        elsewhere need not wait out its ttl."""
+        hook, sup = self.stream_hook, self.supervisor
+        if sup.ended is not None:
+            release_dead(hook.layout.lease_dir, sup.ended.driver_id)
+        from spark_jobs.runtime.standby import WARMING, standbys
+
+        sup.hand_over({s.driver_id for s in standbys(hook.layout.lease_dir) if s.state != WARMING})
+        while (step := sup.takeover(read_holder(hook.layout.lease_dir))).act is Act.WAIT:
+            time.sleep(0.1)
+        self._say(step)
+        if step.driver is not None:
+            step.driver.kill()
+
+    def _supervise(self) -> tuple[str, bool]:
+        """Watch the active driver (``self.active``, or an adopted one) until it exits; stop it if it
+        stalls; keep a standby ready if the spec asks for one. Why it ended, and whether this
+        supervisor stopped it."""
+        hook, sup = self.stream_hook, self.supervisor
+        active = sup.active
+        last_status = None
+        sup.watch()
+        while active.alive() if active is not None else hook.holds(sup.epoch):
+            if active is not None:
+                active.thread.join(self.poll_seconds)
+            else:
+                hook.wait_for_exit(self.poll_seconds, epoch=sup.epoch)
+            if self._superseded():
+                return "this try was superseded", False
+            self._say(sup.lease_taken(read_holder(hook.layout.lease_dir)))
+            health = hook.health()
+            hook.record_backlog(health)
+            self._keep_standby(health)
+            if health.status != last_status:
+                self.log.info("%s", health.summary())
+                last_status = health.status
+            if (stop := sup.observe(health, hook.lapsed_here)) is not None:
+                self._say(stop)
+                if stop.end_standby:
+                    self._end_standby()
+                hook.request_stop(sup.epoch, stop.why)
+            if sup.overdue():
+                pid = hook.kill_driver(epoch=sup.epoch, by=f"its supervisor ({sup.tenure_name})")
+                if pid is not None:
+                    self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", sup.stop_grace, pid)
+            if sup.archive_due(health):
+                self._archive(hook)
+        return sup.watched()
+
+    def _keep_standby(self, health: Health) -> None:
+        """Report a standby that ended, and launch one when the supervisor says so."""
+        ended, launch = self.supervisor.keep_standby(health, self.stream_hook.spec.supervision)
+        if ended is not None:
+            code, error = ended.result()
+            self.log.warning("stream %s: standby %s ended (exit %s%s)", self.stream, ended.driver_id, code,
+                             f": {error.splitlines()[0]}" if error else "")
+        if launch:
+            self.supervisor.standby = self._launch(standby=True, tenure=self.supervisor.tenure)
+
+    def _archive(self, hook: StreamHook) -> None:
+        """Move committed input out of the landing directory; a failure is logged, never fatal."""
+        from spark_jobs.runtime.archive import archive
+
+        try:
+            result = archive(hook.spec, hook.layout)
+        except OSError as exc:
+            self.log.warning("stream %s: archiving committed input failed (tried again later): %s", self.stream, exc)
+            return
+        if result.archived or result.conflicts:
+            self.log.info("stream %s: %s", self.stream, result.describe())
+
+    def on_kill(self) -> None:
+        """Stop the driver this task runs gracefully, then hard if it does not stop before
+        Airflow's cleanup time runs out; end its standby first, so that it takes nothing over. A
+        driver that has taken the stream over since (this worker was cut off, and the stream moved
+        on), or any driver at all once a newer try supervises the stream, is not this task's to stop."""
+        hook, sup = self.stream_hook, self.supervisor
+        if sup.standby is not None:
+            sup.standby.kill()
+        if (epoch := sup.killed(hook.holds, self._superseded)) is not None:
+            self._stop_when_killed(epoch, f"{sup.tenure_name}, killed")
+        if sup.active is not None:
+            sup.active.hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
