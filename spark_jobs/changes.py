@@ -196,7 +196,8 @@ def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Ve
         for name, (before, after, what) in places.items():
             if before != after:
                 j.change(REPROCESS, name, f"{what} changed from {_show(before)} to {_show(after)}")
-        _columns(j, old.get("accepted_columns") or {}, ingestion.accepted_columns or {})
+        if ingestion.accepted_columns is not None:  # None: a transform's, before Spark's analysis
+            _columns(j, old.get("accepted_columns") or {}, ingestion.accepted_columns)
         if (old.get("event_time") or {}).get("watermark") != (ingestion.event_time.watermark if ingestion.event_time
                                                              else None):
             j.change(COMPATIBLE, "event_time.watermark", "the deduplication and the late rows follow the new "

@@ -5,7 +5,9 @@
 loads each spec (``spark_jobs.spec``) and analyzes it on a local SparkSession over no rows
 (``spark_jobs.analysis``); exits 0 when every spec passes, 2 otherwise, each problem naming
 the file, the field and Spark's own message (a Kafka source's broker must answer and its
-topics exist).
+topics exist). For a stream that has run (under ``--data-root``), it also prints the verdict
+of each flow against the plan of its last start and the state its checkpoint holds
+(``spark_jobs.changes``), and fails on one a driver would refuse to start with.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import logging
 import sys
 from pathlib import Path
 
+from spark_jobs import changes
 from spark_jobs.analysis import analyze
+from spark_jobs.runtime.checkpoint import previous_plan
 from spark_jobs.sources.kafka import KafkaUnavailable
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
@@ -41,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                 spec = load_spec(path)
                 if spark is None:
                     spark = build_session("spec-check", master="local[1]", extra={"spark.ui.enabled": "false"})
-                analyze(spark, spec, Layout(spec, args.data_root, spec_dir=Path(path).resolve().parent), path)
+                layout = Layout(spec, args.data_root, spec_dir=Path(path).resolve().parent)
+                plan = analyze(spark, spec, layout, path)
             except SpecError as exc:
                 failed += 1
                 print(exc, file=sys.stderr)
@@ -50,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 print(f"{path}: {exc}", file=sys.stderr)
                 continue
+            previous = previous_plan(layout)
+            if previous or Path(layout.checkpoint_root).exists():
+                verdicts = changes.judge(plan, previous, path, spec.event_time.watermark if spec.event_time else None)
+                print(f"{path}: against {layout.checkpoint_root}:\n" + changes.report(verdicts))
+                if changes.blocking(verdicts):
+                    failed += 1
+                    print(f"{path}: a driver would refuse to start: the stream needs its upgrade", file=sys.stderr)
+                    continue
             print(f"{path}: ok")
     finally:
         if spark is not None and not borrowed:

@@ -208,13 +208,17 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
     last_progress: dict[str, dict[str, Any]] = {}
     query_started: dict[str, float] = {}
     driver_started = None
+    refused_change = False  # the last driver refused to start: the spec changed in a way its checkpoint cannot take
     for event in read_events(layout.events_file):
         if event.get("event") == "progress":
             last_progress[event.get("query")] = event
         elif event.get("event") == "started" and isinstance(event.get("logged_at"), int | float):
             query_started[event.get("query")] = float(event["logged_at"])
         elif event.get("event") == "driver_started":
-            driver_started = event.get("logged_at")
+            driver_started, refused_change = event.get("logged_at"), False
+        elif event.get("event") == "driver_failed":
+            refused_change = bool(event.get("spec_changed"))
+    changed = _refused_change(spec, layout, plan) if refused_change and not alive else []
     kafka: dict[str, Any] = {}
     if plan.source is not None and plan.source.kafka is not None and ingestion is not None:
         progress = last_progress.get(INGEST_QUERY, {})
@@ -232,8 +236,25 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         backlog_files=backlog[0], backlog_bytes=backlog[1],
         max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
-        query_started_at=query_started, **kafka,
+        query_started_at=query_started, blocked=kafka.pop("blocked", []) + changed, **kafka,
     )
+
+
+def _refused_change(spec: StreamSpec, layout: Layout, plan: StreamPlan) -> list[str]:
+    """Why the stream's driver refused to start, if the spec still differs so (``spark_jobs.changes``):
+    the flows a driver cannot resume, each with its first reason; empty once the spec was restored."""
+    from spark_jobs import changes
+    from spark_jobs.runtime.checkpoint import previous_plan
+
+    spec_file = str(layout.spec_dir / f"{spec.name}.yaml")
+    verdicts = changes.judge(plan, previous_plan(layout), spec_file,
+                             spec.event_time.watermark if spec.event_time else None)
+    refused = changes.blocking(verdicts)
+    if not refused:
+        return []
+    flows = "; ".join(f"{'ingestion' if v.flow == INGEST_QUERY else v.flow}: {v.verdict}"
+                      + (f" ({v.reasons[0]})" if v.reasons else "") for v in refused)
+    return [f"spec changed: run the upgrade. A driver refuses to resume its checkpoint with it: {flows}"]
 
 
 #: how long the health of a Kafka stream waits for the broker

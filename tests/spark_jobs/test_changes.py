@@ -183,3 +183,33 @@ def test_an_added_output_runs_over_every_accepted_row_and_a_removed_one_is_archi
     (archived,) = layout.retired_dir.iterdir()
     assert archived.name.startswith("hot-") and (archived / "commits").is_dir()
     assert files_under(Path(layout.data("sinks/sensors/hot"))) == hot_sink  # its sink kept as it was
+
+
+def test_a_refused_change_shows_the_stream_blocked_until_the_spec_is_restored(spark, stream, monkeypatch) -> None:
+    from streamops.health import Status, assess
+
+    spec_file, data = stream
+    original = spec_file.read_text()
+    edit(spec_file, EDITS["a window edited in place"][0])
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC
+    spec = load_spec(spec_file)
+    health = assess(spec, Layout(spec, data, spec_file.parent))
+    assert health.status == Status.BLOCKED and health.reason.startswith("spec changed: run the upgrade"), health.reason
+    assert "site_temperature_10m: rebuild" in health.reason and "query.window" in health.reason
+    spec_file.write_text(original)  # the operator puts the spec back: the stream may start again
+    spec = load_spec(spec_file)
+    assert assess(spec, Layout(spec, data, spec_file.parent)).status == Status.DEAD
+
+
+def test_the_check_prints_the_verdicts_against_the_stream_s_data_root(spark, stream, capsys) -> None:
+    from spark_jobs import check
+
+    spec_file, data = stream
+    assert check.main([str(spec_file), "--data-root", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "output site_temperature_10m: unchanged" in out and f"{spec_file}: ok" in out
+    edit(spec_file, EDITS["a grouping key added"][0])
+    assert check.main([str(spec_file), "--data-root", str(data)]) == 2
+    said = capsys.readouterr()
+    assert "output site_temperature_10m: rebuild" in said.out and "outputs[1]: query.group_by" in said.out
+    assert "a driver would refuse to start" in said.err
