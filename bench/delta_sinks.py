@@ -1,7 +1,7 @@
 """Delta Lake sinks against Parquet sinks, and what compaction does to a day of small files.
 
-    python bench/delta_sinks.py [--rows N] [--files N] [--files-per-trigger N] [--repeats N]
-                          [--day-files N] [--day-commits N] [--reads N] [--keep]
+    python -m bench.delta_sinks [--rows N] [--files N] [--files-per-trigger N] [--repeats N]
+                                [--day-files N] [--day-commits N] [--reads N] [--keep]
 
 1. **Throughput.** The four-output stream of ``bench/throughput.py`` (a pass-through
    partitioned by event_date, a 15/5-minute sliding window in append mode, a complete-mode
@@ -21,28 +21,36 @@
    medians of ``--reads``), compaction (``spark_jobs.maintenance.optimize``, timed), files
    and read time again.
 
-Output: a table on stdout and ``bench/results/delta_sinks.json``. Every process started is ended by
-its pid; the working folder (in the temp dir) is removed unless ``--keep``.
+Output: a table on stdout and ``bench/results/delta_sinks.json`` (``--out NAME``:
+``NAME.json``). Every process started is ended by its pid; the working folder (in the temp dir)
+is removed unless ``--keep``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform as host
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from processes import MASTER, descendants, kill_tree
-from throughput import FOUR, RESULTS, Stream, bench_specs, run_generator, run_variant
 
+from bench.harness import (
+    FOUR,
+    MASTER,
+    Stream,
+    bench_specs,
+    clean_up,
+    kill_descendants,
+    prepare_environment,
+    run_generator,
+    run_variant,
+    working_folder,
+)
+from bench.report import Progress, machine, markdown_table, results_path, write_results
 from spark_jobs.runtime.session import connector_jars
 from spark_jobs.spec.loading import load_spec
 
@@ -137,17 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--out", default="delta_sinks",
+                   help="results' name in bench/results/ (default delta_sinks; an absolute path: there instead)")
     args = p.parse_args(argv)
-    os.environ.update(TZ="UTC", SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    os.environ.pop("STREAMS_DB_URL", None)
-    time.tzset()
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="bench-delta-"))
-
-    def note(what: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
-
-    me = os.getpid()
+    prepare_environment()
+    note = Progress()
+    work = working_folder("bench-delta-")
     samples: dict[str, list[dict]] = {FOUR: [], DELTA: []}
     result: dict[str, Any] = {}
     try:
@@ -181,33 +184,27 @@ def main(argv: list[str] | None = None) -> int:
         day = day_of_files(spark, str(work / "day"), args.day_files, args.day_commits, args.reads)
         spark.stop()
     finally:
-        for pid in descendants(me):
-            kill_tree(pid)
-        if args.keep:
-            print(f"kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        kill_descendants()
+        clean_up(work, args.keep)
 
     medians = {name: {k: statistics.median(r[k] for r in runs) for k in ("batch_s", "wall_s", "rows_per_s")}
                for name, runs in samples.items()}
     ratio = medians[DELTA]["rows_per_s"] / medians[FOUR]["rows_per_s"]
-    result = {"command": "python bench/delta_sinks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "platform": host.platform()},
+    result = {"command": "python -m bench.delta_sinks " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "machine": machine(),
               "input_records": streams[FOUR].input_rows(), "files_per_trigger": args.files_per_trigger,
               "samples": samples, "medians": medians, "delta_over_parquet": ratio, "check": check, "day": day}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "delta_sinks.json").write_text(json.dumps(result, indent=1, default=str))
+    out = write_results(results_path(args.out), result)
     print()
-    print("| sinks | batches (median) | wall | rows/s |\n| --- | --- | --- | --- |")
-    for name, label in ((FOUR, "Parquet and SQLite"), (DELTA, "Delta")):
-        m = medians[name]
-        print(f"| {label} | {m['batch_s']:.1f} s | {m['wall_s']:.1f} s | {m['rows_per_s']:.0f} |")
+    print("\n".join(markdown_table(["sinks", "batches (median)", "wall", "rows/s"], [
+        [label, f"{m['batch_s']:.1f} s", f"{m['wall_s']:.1f} s", f"{m['rows_per_s']:.0f}"]
+        for name, label in ((FOUR, "Parquet and SQLite"), (DELTA, "Delta")) for m in [medians[name]]])))
     print(f"Delta / Parquet: {ratio:.2f} (rows per second over the batches); check "
           f"{'passed' if check['ok'] else 'FAILED'}")
     b, a = day["before"], day["after"]
     print(f"a day: {b['files']} files in the partition, read in {b['read_s']:.2f} s; compaction "
           f"{day['compaction']['seconds']:.1f} s; then {a['files']} file(s), read in {a['read_s']:.2f} s")
-    print(f"written to {RESULTS / 'delta_sinks.json'}")
+    print(f"written to {out}")
     return 0 if check["ok"] else 1
 
 

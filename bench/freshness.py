@@ -1,7 +1,7 @@
 """Freshness on files: from a file landing to its rows being readable in each sink, the
 platform against plain Spark.
 
-    python bench/freshness.py [--files N] [--warmup N] [--every S] [--rows-per-file N]
+    python -m bench.freshness [--files N] [--warmup N] [--every S] [--rows-per-file N]
                               [--repeats N] [--variants plain,...] [--out NAME] [--keep]
 
 Each variant runs alone, as ``spark-submit --master local[2]`` with a processing-time trigger
@@ -43,8 +43,9 @@ each sink of the platform against the same sink hand-written and in two stages (
 And what each variant costs: the CPU seconds its processes (the JVM and Python) take per file
 while the files land and are read, against plain Spark's.
 
-Output: a table on stdout and ``bench/results/freshness.json``. Every process started here
-is ended by its pid, also on failure; the working folder is removed unless ``--keep``.
+Output: a table on stdout and ``bench/results/freshness.json`` (``--out NAME``: ``NAME.json``).
+Every process started here is ended by its pid, also on failure; the working folder is removed
+unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -53,25 +54,34 @@ import argparse
 import csv
 import json
 import os
-import platform as host
-import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import yaml
-from processes import MASTER, child_env, cpu_seconds, kill_tree
 
+from bench.harness import (
+    FOUR,
+    MASTER,
+    PLAIN_JOB,
+    STREAM_JOB,
+    Stream,
+    Watcher,
+    bench_specs,
+    child_env,
+    clean_up,
+    cpu_seconds,
+    kill_tree,
+    prepare_environment,
+    submit_command,
+    working_folder,
+)
+from bench.report import Progress, latencies, machine, results_path, verdict, write_results
 from spark_jobs.plan import compile_plan
-from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.session import submit_args
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
@@ -85,78 +95,11 @@ PARSED, PASS_THROUGH = "Parquet sink (one parse)", "pass-through (the first sink
 FIRST_SINK_RATIO, EXTRA_TRIGGERS = 1.5, 2
 
 
-class Watcher(threading.Thread):
-    """When each record became readable in each sink: new files of Parquet sinks (their
-    ``_spark_metadata`` log, or the data files in place of a folder in ``unlogged``), the
-    growing count of views in a table."""
-
-    def __init__(self, parquet: dict[str, str], tables: dict[str, tuple[Path, str]], unlogged: frozenset[str] = frozenset()):
-        super().__init__(daemon=True)
-        self.parquet, self.tables, self.unlogged = parquet, tables, unlogged
-        self.seen: dict[str, dict[str, float]] = {name: {} for name in parquet}
-        self.counts: dict[str, list[tuple[float, int]]] = {name: [] for name in tables}
-        self._files: dict[str, set[str]] = {name: set() for name in parquet}
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            now = time.time()
-            for name, path in self.parquet.items():
-                for f in sorted(self.committed(name, path) - self._files[name]):
-                    self._files[name].add(f)
-                    local = f.removeprefix("file://")
-                    for event_id in pq.read_table(local, columns=["event_id"]).column("event_id").to_pylist():
-                        self.seen[name].setdefault(event_id, now)
-            for name, (db, table) in self.tables.items():
-                views = table_views(db, table)
-                if views is not None and (not self.counts[name] or views > self.counts[name][-1][1]):
-                    self.counts[name].append((now, views))
-            time.sleep(0.02)
-
-    def committed(self, name: str, path: str) -> set[str]:
-        if name not in self.unlogged:
-            return sink_files(path)
-        return {str(f) for f in Path(path).rglob("*.parquet") if "_temporary" not in f.parts}
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-    def counted(self, name: str, views: int) -> float | None:
-        """When the table first counted ``views`` views."""
-        return next((t for t, n in self.counts[name] if n >= views), None)
-
-    def caught_up(self) -> bool:
-        """Every table counts every record the first Parquet sink holds."""
-        read = len(next(iter(self.seen.values())))
-        return all(self.counts[n] and self.counts[n][-1][1] >= read for n in self.tables)
-
-
-def table_views(db: Path, table: str) -> int | None:
-    try:
-        with sqlite3.connect(db) as conn:
-            return int(conn.execute(f'SELECT coalesce(sum(views), 0) FROM "{table}"').fetchone()[0])
-    except sqlite3.Error:
-        return None
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
-def stats(latencies: list[float]) -> dict[str, Any]:
-    return {"median_s": statistics.median(latencies), "p99_s": percentile(latencies, 0.99), "max_s": max(latencies),
-            "samples": latencies}
-
-
 # ---- files landing --------------------------------------------------------------------------------
 
 
 def write_specs(folder: Path) -> Path:
     """The four-output benchmark stream with a 1-second trigger; its path."""
-    from throughput import FOUR, bench_specs
-
     path = bench_specs(folder)[FOUR]
     spec = yaml.safe_load(path.read_text())
     spec["trigger"] = {"processing_time": f"{TRIGGER_S:g} second"}
@@ -203,8 +146,6 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
     files one every ``every`` seconds and wait until every sink has them (not measured), then
     land ``files`` files at that rate; each sink's latencies, and the CPU seconds the variant's
     processes (the JVM and Python) took per file while they landed and were read."""
-    from throughput import FOUR, PLAIN_JOB, STREAM_JOB, Stream
-
     root.mkdir(parents=True)
     spec = load_spec(spec_path)
     layout = Layout(spec, root, spec_path.parent)
@@ -228,8 +169,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
             assert {(Path(o["sink"]["db"]), o["sink"]["table"]) for o in job["outputs"] if o["sink"]["type"] == "table"} \
                 == set(tables.values()), job["outputs"]
     lander = Lander(Path(layout.landing), rows)
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
-           "--conf", "spark.ui.showConsoleProgress=false", *args]
+    cmd = submit_command(args)
     watcher = Watcher(parquet, tables, unlogged)
     with open(root / "spark-submit.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
@@ -264,9 +204,9 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
         watcher.stop()
     result: dict[str, Any] = {}
     for n in parquet:
-        result[n] = stats([max(watcher.seen[n][i] for i in ids) - at for ids, at in landed])
+        result[n] = latencies([max(watcher.seen[n][i] for i in ids) - at for ids, at in landed])
     for n in tables:
-        result[n] = stats([watcher.counted(n, base[n] + rows * (k + 1)) - at for k, (_, at) in enumerate(landed)])
+        result[n] = latencies([watcher.counted(n, base[n] + rows * (k + 1)) - at for k, (_, at) in enumerate(landed)])
     return result, cpu / files
 
 
@@ -284,20 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"which variants to run, comma-separated (default all: {','.join(VARIANTS)}); "
                         "plain and platform are needed for the aims")
-    p.add_argument("--out", default="freshness", help="the results' name in bench/results (default freshness)")
+    p.add_argument("--out", default="freshness",
+                   help="the results' name in bench/results (default freshness; an absolute path: there instead)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
     args = p.parse_args(argv)
     chosen = tuple(v for v in VARIANTS if v in args.variants.split(","))
     if not {"plain", "platform"} <= set(chosen) or len(chosen) != len(args.variants.split(",")):
         p.error(f"--variants: a comma-separated choice of {', '.join(VARIANTS)} with plain and platform")
-    os.environ.update(TZ="UTC", SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    os.environ.pop("STREAMS_DB_URL", None)
-    time.tzset()
-    work = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
-    started = time.monotonic()
-
-    def note(what: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
+    prepare_environment()
+    work = working_folder("bench-freshness-")
+    note = Progress()
 
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
     cpu: dict[str, list[float]] = {v: [] for v in chosen}
@@ -313,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{n}: median {r['median_s']:.2f} s, p99 {r['p99_s']:.2f} s" for n, r in result.items())
                     + f"; {cpu_s:.2f} CPU s a file")
     finally:
-        if args.keep:
-            note(f"kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(work, args.keep, note)
 
     summary = {v: {n: {k: statistics.median(r[n][k] for r in rs) for k in ("median_s", "p99_s", "max_s")}
                    for n in rs[0]} for v, rs in runs.items()}
@@ -335,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         aims[f"{n}: triggers after plain"] = {"value": extra, "aim": f"<= {EXTRA_TRIGGERS}",
                                               "met": extra <= EXTRA_TRIGGERS}
     lines.append("aims:")
-    lines += [f"  {k} {a['aim']}: {a['value']:.2f} {'met' if a['met'] else 'MISSED'}" for k, a in aims.items()]
+    lines += [f"  {k} {a['aim']}: {a['value']:.2f} {verdict(a['met'])}" for k, a in aims.items()]
     cpu_per_file = {v: statistics.median(c) for v, c in cpu.items()}
     lines.append("CPU seconds a file (the JVM and Python, while the files landed and were read), median; / plain:")
     lines += [f"  {v:<12} {c:5.2f}  {c / cpu_per_file['plain']:5.2f}" for v, c in cpu_per_file.items()]
@@ -349,19 +282,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append("the same work as the platform runs it: the platform's median / plain Spark's in two stages:")
         lines += [f"  {n:<46} {r:5.2f}" for n, r in staged.items()]
     print("\n".join(lines))
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    import pyspark
-
-    (results / f"{args.out}.json").write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "system": host.platform(),
-                    "pyspark": pyspark.__version__},
+    write_results(results_path(args.out), {
+        "machine": machine(),
         "master": MASTER, "files": args.files, "warmup_files": args.warmup, "every_s": args.every,
         "rows_per_file": args.rows_per_file,
         "trigger_s": TRIGGER_S, "repeats": args.repeats, "summary": summary, "aims": aims,
         "platform_over_hand_written": same_work, "platform_over_two_stages": staged,
         "cpu_s_per_file": cpu_per_file, "runs": runs, "cpu_runs": cpu,
-        "lines": lines}, indent=1, default=str))
+        "lines": lines})
     return 0
 
 

@@ -1,6 +1,6 @@
 """Kafka: the platform against plain Spark on the same topic, records per second and freshness.
 
-    python bench/kafka.py [--records N] [--repeats N] [--fresh N] [--keep]
+    python -m bench.kafka [--records N] [--repeats N] [--fresh N] [--keep]
 
 A broker is started here (``runner/kafka.py``: KRaft on loopback, from the jars setup fetched)
 and a three-partition topic filled once by the generator with the clicks example's records:
@@ -39,8 +39,9 @@ Real-time mode does not apply: Spark 4.1 runs it for stateless queries writing t
 foreach or memory sinks, and every stream of the platform deduplicates (state) and writes
 files or tables through ``foreachBatch``.
 
-Output: a table on stdout and ``bench/results/kafka.json``. Every process started here is
-ended by its pid, also on failure; the working folder is removed unless ``--keep``.
+Output: a table on stdout and ``bench/results/kafka.json`` (``--out NAME``: ``NAME.json``).
+Every process started here is ended by its pid, also on failure; the working folder is removed
+unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -48,22 +49,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform as host
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from freshness import Watcher, percentile, table_views
-from processes import MASTER, child_env, kill_tree
-from throughput import PLAIN_JOB, RESULTS, STREAM_JOB, Stream, on_file_sinks, run_variant
 
+from bench.harness import (
+    PLAIN_JOB,
+    STREAM_JOB,
+    Stream,
+    Watcher,
+    child_env,
+    clean_up,
+    kill_tree,
+    on_file_sinks,
+    run_variant,
+    submit_command,
+    table_views,
+    working_folder,
+)
+from bench.report import Progress, latencies, machine, median_of, results_path, write_results
 from runner.kafka import KafkaBroker, ensure_topics
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.session import connector_jars, submit_args
@@ -174,9 +184,7 @@ def freshness(variant: str, broker: KafkaBroker, spec_path: Path, root: Path, re
         (root / "job.json").write_text(json.dumps(job, indent=1))
         args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
         parquet, tables = {"Parquet sink": job["parse_sink"]}, {}
-    jars = connector_jars()
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER, "--jars", ",".join(jars),
-           "--conf", "spark.ui.showConsoleProgress=false", *args]
+    cmd = submit_command(args, jars=connector_jars())
     watcher = Watcher(parquet, tables)
     with open(root / "spark-submit.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
@@ -208,11 +216,10 @@ def freshness(variant: str, broker: KafkaBroker, spec_path: Path, root: Path, re
         kill_tree(proc.pid)
         proc.wait()
         watcher.stop()
-    latencies: dict[str, list[float]] = {n: [watcher.seen[n][i] - acked[i] for i in ids] for n in parquet}
+    measured: dict[str, list[float]] = {n: [watcher.seen[n][i] - acked[i] for i in ids] for n in parquet}
     for n in tables:
-        latencies[n] = [watcher.counted(n, base[n] + k + 1) - acked[i] for k, i in enumerate(ids)]
-    return {name: {"median_s": statistics.median(v), "p99_s": percentile(v, 0.99), "max_s": max(v), "samples": v}
-            for name, v in latencies.items()}
+        measured[n] = [watcher.counted(n, base[n] + k + 1) - acked[i] for k, i in enumerate(ids)]
+    return {name: latencies(v) for name, v in measured.items()}
 
 
 # ---- main -----------------------------------------------------------------------------------------
@@ -225,12 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", type=int, default=40, help="records of the freshness runs (default 40)")
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--out", default="kafka",
+                   help="results' name in bench/results/ (default kafka; an absolute path: there instead)")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
-    started = time.monotonic()
-
-    def note(what: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
+    work = working_folder("bench-kafka-")
+    note = Progress()
 
     broker = KafkaBroker(work / "broker")
     samples: dict[str, list[dict]] = {"b": [], "c": []}
@@ -258,10 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      for n, r in fresh[variant].items()))
     finally:
         broker.stop()
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+        clean_up(work, args.keep)
 
-    median = {v: statistics.median(s["rows_per_s"] for s in samples[v]) for v in samples}
+    median = {v: median_of(samples[v], "rows_per_s") for v in samples}
     ratio = median["c"] / median["b"]
     lines = [f"records/s (median of {args.repeats}): plain Spark (b) {median['b']:.0f}, platform (c) {median['c']:.0f}, "
              f"c/b {ratio:.2f}"]
@@ -270,11 +275,10 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"freshness, {label}, {name}: median {r['median_s']:.2f} s, p99 {r['p99_s']:.2f} s "
                          f"({len(r['samples'])} records, 1-second trigger)")
     print("\n".join(lines))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kafka.json").write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "python": host.python_version(), "system": host.platform()},
+    write_results(results_path(args.out), {
+        "machine": machine(),
         "records": stream.input_rows(), "repeats": args.repeats, "median_records_per_s": median, "c_over_b": ratio,
-        "freshness": fresh, "samples": samples, "summary": lines}, indent=1, default=str))
+        "freshness": fresh, "samples": samples, "summary": lines})
     return 0
 
 

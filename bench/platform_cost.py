@@ -1,6 +1,6 @@
 """What the platform costs a stream, against the same job run by bare ``spark-submit``.
 
-    python bench/platform_cost.py [--quick] [--repeats N] [--only restart]
+    python -m bench.platform_cost [--quick] [--repeats N] [--only restart]
 
 All on the ``sensors`` stream (a copy of ``include/streams/sensors.yaml`` whose only
 changes are a 1-second processing-time trigger, so that the machine, not the trigger,
@@ -42,15 +42,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
-import platform as host
 import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -58,9 +55,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from processes import PeakRss, cmdline, descendants, kill_pids
 
-from runner.airflow import AirflowClient, AirflowServices
+from bench.harness import (
+    MASTER,
+    PeakRss,
+    airflow,
+    clean_up,
+    cmdline,
+    end_everything,
+    epoch,
+    kill_pids,
+    run_generator,
+    start_airflow,
+    working_folder,
+)
+from bench.report import RESULTS, Progress, machine, median_of, pyplot, save_chart, verdict, write_results
 from runner.processes import wait_for, wait_until
 from spark_jobs.plan import compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import (
@@ -69,7 +78,6 @@ from spark_jobs.runtime.checkpoint import (
     processed_files,
     sink_files,
 )
-from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import (
     holder_alive,
     read_holder,
@@ -84,13 +92,10 @@ from spark_jobs.spec.models import (
     INGEST_QUERY,
     StreamSpec,
 )
-from spark_jobs.testdata import generate
 from spark_jobs.testdata.demo import spark_submit
 from streamops.health import Status, assess
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STREAM = "sensors"
-MASTER = "local[2]"
 TRIGGER_SECONDS = 1.0
 RESTART_POLICY = {"max_attempts": 12, "backoff_initial_seconds": 1, "backoff_max_seconds": 4,
                   "stable_after_minutes": 10}  # as in tests/e2e/test_faults.py
@@ -123,16 +128,6 @@ def spec_copy(root: Path, stall_window: float, max_files_per_trigger: int | None
     path = root / "streams" / f"{STREAM}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-def run_generator(spec_path: Path, data_root: Path, files: int, events_per_file: int, seed: int,
-                  empty_files: int = 1) -> None:
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(files),
-                              "--events-per-file", str(events_per_file), "--seed", str(seed),
-                              "--empty-files", str(empty_files)])
-    if code != 0:
-        raise RuntimeError(f"the generator failed (exit {code}) for {data_root}")
 
 
 def input_rows(data_root: Path) -> int:
@@ -205,7 +200,7 @@ class Stream:
         return holder if holder is not None and holder_alive(self.layout.lease_dir) else None
 
     def first_batch_start(self) -> float:
-        starts = [_epoch(e["timestamp"]) for e in read_events(self.layout.events_file)
+        starts = [epoch(e["timestamp"]) for e in read_events(self.layout.events_file)
                   if e.get("event") == "progress" and e.get("batch_id") == 0]
         if not starts:
             raise RuntimeError(f"no progress event of batch 0 in {self.layout.events_file}")
@@ -236,10 +231,6 @@ class Stream:
         count = len(batch_ids(self.readings, "commits"))
         wait_for(lambda: len(batch_ids(self.readings, "commits")) > count, "a new committed batch", timeout,
                  every=0.02)
-
-
-def _epoch(iso: str) -> float:
-    return parse_iso(iso).timestamp()
 
 
 def copy_input(source: Path, data_root: Path) -> None:
@@ -315,18 +306,11 @@ class Platform:
 
     def __init__(self, work: Path, spec_path: Path, data_root: Path):
         self.stream = Stream(spec_path, data_root)
-        self.airflow = AirflowServices(work / "airflow", data_root, spark_master=MASTER, all_admins=True,
-                                       extra_env={"STREAMS_SPEC_DIR": str(spec_path.parent)})
-        self.api = AirflowClient(self.airflow.url, timeout=60)  # no login: every request is an admin
+        self.airflow, self.api = airflow(work / "airflow", data_root, spec_path.parent)
         self.deployed: str | None = None
 
     def start(self) -> None:
-        self.airflow.start()
-        wait_for(self.airflow.healthy, "the Airflow API server", 240, every=1)
-        wait_for(lambda: set(self.DAGS) <= self.airflow.dag_ids(), "the DAG processor to parse the DAGs", 300,
-                 every=3)
-        for dag in self.DAGS:
-            self.api.unpause(dag)
+        start_airflow(self.airflow, self.api, self.DAGS)
         # the quality DAG's schedule is @once: its one scheduled run comes on unpausing; let it end first
         wait_until(lambda: (runs := self.api.runs(self.DAGS[2])) and all(r["state"] in ("success", "failed") for r in runs),
                    300, every=2)
@@ -413,9 +397,9 @@ def freshness(p: Platform, events_per_file: int) -> dict:
     in_sink = stream.commit_time(readings, batch)
     triggered = time.time()
     run = p.wait_run(p.DAGS[2], p.api.trigger(p.DAGS[2]), 900, every=0.5)
-    validated = _epoch(run["end_date"])
+    validated = epoch(run["end_date"])
     return {"in_sink_s": in_sink - landed_at, "validated_s": validated - landed_at, "quality_state": run["state"],
-            "quality_run_s": validated - _epoch(run["start_date"]), "quality_queued_s": _epoch(run["start_date"]) - triggered,
+            "quality_run_s": validated - epoch(run["start_date"]), "quality_queued_s": epoch(run["start_date"]) - triggered,
             "in_sink_triggers": (in_sink - landed_at) / TRIGGER_SECONDS,
             "validated_triggers": (validated - landed_at) / TRIGGER_SECONDS}
 
@@ -531,15 +515,6 @@ def write_only_restart(raw: dict, wall: float) -> int:
 # ---- reporting -------------------------------------------------------------------------------------
 
 
-def median_of(samples: list[dict], *keys: str) -> float:
-    values = []
-    for s in samples:
-        for k in keys:
-            s = s[k]
-        values.append(s)
-    return statistics.median(values)
-
-
 def summarize(raw: dict, window: float) -> dict:
     bare, plat = raw["bare"], raw["platform"]
     tp_bare, tp_plat = median_of(bare, "throughput", "rows_per_s"), median_of(plat, "throughput", "rows_per_s")
@@ -594,15 +569,14 @@ def summarize(raw: dict, window: float) -> dict:
 
 
 def table(s: dict) -> list[str]:
-    ok = {True: "met", False: "MISSED"}
     t, r, st, f = s["throughput"], s["recovery"], s["stall"], s["freshness"]
     lines = [f"{'case':<42} {'bare':>10} {'platform':>10} {'ratio':>7}  aim",
              f"{'throughput, rows/s':<42} {t['bare_rows_per_s']:>10.0f} {t['platform_rows_per_s']:>10.0f} "
-             f"{t['ratio']:>7.2f}  {t['aim']}: {ok[t['met']]}",
+             f"{t['ratio']:>7.2f}  {t['aim']}: {verdict(t['met'])}",
              f"{'SIGKILL -> first new commit, s':<42} {r['bare_s']:>10.1f} {r['platform_s']:>10.1f} "
-             f"{r['ratio']:>7.2f}  {r['aim']}: {ok[r['met']]}",
+             f"{r['ratio']:>7.2f}  {r['aim']}: {verdict(r['met'])}",
              f"{'SIGSTOP -> first new commit, s':<42} {'window ' + format(st['window_s'], 'g'):>10} "
-             f"{st['platform_s']:>10.1f} {st['platform_s'] / st['window_s']:>7.2f}  {st['aim']}: {ok[st['met']]}",
+             f"{st['platform_s']:>10.1f} {st['platform_s'] / st['window_s']:>7.2f}  {st['aim']}: {verdict(st['met'])}",
              f"{'landing -> readings sink, s':<42} {'trigger ' + format(f['trigger_s'], 'g'):>10} "
              f"{f['in_sink_s']:>10.1f} {f['in_sink_triggers']:>6.1f}x",
              f"{'landing -> validated (quality DAG), s':<42} {'':>10} {f['validated_s']:>10.1f} "
@@ -617,7 +591,7 @@ def table(s: dict) -> list[str]:
                      f"{g['peak_python_mb']:>10.0f}")
     gr = s["growth"]
     lines.append(f"{'':<22} {gr['fixed_s']:.1f} s fixed + {gr['seconds_per_1000_rows']:.2f} s per 1,000 rows; middle size "
-                 f"{gr['middle_off_line'] * 100:.0f}% off that line; {gr['aim']}: {ok[gr['met']]}")
+                 f"{gr['middle_off_line'] * 100:.0f}% off that line; {gr['aim']}: {verdict(gr['met'])}")
     lines.append("")
     lines.append(f"{'restart (available-now)':<30} {'to first commit s':>18} {'wall s':>8}")
     for x in s["restart"]["runs"]:
@@ -629,17 +603,12 @@ def table(s: dict) -> list[str]:
                      f"{x['wall_s']:>8.1f}")
     lines.append(f"{'':<30} ratio largest to smallest {rs['ratio_largest_to_smallest']:.2f}"
                  + (f", archived largest to smallest {rs['archived_ratio']:.2f}" if rs.get("archived_ratio") else "")
-                 + f"; {rs['aim']}: {ok[rs['met']]}")
+                 + f"; {rs['aim']}: {verdict(rs['met'])}")
     return lines
 
 
 def chart(s: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig, ax = pyplot().subplots(2, 3, figsize=(15, 8.5))
     t, r, st, f = s["throughput"], s["recovery"], s["stall"], s["freshness"]
     colors = ["#7a8793", "#2f6db5"]
     a = ax[0][0]
@@ -701,9 +670,7 @@ def chart(s: dict, path: Path) -> None:
     a.set_ylabel("s")
     a.set_title("restart: spark-submit -> first commit")
     fig.suptitle(f"sensors stream, Spark {MASTER}, {os.cpu_count()} cores: medians")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(fig, path)
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -738,25 +705,20 @@ def main(argv: list[str] | None = None) -> int:
              {"files": 40, "events_per_file": 500, "growth_files": 40, "growth_events": 500,
               "restart_files": [1000, 10000]})
     factors = (1, 4, 16)
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="bench-platform-"))
+    note = Progress()
+    work = working_folder("bench-platform-")
     print(f"working folder {work}; {repeats} repeat(s); sizes {sizes}", flush=True)
     spec_path = spec_copy(work / "include", args.stall_window)
     growth_spec = spec_copy(work / "include-restart", args.stall_window, max_files_per_trigger=1000,
                             archive_path="archive/sensors")
     raw: dict[str, Any] = {"bare": [], "platform": [], "growth": {}, "restart": {}}
-    recorded: dict[int, bytes] = {}
     platform: Platform | None = None
-    me = os.getpid()
-
-    def note(what: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
 
     try:
         if args.only == "restart":
             raw["restart"], raw["restart_archived"] = restart_cases(growth_spec, work / "restart",
                                                                    sizes["restart_files"], repeats, note)
-            return write_only_restart(raw, wall=time.monotonic() - started)
+            return write_only_restart(raw, wall=note.elapsed())
         source = work / "input"
         run_generator(spec_path, source, sizes["files"], sizes["events_per_file"], seed=7)
         rows = input_rows(source)
@@ -799,30 +761,18 @@ def main(argv: list[str] | None = None) -> int:
                  f"validated {result['freshness']['validated_s']:.1f}s ({result['freshness']['quality_state']})")
     finally:
         # every process this run started: its descendants, and a driver the platform left (reparented)
-        recorded.update({pid: cmdline(pid) for pid in descendants(me)})
-        if platform is not None:
-            holder = platform.stream.holder()
-            if holder is not None:
-                recorded.update({pid: cmdline(pid) for pid in (holder.pid, holder.launcher_pid) if pid > 1})
-            platform.airflow.stop()
-        kill_pids(recorded)
-        kill_pids({pid: cmdline(pid) for pid in descendants(me)})
-        if args.keep:
-            print(f"kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        end_everything(platform.stream.layout.lease_dir if platform is not None else None,
+                       platform.airflow if platform is not None else None)
+        clean_up(work, args.keep)
 
-    wall = time.monotonic() - started
+    wall = note.elapsed()
     summary = summarize(raw, args.stall_window)
     print()
     print("\n".join(table(summary)))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "platform.json"
-    out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "platform": host.platform(), "machine": host.machine(),
-                    "python": sys.version.split()[0]},
+    out = write_results(RESULTS / "platform.json", {
+        "machine": machine(),
         "master": MASTER, "trigger_s": TRIGGER_SECONDS, "stall_window_s": args.stall_window, "repeats": repeats,
-        "quick": args.quick, "sizes": sizes, "wall_s": wall, "summary": summary, "samples": raw}, indent=1))
+        "quick": args.quick, "sizes": sizes, "wall_s": wall, "summary": summary, "samples": raw})
     chart(summary, RESULTS / "platform.png")
     print(f"\nwall time {wall / 60:.1f} min; written: {out}, {RESULTS / 'platform.png'}")
     return 0

@@ -1,6 +1,6 @@
 """What validating one closed unit costs, against a single Spark pass computing the same checks.
 
-    python bench/quality_cost.py [--sizes 1000 10000 100000 1000000] [--repeats 5]
+    python -m bench.quality_cost [--sizes 1000 10000 100000 1000000] [--repeats 5]
 
 For each size, one event-time unit of the ``sensors.readings`` output (its real schema,
 realistic values) is written as Parquet and read back, then validated:
@@ -17,23 +17,20 @@ realistic values) is written as Parquet and read back, then validated:
 
 Every case runs in the same process on the same cached data; medians of ``--repeats``
 runs after a warm-up are printed with their ratio to the baseline, and written to
-``bench/results/quality_cost.json``.
+``bench/results/quality_cost.json`` (``--out NAME``: ``NAME.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
+from bench.harness import MASTER, working_folder
+from bench.report import machine, results_path, write_results
 from spark_jobs import analysis
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, expected_schema, iso
@@ -43,8 +40,6 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def unit_frame(spark, rows: int, schema):  # noqa: ANN001, ANN201
@@ -101,12 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default="quality_cost",
+                   help="results' name in bench/results/ (default quality_cost; an absolute path: there instead)")
     args = p.parse_args(argv)
 
-    spark = build_session("bench-quality", master="local[2]", extra={
+    spark = build_session("bench-quality", master=MASTER, extra={
         "spark.sql.shuffle.partitions": 2, "spark.ui.enabled": False, "spark.ui.showConsoleProgress": False})
     spark.sparkContext.setLogLevel("ERROR")
-    work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    work = working_folder("bench-quality-")
     spec = load_spec(default_spec_dir() / "sensors.yaml")
     layout = Layout(spec, work, default_spec_dir())
     rules = load_rules(spec, default_spec_dir())
@@ -155,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "quality_cost.json"
-    out.write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                           "python": sys.version.split()[0]},
-                               "repeats": args.repeats, "results": results}, indent=1))
+    out = write_results(results_path(args.out), {"machine": machine(), "repeats": args.repeats, "results": results})
     print(f"written: {out}")
     return 0
 

@@ -1,6 +1,6 @@
 """How many streams one worker holds, against plain Spark on the same machine and input.
 
-    python bench/streams_per_worker.py [--max-streams 8] [--minutes 2] [--rate 0.5] [--events-per-file 40]
+    python -m bench.streams_per_worker [--max-streams 8] [--minutes 2] [--rate 0.5] [--events-per-file 40]
 
 A worker of the multi-machine deployment runs the drivers of the streams its supervisor
 tasks took. This runs N copies of the ``sensors`` example stream side by side on this
@@ -36,20 +36,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform as host
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from processes import MASTER, PeakRss, child_env, kill_pids, kill_tree, pss_bytes
-from throughput import PLAIN_JOB, RESULTS, STREAM_JOB
-from throughput import Stream as BenchStream
-
+from bench.harness import (
+    PLAIN_JOB,
+    STREAM_JOB,
+    PeakRss,
+    Stream,
+    child_env,
+    clean_up,
+    kill_pids,
+    kill_tree,
+    pss_bytes,
+    submit_command,
+    working_folder,
+)
+from bench.report import RESULTS, machine, write_results
 from runner.processes import wait_until
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import (
@@ -71,7 +78,7 @@ class Copy:
     def __init__(self, root: Path, kind: str, rate: float, events_per_file: int, logs: Path, n: int):
         self.root, self.kind = root, kind
         root.mkdir(parents=True)
-        self.stream = BenchStream("sensors", SPEC, root, "bc")
+        self.stream = Stream("sensors", SPEC, root, "bc")
         self.layout = self.stream.layout(root)
         self.mfpt = self.stream.spec.source.max_files_per_trigger
         env = child_env()
@@ -84,8 +91,7 @@ class Copy:
             (root / "job.json").write_text(json.dumps(job))
             args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
             self.checkpoints = [Path(job["checkpoints"]) / o for o in ["quarantine", *[o["name"] for o in job["outputs"]]]]
-        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
-               "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false", *args]
+        cmd = submit_command(args, conf={"spark.ui.enabled": "false"})
         self.driver = subprocess.Popen(cmd, stdout=open(logs / f"{kind}-{n}.log", "w"),  # noqa: SIM115
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the working folder (in the temp dir)")
     p.add_argument("--out", default=str(RESULTS / "streams_per_worker.json"), help="where the JSON results go")
     args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="streams-per-worker-"))
+    work = working_folder("streams-per-worker-")
     steps: list[dict[str, Any]] = []
     held: dict[str, int] = {}
     try:
@@ -187,15 +193,13 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 held[kind] = n
     finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    result = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": host.platform()},
+        clean_up(work, args.keep)
+    result = {"machine": machine(),
               "date": datetime.now().isoformat(timespec="seconds"), "settings": vars(args), "held": held,
               "steps": steps}
     if "plain" in held and "platform" in held and held["plain"]:
         result["platform_over_plain"] = held["platform"] / held["plain"]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_results(Path(args.out), result, indent=2)
     print(f"streams one worker holds ({os.cpu_count()} cores, {args.rate} files/s of {args.events_per_file} events "
           f"each): " + ", ".join(f"{k} {v}" for k, v in held.items())
           + (f"; platform/plain {result['platform_over_plain']:.2f}" if "platform_over_plain" in result else ""))

@@ -1,6 +1,6 @@
 """Throughput of the platform's job against plain Spark on the same input.
 
-    python bench/throughput.py [--quick] [--rows N] [--files N] [--repeats N] [--streams NAME ...] [--keep]
+    python -m bench.throughput [--quick] [--rows N] [--files N] [--repeats N] [--streams NAME ...] [--keep]
 
 For each stream, one input is generated (``spark_jobs.testdata.generate``: about ``--rows`` valid
 events over ``--files`` files, with its default shares of malformed records, duplicates,
@@ -94,59 +94,38 @@ the working folder (in the temp dir) is removed at the end unless ``--keep``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import math
 import os
-import platform as host
 import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-from processes import MASTER, descendants, kill_tree, spark_submit
-
-from spark_jobs.plan import compile_plan, result_columns, result_key, written_by_ingestion
-from spark_jobs.runtime.checkpoint import (
-    batch_ids,
-    sink_files,
+from bench.harness import (
+    FOUR,
+    MASTER,
+    ONE,
+    Stream,
+    bench_specs,
+    clean_up,
+    kill_descendants,
+    prepare_environment,
+    run_generator,
+    run_variant,
+    working_folder,
 )
-from spark_jobs.runtime.clock import parse_iso
-from spark_jobs.runtime.progress import read_events
-from spark_jobs.runtime.session import SESSION_CONF, connector_jars, fenced_checkpoints_conf, local_fs_conf
-from spark_jobs.spec.layout import (
-    Layout,
-    project_root,
-)
-from spark_jobs.spec.loading import load_spec
+from bench.report import Progress, machine, pyplot, results_path, save_chart, verdict, write_results
+from spark_jobs.plan import result_key
+from spark_jobs.runtime.session import local_fs_conf
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
-    SPARK_TYPES,
-    Aggregation,
     DeltaSink,
-    FileSource,
     ParquetSink,
     Passthrough,
-    StreamSpec,
-    TableSink,
 )
-from spark_jobs.testdata import generate
 
-BENCH = Path(__file__).resolve().parent
-RESULTS = BENCH / "results"
-PLAIN_JOB = BENCH / "throughput_plain.py"
-STREAM_JOB = project_root() / "spark_jobs" / "stream_job.py"
-FOUR, ONE = "clicks_four_outputs", "clicks_one_output"
 VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform", "d": "one batch job",
             "e": "platform, Delta accepted", "f": "same work, two stages"}
-#: the variants that run the platform's own job (e: its accepted rows in a Delta table)
-PLATFORM = ("c", "e")
-PLAIN_VARIANTS = {"a": "parse", "b": "per-output", "d": "batch", "f": "staged"}
 
 
 def aims(files_per_trigger: int, files: int) -> list[tuple[str, str, float]]:
@@ -155,304 +134,6 @@ def aims(files_per_trigger: int, files: int) -> list[tuple[str, str, float]]:
     # one small file a micro-batch: at most 1.5 times what plain Spark takes for the same work
     staged_aim = [(FOUR, "c/f", round(1 / 1.5, 2))] if files_per_trigger == 1 else []
     return [(FOUR, "c/b", 1.5), (ONE, "c/b", 0.87), *([(FOUR, "c/d", batch_aim)] if batch_aim else []), *staged_aim]
-
-
-# ---- the streams ------------------------------------------------------------------------------------
-
-
-def bench_specs(folder: Path, files_per_trigger: int = 10) -> dict[str, Path]:
-    """Write the CSV specs based on clicks.yaml (the example itself reads a Kafka topic): the
-    example on files, and the two benchmark streams; their paths."""
-    include = project_root() / "include"
-    shutil.copytree(include / "reference", folder / "reference")
-    (folder / "streams").mkdir(parents=True)
-    clicks = on_file_sinks(yaml.safe_load((include / "streams" / "clicks.yaml").read_text()))
-    on_files = {"type": "files", "path": "landing/clicks", "format": "csv", "columns": clicks["source"]["columns"],
-                "max_files_per_trigger": files_per_trigger}
-    source = dict(on_files, path="landing/clicks_bench")  # one landing directory for both specs: the same input
-
-    def table(name: str, **extra: Any) -> dict:
-        return {"type": "table", "table": name, "url": "sqlite:///tables.db", **extra}  # under the data root
-
-    def parquet(stream: str, output: str, **extra: Any) -> dict:
-        return {"type": "parquet", "path": f"sinks/{stream}/{output}", **extra}
-
-    def spec(name: str, outputs: list[dict]) -> dict:
-        return {"name": name, "description": "Benchmark stream (bench/throughput.py), based on clicks.",
-                "owner": clicks["owner"], "source": source, "quarantine": {"path": f"quarantine/{name}"},
-                "enrich": clicks["enrich"], "event_time": clicks["event_time"], "deduplicate": clicks["deduplicate"],
-                "outputs": outputs, "trigger": clicks["trigger"], "checkpoint": f"checkpoints/{name}"}
-
-    def views(stream: str) -> dict:
-        return {"name": "views", "query": {"type": "passthrough"}, "mode": "append",
-                "sink": parquet(stream, "views", partition_by=["event_date"])}
-
-    four = [
-        views(FOUR),
-        {"name": "views_15m", "mode": "append", "sink": parquet(FOUR, "views_15m"),
-         "query": {"type": "aggregate", "window": {"duration": "15 minutes", "slide": "5 minutes"},
-                   "group_by": ["category"],
-                   "aggregates": [{"name": "views", "fn": "count"},
-                                  {"name": "users", "fn": "approx_count_distinct", "column": "user_id"},
-                                  {"name": "avg_duration_ms", "fn": "avg", "column": "duration_ms"}]}},
-        {"name": "page_totals", "mode": "complete", "sink": table("bench_page_totals", key=["page"]),
-         "query": {"type": "aggregate", "group_by": ["page", "category"],
-                   "aggregates": [{"name": "views", "fn": "count"},
-                                  {"name": "total_duration_ms", "fn": "sum", "column": "duration_ms"}]}},
-        {"name": "user_activity", "mode": "update", "sink": table("bench_user_activity"),
-         "query": {"type": "aggregate", "group_by": ["user_id"],
-                   "aggregates": [{"name": "views", "fn": "count"},
-                                  {"name": "last_seen", "fn": "max", "column": "ts"},
-                                  {"name": "last_page", "fn": "latest", "column": "page"}]}},
-    ]
-    paths = {"clicks": folder / "streams" / "clicks.yaml", "sensors": folder / "streams" / "sensors.yaml"}
-    paths["clicks"].write_text("# Written by bench/throughput.py: include/streams/clicks.yaml on CSV files.\n"
-                               + yaml.safe_dump(clicks | {"source": on_files}, sort_keys=False))
-    sensors = yaml.safe_load((include / "streams" / "sensors.yaml").read_text())
-    sensors["source"]["max_files_per_trigger"] = files_per_trigger
-    paths["sensors"].write_text("# Written by bench/throughput.py: include/streams/sensors.yaml.\n"
-                                + yaml.safe_dump(sensors, sort_keys=False))
-    for path in (paths["clicks"], paths["sensors"]):
-        load_spec(path)
-    for name, outputs in ((FOUR, four), (ONE, [views(ONE)])):
-        paths[name] = folder / "streams" / f"{name}.yaml"
-        paths[name].write_text("# Written by bench/throughput.py; based on include/streams/clicks.yaml.\n"
-                               + yaml.safe_dump(spec(name, outputs), sort_keys=False))
-        load_spec(paths[name])  # valid, or fail here
-    return paths
-
-
-def on_file_sinks(spec: dict) -> dict:
-    """An example spec with its Delta tables written as Parquet instead: the plain Spark jobs
-    here write Parquet and SQLite (Delta against Parquet is bench/delta_sinks.py's measure)."""
-    spec = json.loads(json.dumps(spec))
-    for output in spec["outputs"]:
-        if output["sink"]["type"] == "delta":
-            output["sink"] = {**output["sink"], "type": "parquet", "path": f"sinks/{spec['name']}/{output['name']}"}
-    spec.pop("maintenance", None)
-    return spec
-
-
-class Stream:
-    """One benchmarked stream: its spec, its generated input and the variants it runs."""
-
-    def __init__(self, name: str, spec_path: Path, input_root: Path, variants: str):
-        self.name, self.spec_path, self.input_root, self.variants = name, spec_path, input_root, variants
-        self.spec: StreamSpec = load_spec(spec_path)
-        assert isinstance(self.spec.source, FileSource)
-        self.delta_spec_path = spec_path.parent.with_name("streams_delta_accepted") / spec_path.name
-        self.delta_spec: StreamSpec | None = self._write_delta_spec() if "e" in variants else None
-
-    def _write_delta_spec(self) -> StreamSpec:
-        """(e): the same spec with its accepted rows in a Delta table, beside the others (same
-        reference data); the pass-through output the ingestion writes becomes that Delta table,
-        so e does c's work. Written only for e: a caller may pass a spec of the project's own."""
-        path = self.delta_spec_path
-        path.parent.mkdir(exist_ok=True)
-        data = yaml.safe_load(self.spec_path.read_text()) | {"accepted": {"format": "delta"}}
-        served = written_by_ingestion(self.spec)
-        for output in data["outputs"]:
-            if served is not None and output["name"] == served.name:
-                output["sink"] = {**output["sink"], "type": "delta"}
-        path.write_text("# Written by bench/throughput.py: accepted rows in a Delta table.\n"
-                        + yaml.safe_dump(data, sort_keys=False))
-        return load_spec(path)
-
-    def spec_of(self, variant: str) -> StreamSpec:
-        if variant == "e":
-            assert self.delta_spec is not None, "variant e was not asked for"
-            return self.delta_spec
-        return self.spec
-
-    def layout(self, root: Path) -> Layout:
-        return Layout(self.spec, root, self.spec_path.parent)
-
-    def jars(self) -> list[str]:
-        """Jars its drivers need beside Spark's own (none for files)."""
-        return []
-
-    def prepare(self, root: Path) -> None:
-        """A fresh data root holding hard links of the generated landing files (same mtimes)."""
-        src, dst = Path(self.layout(self.input_root).landing), Path(self.layout(root).landing)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(src, dst, copy_function=os.link)
-
-    def session_conf(self) -> dict[str, Any]:
-        """What ``build_session`` sets for this spec (log level, SESSION_CONF, shuffle partitions, spark.conf)."""
-        return {"spark.log.level": os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"), **SESSION_CONF,
-                "spark.sql.shuffle.partitions": self.spec.spark.shuffle_partitions, **self.spec.spark.conf}
-
-    def source_job(self, layout: Layout) -> dict[str, Any]:
-        """The job file's ``source``: how ``bench/throughput_plain.py`` reads the input."""
-        src = self.spec.source
-        assert isinstance(src, FileSource)
-        return {"format": src.format, "schema": compile_plan(self.spec, layout).source.reader_ddl,
-                "options": src.options, "landing": layout.landing, "max_files_per_trigger": src.max_files_per_trigger}
-
-    def plain_job(self, variant: str, root: Path) -> dict[str, Any]:
-        """The job file of ``bench/throughput_plain.py`` for this stream's spec."""
-        spec, layout, src = self.spec, self.layout(root), self.spec.source
-        outputs = []
-        for o in spec.outputs:
-            q, sink = o.query, o.sink
-            out: dict[str, Any] = {"name": o.name, "mode": o.mode}
-            if isinstance(q, Passthrough):
-                out.update(query="passthrough", columns=result_columns(spec, o))
-            else:
-                assert isinstance(q, Aggregation)
-                out.update(query="aggregate", group_by=q.group_by,
-                           window=q.window and {"duration": q.window.duration, "slide": q.window.slide},
-                           aggregates=[{"name": a.name, "fn": a.fn, "column": a.column} for a in q.aggregates])
-            if isinstance(sink, ParquetSink):
-                out["sink"] = {"type": "parquet", "path": layout.data(sink.path), "partition_by": sink.partition_by}
-            else:
-                assert isinstance(sink, TableSink)
-                url = layout.table_url(sink)
-                if not url.startswith("sqlite:///"):
-                    raise ValueError(f"{self.name}.{o.name}: the benchmark writes tables to SQLite only, not {url}")
-                out["sink"] = {"type": "table", "db": url.removeprefix("sqlite:///"), "table": sink.table,
-                               "key": result_key(spec, o)}
-            outputs.append(out)
-        et = spec.event_time
-        plan = compile_plan(spec, layout)
-        assert plan.ingestion is not None and plan.ingestion.accepted_columns is not None
-        served = written_by_ingestion(spec)
-        conf = {**self.session_conf(), "spark.sql.streaming.numRecentProgressUpdates": 100_000}
-        return {
-            "app": f"bench-{variant}:{self.name}", "variant": PLAIN_VARIANTS[variant],
-            "conf": conf,
-            "source": self.source_job(layout),
-            "columns": [c.name for c in src.columns], "required": [c.name for c in src.columns if c.required],
-            "event_time": et and {"column": et.column, "watermark": et.watermark},
-            "deduplicate": spec.deduplicate.key if spec.deduplicate else None,
-            "joins": [{"path": layout.reference(e.path), "format": e.format, "key": e.key, "how": e.how,
-                       "columns": [(c.name, SPARK_TYPES[c.type]) for c in e.columns]}
-                      for e in spec.enrich],
-            "outputs": outputs,
-            "quarantine": layout.data(spec.quarantine.path) if spec.quarantine else None,
-            # (f): where its first stage writes the accepted rows (a pass-through output's sink, as the platform)
-            "accepted": (layout.data(served.sink.path) if served is not None and isinstance(served.sink, ParquetSink)
-                         else str(root / "sinks" / "accepted")),
-            "accepted_columns": list(plan.ingestion.accepted_columns),
-            "parse_sink": str(root / "sinks" / "parse"),
-            "checkpoints": str(root / "bench-checkpoints"),
-            "result": str(root / "result.json"),
-        }
-
-    def file_sinks(self, variant: str, root: Path) -> dict[str, str]:
-        """The Parquet sinks a variant writes: name -> path."""
-        layout = self.layout(root)
-        if variant == "a":
-            return {"parse": str(root / "sinks" / "parse")}
-        sinks = {"accepted": compile_plan(self.spec, layout).accepted} if variant == "c" else {}  # e: a Delta table
-        if variant == "f":
-            sinks["accepted"] = self.plain_job(variant, root)["accepted"]
-        if self.spec.quarantine:
-            sinks["quarantine"] = layout.data(self.spec.quarantine.path)
-        served = written_by_ingestion(self.spec_of(variant))
-        for o in self.spec.outputs:
-            if variant in (*PLATFORM, "f") and served is not None and o.name == served.name:
-                continue  # its sink is the accepted-rows table, counted once as "accepted"
-            if isinstance(o.sink, ParquetSink):
-                sinks[o.name] = layout.data(o.sink.path)
-        return sinks
-
-    def input_rows(self) -> int:
-        return self.manifest_counts()["input_records"]
-
-    def manifest_counts(self) -> dict[str, Any]:
-        """The generator's counts, and the rows every output holds in the end (ground truth)."""
-        if not hasattr(self, "_counts"):
-            generated = self.input_root / "generated"
-            (manifest,) = generated.glob("*/manifest.json")
-            data = json.loads(manifest.read_text())
-            self._counts = {**data["counts"], "outputs": {n: len(o["rows"]) for n, o in data["outputs"].items()}}
-        return self._counts
-
-
-# ---- one run ----------------------------------------------------------------------------------------
-
-
-def _epoch(iso: str) -> float:
-    return parse_iso(iso).timestamp()
-
-
-def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bool]:
-    """Every batch of every query (query, start, end, input rows), and whether every committed
-    batch has its progress record."""
-    if variant in PLATFORM:
-        layout = stream.layout(root)
-        found = [{"query": e["query"], "batch_id": e["batch_id"], "start": _epoch(e["timestamp"]),
-                  "end": _epoch(e["timestamp"]) + (e.get("duration_ms") or {}).get("triggerExecution", 0) / 1000,
-                  "input_rows": e.get("input_rows", 0), "parts": e.get("duration_ms") or {}}
-                 for e in read_events(layout.events_file) if e.get("event") == "progress"]
-        checkpoints = compile_plan(stream.spec, layout).checkpoints
-    else:
-        result = json.loads((root / "result.json").read_text())
-        found = [{"query": b["query"], "batch_id": b["batch_id"], "start": _epoch(b["timestamp"]),
-                  "end": _epoch(b["timestamp"]) + b["trigger_ms"] / 1000, "input_rows": b["input_rows"]}
-                 for b in result["batches"]]
-        checkpoints = {q: str(root / "bench-checkpoints" / q) for q in {b["query"] for b in found}}
-    complete = all(set(batch_ids(path, "commits")) <= {b["batch_id"] for b in found if b["query"] == q}
-                   for q, path in checkpoints.items())
-    return found, complete
-
-
-def data_files(path: str) -> int:
-    """The data files of a Parquet sink: those its ``_spark_metadata`` log committed, or all (a
-    folder a batch job or ``foreachBatch`` wrote has no log)."""
-    if (Path(path) / "_spark_metadata").is_dir():
-        return len(sink_files(path))
-    return len(list(Path(path).rglob("*.parquet")))
-
-
-def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_local_fs: bool = False) -> dict[str, Any]:
-    stream.prepare(root)
-    log = root / "spark-submit.log"
-    jars = stream.jars()
-    if variant in PLATFORM:
-        spec_path = stream.delta_spec_path if variant == "e" else stream.spec_path
-        args = [str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root), "--trigger", "available-now"]
-        if variant == "e":
-            jars = sorted({*jars, *connector_jars()})
-    else:
-        job = root / "job.json"
-        job.write_text(json.dumps(stream.plain_job(variant, root), indent=1))
-        args = [str(PLAIN_JOB), "--job", str(job)]
-    load = os.getloadavg()[0]
-    # the platform's drivers write through its local file system, their checkpoints fenced by the
-    # lease; plain Spark through Hadoop's, unless asked, and unfenced
-    conf = local_fs_conf() if variant in PLATFORM or plain_local_fs else None
-    if variant in PLATFORM:
-        conf = {**(conf or {}), **fenced_checkpoints_conf()}
-    run = spark_submit(args, log, timeout, jars=jars, conf=conf)
-    if run["exit_code"] != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"{stream.name} variant {variant} exited {run['exit_code']}; {log}:\n{tail}")
-    batches, complete = batches_of(stream, variant, root)
-    if not batches:
-        raise RuntimeError(f"{stream.name} variant {variant}: no batch recorded; see {log}")
-    begin, end = min(b["start"] for b in batches), max(b["end"] for b in batches)
-    rows = stream.input_rows()
-    read = {}
-    for b in batches:
-        read[b["query"]] = read.get(b["query"], 0) + b["input_rows"]
-    reading = {"a": ["parse"], "b": sorted(set(read) - {"quarantine"}) or ["quarantine"], "c": [INGEST_QUERY],
-               "d": ["batch"], "e": [INGEST_QUERY], "f": ["ingest"]}[variant]
-    files = {name: data_files(path) for name, path in stream.file_sinks(variant, root).items()}
-    # one micro-batch of the queries reading the input: how long, and (platform) where it went
-    reading_batches = [b for b in batches if b["query"] in reading and b["input_rows"]]
-    per_batch = {"batch_ms": statistics.median((b["end"] - b["start"]) * 1000 for b in reading_batches)
-                 if reading_batches and variant != "d" else None}
-    if variant in PLATFORM and reading_batches:
-        per_batch["parts_ms"] = {k: statistics.median(b["parts"].get(k, 0) for b in reading_batches)
-                                 for k in sorted({k for b in reading_batches for k in b["parts"]})}
-    return {"rows": rows, "batch_s": end - begin, "rows_per_s": rows / (end - begin),
-            "rows_per_s_wall": rows / run["wall_s"], "startup_s": begin - run["started_at"],
-            "batches": len(batches), "progress_complete": complete,
-            "rows_read": {q: read.get(q, 0) for q in reading}, "files": files, "files_total": sum(files.values()),
-            "per_batch": per_batch,
-            "load_average_before": load, **run}
 
 
 # ---- the fairness check -----------------------------------------------------------------------------
@@ -640,11 +321,10 @@ def table(summary: dict[str, Any], checks: dict[str, Any], streams: dict[str, St
             lines.append(f"  {name} {v}: " + ", ".join(f"{k} {n}" for k, n in m["files"].items()))
     lines.append("")
     lines.append("aims:")
-    ok = {True: "met", False: "MISSED", None: "not measured"}
     for name, s in summary.items():
         for a in s["aims"]:
             value = "-" if a["value"] is None else f"{a['value']:.2f}"
-            lines.append(f"  {name} {a['ratio']} {a['aim']}: {value} {ok[a['met']]}")
+            lines.append(f"  {name} {a['ratio']} {a['aim']}: {value} {verdict(a['met'])}")
     lines.append("")
     lines.append("checks (first repeat's sinks read back):")
     for name, c in checks.items():
@@ -659,11 +339,7 @@ def table(summary: dict[str, Any], checks: dict[str, Any], streams: dict[str, St
 
 
 def chart(summary: dict[str, Any], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(summary)
     colors = {"a": "#7a8793", "b": "#e8a33d", "c": "#2f6db5", "d": "#5a9e5a", "e": "#8e5ab5", "f": "#c0504d"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
@@ -685,20 +361,10 @@ def chart(summary: dict[str, Any], path: Path, title: str) -> None:
                                                    if k in summary[n]["ratios"])]) for n in names]
     axes[0].set_xticks(range(len(names)), ratios, fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_chart(fig, path)
 
 
 # ---- main -------------------------------------------------------------------------------------------
-
-
-def run_generator(spec_path: Path, data_root: Path, files: int, events_per_file: int, seed: int) -> None:
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(files),
-                              "--events-per-file", str(events_per_file), "--seed", str(seed)])
-    if code != 0:
-        raise RuntimeError(f"the generator failed (exit {code}) for {spec_path}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -717,24 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", action="store_true", help="keep the working folder (inputs, data roots, logs)")
     p.add_argument("--variants", default="abcd", help="which variants run (default abcd)")
-    p.add_argument("--out", default="throughput", help="results' name in bench/results/ (default throughput)")
+    p.add_argument("--out", default="throughput",
+                   help="results' name in bench/results/ (default throughput; an absolute path: there instead)")
     args = p.parse_args(argv)
     rows = args.rows or (50_000 if args.quick else 1_000_000)
     repeats = args.repeats or (1 if args.quick else 3)
     events_per_file = max(1, rows // args.files)
-    os.environ.update(TZ="UTC", SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    os.environ.pop("STREAMS_DB_URL", None)
-    time.tzset()
+    prepare_environment()
 
-    started = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+    note = Progress()
+    work = working_folder("bench-throughput-")
     print(f"working folder {work}; {args.files} files x {events_per_file} events per stream; {repeats} repeat(s)",
           flush=True)
-
-    def note(what: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {what}", flush=True)
-
-    me = os.getpid()
     samples: dict[str, dict[str, list[dict]]] = {}
     checks: dict[str, Any] = {}
     streams: dict[str, Stream] = {}
@@ -786,35 +446,27 @@ def main(argv: list[str] | None = None) -> int:
             note(f"{name}: check {'passed' if checks[name]['ok'] else 'FAILED'}")
         spark.stop()
     finally:
-        for pid in descendants(me):  # a spark-submit interrupted, the check's JVM
-            kill_tree(pid)
-        if args.keep:
-            print(f"kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        kill_descendants()  # a spark-submit interrupted, the check's JVM
+        clean_up(work, args.keep)
 
-    wall = time.monotonic() - started
+    wall = note.elapsed()
     aimed = aims(args.files_per_trigger, args.files)
     summary = summarize(samples, aimed)
     print()
     print("\n".join(table(summary, checks, streams)))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{args.out}.json"
-    import pyspark
-
-    out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "platform": host.platform(), "machine": host.machine(),
-                    "python": sys.version.split()[0], "pyspark": pyspark.__version__},
+    out, png = results_path(args.out), results_path(args.out, ".png")
+    write_results(out, {
+        "machine": machine(),
         "master": MASTER, "rows": rows, "files": args.files, "events_per_file": events_per_file, "repeats": repeats,
         "files_per_trigger": args.files_per_trigger, "plain_local_fs": args.plain_local_fs,
         "platform_local_fs": bool(local_fs_conf()),
         "quick": args.quick, "seed": args.seed, "wall_s": wall, "variants": VARIANTS,
         "aims": [{"stream": s, "ratio": r, "aim": a} for s, r, a in aimed],
-        "summary": summary, "checks": checks, "samples": samples}, indent=1, default=str))
-    chart(summary, RESULTS / f"{args.out}.png",
+        "summary": summary, "checks": checks, "samples": samples})
+    chart(summary, png,
           f"available-now throughput, Spark {MASTER}, {os.cpu_count()} cores, ~{rows:,} rows per stream: "
           f"medians of {repeats}")
-    print(f"\nwall time {wall / 60:.1f} min; written: {out}, {RESULTS / f'{args.out}.png'}")
+    print(f"\nwall time {wall / 60:.1f} min; written: {out}, {png}")
     return 0 if all(c.get("ok") for c in checks.values()) else 1
 
 

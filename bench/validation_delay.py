@@ -1,6 +1,6 @@
 """From a unit closing to its validation: how soon Great Expectations follows the stream.
 
-    python bench/validation_delay.py [--files N] [--every S] [--min-interval D] [--keep]
+    python -m bench.validation_delay [--files N] [--every S] [--min-interval D] [--keep]
 
 The ``sensors`` stream (``include/streams/sensors.yaml`` with a 1-second trigger; its quality
 rules as shipped, but for ``min_interval``, ``--min-interval``) deployed through its DAG on one
@@ -30,46 +30,39 @@ and the job's end -> the run's end.
 Medians, p90 and max. There is no plain-Spark baseline for this path: the run's own share
 says how much of the delay is the validation itself.
 
-Output: a table on stdout and ``bench/results/validation_delay.json``. Every process started
-here is ended by its pid, also on failure; the working folder is removed unless ``--keep``.
+Output: a table on stdout and ``bench/results/validation_delay.json`` (``--out NAME``:
+``NAME.json``). Every process started here is ended by its pid, also on failure; the working
+folder is removed unless ``--keep``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import os
-import platform as host
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from processes import cmdline, descendants, kill_pids
 
+from bench.harness import MASTER, airflow, clean_up, end_everything, run_generator, start_airflow, working_folder
+from bench.report import Progress, machine, results_path, spread, write_results
 from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
 from spark_jobs.plan import compile_plan
 from spark_jobs.quality.closing import validated_units
 from spark_jobs.quality.ledger import read_ledger
-from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import duration_seconds
-from spark_jobs.testdata import generate
 from streamops.health import Status, assess
 from streamops.operators.quality import safe_name
 
-RESULTS = Path(__file__).resolve().parent / "results"
 STREAM = "sensors"
-MASTER = "local[2]"
 TRIGGER = "1 second"
 EVENTS_PER_FILE, EVENT_INTERVAL_MS = 100, 6000  # 10 minutes of event time a file
 DAG, QUALITY_DAG = f"stream_{STREAM}", f"stream_{STREAM}_quality"
@@ -98,24 +91,11 @@ def spec_copy(root: Path, min_interval: str) -> Path:
 
 def land_one(spec_path: Path, data_root: Path, seed: int) -> None:
     """One file of the generator (its clock goes on from the run before)."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = generate.main(["--spec", str(spec_path), "--data-root", str(data_root), "--files", "1",
-                              "--events-per-file", str(EVENTS_PER_FILE), "--event-interval-ms", str(EVENT_INTERVAL_MS),
-                              "--seed", str(seed), "--empty-files", "0"])
-    if code != 0:
-        raise RuntimeError(f"the generator failed (exit {code}) for {data_root}")
+    run_generator(spec_path, data_root, 1, EVENTS_PER_FILE, seed, empty_files=0, event_interval_ms=EVENT_INTERVAL_MS)
 
 
 def epoch(text: str | None) -> float | None:
     return None if not text else datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def stats(values: list[float]) -> dict[str, float | int | None]:
-    if not values:
-        return {"n": 0, "median": None, "p90": None, "max": None}
-    ordered = sorted(values)
-    return {"n": len(ordered), "median": statistics.median(ordered),
-            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "max": ordered[-1]}
 
 
 # ---- what happened, from the checkpoints, the ledger and Airflow -----------------------------------
@@ -175,28 +155,28 @@ def summarize(measured: dict[str, Any]) -> dict[str, Any]:
     by_output = {}
     for name in sorted({u["output"] for u in units}):
         mine = [u for u in units if u["output"] == name]
-        by_output[name] = {"delay_s": stats([u["delay_s"] for u in mine]),
-                           "waiting_s": stats([u["waiting_s"] for u in mine if u["waiting_s"] is not None]),
-                           "in_run_s": stats([u["in_run_s"] for u in mine if u["in_run_s"] is not None])}
+        by_output[name] = {"delay_s": spread([u["delay_s"] for u in mine]),
+                           "waiting_s": spread([u["waiting_s"] for u in mine if u["waiting_s"] is not None]),
+                           "in_run_s": spread([u["in_run_s"] for u in mine if u["in_run_s"] is not None])}
     delays = [u["delay_s"] for u in units]
     in_run = [u["in_run_s"] for u in units if u["in_run_s"] is not None]
     runs = [r for r in measured["runs"] if r.get("end_date")]
     run_s = [epoch(r["end_date"]) - epoch(r["start_date"]) for r in runs]
     jobs = [r for r in runs if r.get("job_started") and r.get("job_finished")]
     return {
-        "all": {"delay_s": stats(delays), "waiting_s": stats([u["waiting_s"] for u in units if u["waiting_s"] is not None]),
-                "in_run_s": stats(in_run),
+        "all": {"delay_s": spread(delays), "waiting_s": spread([u["waiting_s"] for u in units if u["waiting_s"] is not None]),
+                "in_run_s": spread(in_run),
                 "run_share_of_delay": (statistics.median(in_run) / statistics.median(delays)) if in_run and delays else None},
         "outputs": by_output,
-        "events": {"closing_to_event_s": stats([e["closing_to_event_s"] for e in events
+        "events": {"closing_to_event_s": spread([e["closing_to_event_s"] for e in events
                                                 if e["closing_to_event_s"] is not None]),
-                   "event_to_run_s": stats([e["event_to_run_s"] for e in events if e["event_to_run_s"] is not None]),
+                   "event_to_run_s": spread([e["event_to_run_s"] for e in events if e["event_to_run_s"] is not None]),
                    "count": len(events)},
         "runs": {"count": len(runs), "succeeded": sum(r["state"] == "success" for r in runs),
-                 "asset_triggered": sum(r["run_type"] == "asset_triggered" for r in runs), "run_s": stats(run_s),
-                 "to_job_started_s": stats([epoch(r["job_started"]) - epoch(r["start_date"]) for r in jobs]),
-                 "job_s": stats([epoch(r["job_finished"]) - epoch(r["job_started"]) for r in jobs]),
-                 "after_job_s": stats([epoch(r["end_date"]) - epoch(r["job_finished"]) for r in jobs])},
+                 "asset_triggered": sum(r["run_type"] == "asset_triggered" for r in runs), "run_s": spread(run_s),
+                 "to_job_started_s": spread([epoch(r["job_started"]) - epoch(r["start_date"]) for r in jobs]),
+                 "job_s": spread([epoch(r["job_finished"]) - epoch(r["job_started"]) for r in jobs]),
+                 "after_job_s": spread([epoch(r["end_date"]) - epoch(r["job_finished"]) for r in jobs])},
     }
 
 
@@ -237,17 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-interval", default="10 seconds",
                    help="the rules' min_interval: at most one asset event per sink in this time (default 10 seconds)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--out", default="validation_delay",
+                   help="results' name in bench/results/ (default validation_delay; an absolute path: there instead)")
     args = p.parse_args(argv)
 
-    started = time.monotonic()
-    me = os.getpid()
-    recorded: dict[int, bytes] = {}
-    work = Path(tempfile.mkdtemp(prefix="bench-validation-"))
-    airflow: AirflowServices | None = None
+    note = Progress()
+    work = working_folder("bench-validation-")
+    services: AirflowServices | None = None
     layout: Layout | None = None
-
-    def note(text: str) -> None:
-        print(f"[{time.monotonic() - started:7.1f}s] {text}", flush=True)
 
     try:
         spec_path = spec_copy(work / "specs", args.min_interval)
@@ -256,15 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(spec_path)
         layout = Layout(spec, data_root, spec_path.parent)
         plan = compile_plan(spec, layout)
-        airflow = AirflowServices(work / "airflow", data_root, spark_master=MASTER, all_admins=True,
-                                  extra_env={"STREAMS_SPEC_DIR": str(spec_path.parent)})
-        api = AirflowClient(airflow.url, timeout=60)
-        airflow.start()
-        wait_for(airflow.healthy, "the Airflow API server", 240, every=1)
-        wait_for(lambda: {DAG, QUALITY_DAG} <= airflow.dag_ids(), "the DAG processor to parse the DAGs", 300, every=3)
-        for dag in (DAG, QUALITY_DAG):
-            api.unpause(dag)
-        note(f"Airflow up on {airflow.url}")
+        services, api = airflow(work / "airflow", data_root, spec_path.parent)
+        start_airflow(services, api, (DAG, QUALITY_DAG))
+        note(f"Airflow up on {services.url}")
 
         land_one(spec_path, data_root, seed=1)  # the stream's first batch: start-up, not measured
         api.trigger(DAG)
@@ -292,33 +263,21 @@ def main(argv: list[str] | None = None) -> int:
         measured = measure(plan, layout.quality_dir, api, since)
         note(f"{len(measured['units'])} units validated, {len(measured['events'])} asset events")
     finally:
-        recorded.update({pid: cmdline(pid) for pid in descendants(me)})
-        if layout is not None:
-            holder = read_holder(layout.lease_dir)
-            if holder is not None and holder_alive(layout.lease_dir):
-                recorded.update({pid: cmdline(pid) for pid in (holder.pid, holder.launcher_pid) if pid > 1})
-        if airflow is not None:
-            airflow.stop()
-        kill_pids(recorded)
-        kill_pids({pid: cmdline(pid) for pid in descendants(me)})
-        if args.keep:
-            print(f"kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        end_everything(layout.lease_dir if layout is not None else None, services)
+        clean_up(work, args.keep)
 
     summary = summarize(measured)
     print()
     print(f"validation after units close: sensors stream, {args.files} files one every {args.every:g} s, "
           f"trigger {TRIGGER}, min_interval {args.min_interval}")
     print("\n".join(table(summary)))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "validation_delay.json"
-    out.write_text(json.dumps({
-        "machine": {"cpus": os.cpu_count(), "platform": host.platform(), "python": sys.version.split()[0]},
+    out = results_path(args.out)
+    write_results(out, {
+        "machine": machine(),
         "master": MASTER, "trigger": TRIGGER, "files": args.files, "every_s": args.every,
-        "min_interval": args.min_interval, "wall_s": time.monotonic() - started, "summary": summary,
-        "samples": measured}, indent=1))
-    print(f"\nwall time {(time.monotonic() - started) / 60:.1f} min; written: {out}")
+        "min_interval": args.min_interval, "wall_s": note.elapsed(), "summary": summary,
+        "samples": measured})
+    print(f"\nwall time {note.elapsed() / 60:.1f} min; written: {out}")
     return 0
 
 
