@@ -26,7 +26,6 @@ import error naming the spec file and field, and nothing is deployed from it.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
+from spark_jobs import submit
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.runtime.session import connector_jars, fenced_checkpoints_conf, local_fs_conf
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
@@ -80,21 +79,16 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
 
 
 def _jars() -> str | None:
-    """The jars for spark-submit's ``--jars`` (Spark's Kafka connector, the platform's local file system), if set up."""
-    return ",".join(connector_jars()) or None
+    """The jars for spark-submit's ``--jars`` (Spark's connectors, the platform's JVM classes), if set up
+    (``spark_jobs.submit``: the one helper every driver is submitted by, by hand too)."""
+    return ",".join(submit.settings().jars) or None
 
 
 def _conf(spec: StreamSpec | None = None) -> dict[str, str]:
-    """spark-submit's ``--conf`` settings: the platform's local file system and fenced checkpoints if
-    built, then (for a stream's driver) the spec's shuffle partitions and ``spark.conf``, which win."""
-    conf = local_fs_conf() | fenced_checkpoints_conf()
-    if spec is not None:
-        own = {k: str(v) for k, v in spec.spark.conf.items()}
-        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
-            if key in own and key in conf:  # the spec's class path, and the platform's jar
-                own[key] = f"{own[key]}{os.pathsep}{conf[key]}"
-        conf |= {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **own}
-    return conf
+    """spark-submit's ``--conf`` settings (``spark_jobs.submit.settings``): the platform's local file system
+    and fenced checkpoints if built, then (for a stream's driver) the spec's shuffle partitions and
+    ``spark.conf``, which win."""
+    return submit.settings(spec).conf
 
 
 def _default_args(spec: StreamSpec) -> dict[str, Any]:

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from spark_jobs.runtime.session import connector_jars, submit_args
+from spark_jobs import submit
 
-STREAM_JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "stream_job.py"
 TIMEOUT = 240
 
 
@@ -35,10 +34,8 @@ class Driver:
         self.log_path = logs / f"driver-{len(list(logs.glob('driver-*.log')))}.log"
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TZ="UTC", SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-        jars = ["--jars", ",".join(connector_jars())] if connector_jars() else []
-        cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-               "--conf", "spark.ui.enabled=false", *jars, *submit_args(), str(STREAM_JOB),
-               "--spec", str(spec_path), "--data-root", str(data_root), *extra]
+        cmd = submit.command("stream", spec_path, "local[2]", ["--data-root", str(data_root), *extra])
+        cmd[3:3] = ["--conf", "spark.ui.enabled=false"]  # after spark-submit --master local[2]
         self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

@@ -9,12 +9,10 @@ is the one place that finds them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-#: the folder of the platform's Spark jobs (``plugins/streamops/operators`` is three levels below the repository)
-JOBS_DIR = Path(__file__).resolve().parents[3] / "spark_jobs"
+from spark_jobs.submit import JOBS_DIR
 
 
 def job_path(name: str) -> str:
-    """The path of the platform's Spark job ``name`` (``stream_job.py``, ``backfill.py``...), for spark-submit."""
+    """The path of the platform's Spark job ``name`` (``stream_job.py``, ``backfill.py``...), for spark-submit:
+    in the ``spark_jobs`` package (``spark_jobs.submit``, which submits a job by hand the same way)."""
     return str(JOBS_DIR / name)

@@ -1,0 +1,104 @@
+"""How every driver of the platform is submitted: one helper for the stream's DAG, its standby,
+the backfill, quality, state and maintenance jobs, and a run by hand.
+
+    python -m spark_jobs.submit stream --spec include/streams/sensors.yaml [--master 'local[2]'] [-- job args]
+
+runs ``spark-submit`` with what every driver needs: the connectors' jars (Kafka, Delta Lake) and
+the platform's JVM classes (its local file system, its fenced checkpoint manager) on the class
+path, the spec's shuffle partitions, ``spark.conf`` and driver memory, and the project's Python
+for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
+``state`` and ``maintenance`` are the other jobs. ``--dry-run`` prints the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spark_jobs.runtime.session import connector_jars, fenced_checkpoints_conf, local_fs_conf
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import SpecError, StreamSpec
+
+JOBS_DIR = Path(__file__).resolve().parent
+#: each job's entry point (``spark_jobs/<file>``)
+JOBS = {"stream": "stream_job.py", "backfill": "backfill.py", "quality": "quality_job.py", "state": "state.py",
+        "maintenance": "maintenance.py"}
+
+
+def job_path(job: str) -> str:
+    """The file spark-submit runs for a job (:data:`JOBS`)."""
+    return str(JOBS_DIR / JOBS[job])
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What spark-submit gets beside the job: ``--jars`` and ``--conf``, and the driver's memory."""
+
+    jars: list[str] = field(default_factory=list)
+    conf: dict[str, str] = field(default_factory=dict)
+    driver_memory: str | None = None
+    executor_memory: str | None = None
+
+
+def settings(spec: StreamSpec | None = None) -> Settings:
+    """The platform's settings for a driver: its JVM classes and fenced checkpoints if built, the
+    connectors' jars if fetched; for a stream's driver (``spec``) also the spec's shuffle partitions
+    and ``spark.conf`` (which win; a class path of the spec's keeps the platform's jar after it)."""
+    conf = local_fs_conf() | fenced_checkpoints_conf()
+    memory = executor = None
+    if spec is not None:
+        own = {k: str(v) for k, v in spec.spark.conf.items()}
+        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
+            if key in own and key in conf:  # the spec's class path, and the platform's jar
+                own[key] = f"{own[key]}{os.pathsep}{conf[key]}"
+        conf |= {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **own}
+        memory, executor = spec.spark.driver_memory, spec.spark.executor_memory
+    return Settings(connector_jars(), conf, memory, executor)
+
+
+def command(job: str, spec_file: str | os.PathLike[str], master: str, job_args: list[str] | None = None,
+            spec: StreamSpec | None = None) -> list[str]:
+    """The spark-submit command line of ``job`` for the stream of ``spec_file``."""
+    spec = spec or load_spec(spec_file)
+    s = settings(spec if job == "stream" else None)
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--name", f"{job}:{spec.name}"]
+    if s.jars:
+        cmd += ["--jars", ",".join(s.jars)]
+    for key, value in s.conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    if s.driver_memory:
+        cmd += ["--driver-memory", s.driver_memory]
+    if s.executor_memory:
+        cmd += ["--executor-memory", s.executor_memory]
+    return [*cmd, job_path(job), "--spec", str(spec_file), *(job_args or [])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("job", choices=sorted(JOBS), help="which of the platform's jobs")
+    p.add_argument("--spec", required=True, help="the stream's spec file")
+    p.add_argument("--master", default=os.environ.get("STREAMS_SPARK_MASTER", "local[2]"),
+                   help="Spark's master (default $STREAMS_SPARK_MASTER or local[2])")
+    p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    job_args = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: the job's own arguments
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    try:
+        cmd = command(args.job, args.spec, args.master, job_args)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    env = dict(os.environ, PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    os.execve(cmd[0], cmd, env)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""One way to submit a driver (spark_jobs/submit.py): the DAGs' and a run by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+from examples import example_spec, include_with
+
+from spark_jobs import submit
+from spark_jobs.runtime.session import FENCED_CHECKPOINTS, connector_jars, local_fs_conf
+
+
+def test_a_stream_s_driver_gets_the_platform_s_classes_and_the_spec_s_settings(tmp_path: Path) -> None:
+    data = example_spec("sensors") | {"spark": {"shuffle_partitions": 3, "driver_memory": "2g",
+                                                "conf": {"spark.driver.extraClassPath": "/opt/udfs.jar"}}}
+    spec_file = include_with(tmp_path / "include", data) / "sensors.yaml"
+    cmd = submit.command("stream", spec_file, "local[2]", ["--trigger", "available-now"])
+    assert cmd[0] == str(Path(sys.executable).parent / "spark-submit") and cmd[1:3] == ["--master", "local[2]"]
+    assert cmd[-5:] == [submit.job_path("stream"), "--spec", str(spec_file), "--trigger", "available-now"]
+    assert cmd[-5].endswith("spark_jobs/stream_job.py") and Path(cmd[-5]).is_file()
+    conf = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
+    assert conf["spark.sql.shuffle.partitions"] == "3" and cmd[cmd.index("--driver-memory") + 1] == "2g"
+    if local_fs_conf():  # setup built the platform's jar: every driver gets it and the fenced checkpoints
+        jar = local_fs_conf()["spark.driver.extraClassPath"]
+        assert conf["spark.driver.extraClassPath"] == f"/opt/udfs.jar:{jar}"
+        assert conf["spark.sql.streaming.checkpointFileManagerClass"] == FENCED_CHECKPOINTS
+    if connector_jars():
+        assert cmd[cmd.index("--jars") + 1] == ",".join(connector_jars())
+    quality = submit.command("quality", spec_file, "spark://master:7077")
+    assert "spark.sql.shuffle.partitions" not in " ".join(quality)  # the stream's settings are its driver's
+    assert quality[-3:] == [submit.job_path("quality"), "--spec", str(spec_file)]
+
+
+def test_by_hand_the_command_is_printed_and_a_bad_spec_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    spec_file = include_with(tmp_path / "include", example_spec("sensors")) / "sensors.yaml"
+    assert submit.main(["stream", "--spec", str(spec_file), "--dry-run", "--", "--trigger", "available-now"]) == 0
+    printed = capsys.readouterr().out
+    assert "spark-submit --master 'local[2]'" in printed and printed.rstrip().endswith("--trigger available-now")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"name": "broken"}))
+    assert submit.main(["stream", "--spec", str(broken), "--dry-run"]) == 2
+    assert "broken.yaml" in capsys.readouterr().err
