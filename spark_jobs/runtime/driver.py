@@ -1,8 +1,9 @@
 """What every driver of a stream does, the platform's own job (``spark_jobs.stream_job``) and
 an existing application supervised as it is (``application:`` in a spec).
 
-The supervisor (``streamops.operators.stream``) and the health sensors watch a driver
-through files beside its checkpoints, so whatever runs the queries takes part the same way:
+The supervisor (``streamops.supervisor``, run by ``streamops.operators.supervise``) and the
+health sensors watch a driver through files beside its checkpoints, so whatever runs the
+queries takes part the same way:
 
 * it holds the stream's single-driver lease (``<checkpoint>/_control/lease/``), refreshed
   by a heartbeat, while it runs, and halts if it loses it (``spark_jobs.runtime.lease``);

@@ -17,7 +17,7 @@ Streams page shows and a supervisor on another worker reads.
 
 A standby runs beside the active driver, launched by its supervisor, or, with
 ``supervision.standby_queue``, on another worker, launched by the stream DAG's ``standby`` task
-(``streamops.operators.stream.StreamStandbyOperator``). A supervisor whose driver died marks its
+(``streamops.operators.standby.StreamStandbyOperator``). A supervisor whose driver died marks its
 lease released at once (:func:`spark_jobs.runtime.lease.release_dead`), so that a standby on
 another machine need not wait out the lease's ``ttl``.
 """
