@@ -285,14 +285,15 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
     _query(j, output, old.get("query") or {}, checkpoint)
     old_sink = old.get("sink") or {}
     for name in SINK_PLACE:
-        before, after = old_sink.get(name, [] if name == "partition_by" else None), getattr(output.sink, name)
+        empty = [] if name == "partition_by" else None  # what a dataset without the field has
+        before, after = old_sink.get(name, empty), getattr(output.sink, name, empty)
         if name == "url":  # a password may change; the database may not
             before, after = _without_credentials(before), _without_credentials(after)
         if before != after:
             j.change(REBUILD, f"sink.{name}", f"the sink moved from {_show(before)} to {_show(after)}: it would miss "
                                               "every earlier batch")
     for name in ("topic", "bootstrap_servers", "options", "key"):
-        if old_sink.get(name, None) != getattr(output.sink, name):
+        if (old_sink.get(name) or None) != (getattr(output.sink, name, None) or None):  # {} or none: no options
             j.change(COMPATIBLE, f"sink.{name}", "a sink option; Spark allows it under the checkpoint")
     if list(old.get("key") or []) != list(output.key) and output.sink.kind in ("table", "delta"):
         j.change(REBUILD, "sink.key", f"the table's key changed from {old.get('key')} to {output.key}")

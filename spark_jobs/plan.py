@@ -320,23 +320,101 @@ class IngestionPlan:
         return self.accepted_format == "delta"
 
     @property
+    def accepted_table(self) -> ParquetDataset | DeltaDataset:
+        """The accepted-rows table as a dataset: the target of the ingestion's flow."""
+        if self.accepted_is_delta:
+            return DeltaDataset(self.accepted, list(self.partition_by))
+        return ParquetDataset(self.accepted, list(self.partition_by))
+
+    @property
     def accepted_ddl(self) -> str:
         if self.accepted_columns is None:
             raise ValueError("the accepted rows' columns are known once Spark has analyzed the stream's transform")
         return ", ".join(f"`{name}` {t}" for name, t in self.accepted_columns.items())
 
 
+# ---- datasets: where flows write (apart from the flows, as Spark Declarative Pipelines keep them) ----
+
+
 @dataclass(frozen=True)
-class SinkPlan:
-    kind: str  # parquet, delta, table, kafka, console, memory
-    path: str | None = None  # parquet, delta
-    partition_by: list[str] = field(default_factory=list)  # parquet, delta
-    url: str | None = None  # table
-    table: str | None = None  # table
-    topic: str | None = None  # kafka
-    key: list[str] | None = None  # kafka: the columns of the record's key
-    bootstrap_servers: str | None = None  # kafka, as the spec says it (``${VAR}`` expanded where it is used)
-    options: dict[str, str] = field(default_factory=dict)  # kafka: the writer's other options
+class FilesDataset:
+    """A table of files under a folder: Spark's file sink (Parquet) or a Delta table."""
+
+    path: str
+    partition_by: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class ParquetDataset(FilesDataset):
+    """Parquet files that Spark's file sink commits through its ``_spark_metadata`` log."""
+
+    kind: str = field(default="parquet", init=False)
+
+
+@dataclass(frozen=True)
+class DeltaDataset(FilesDataset):
+    """A Delta Lake table: one commit per batch (``spark_jobs.sinks.delta``)."""
+
+    kind: str = field(default="delta", init=False)
+
+
+@dataclass(frozen=True)
+class TableDataset:
+    """A relational table (SQLite, PostgreSQL), written idempotently per batch (``spark_jobs.sinks.table``)."""
+
+    url: str
+    table: str
+    kind: str = field(default="table", init=False)
+
+    @property
+    def where(self) -> str:
+        return f"table {self.table}"
+
+
+@dataclass(frozen=True)
+class KafkaDataset:
+    """A Kafka topic, written at least once (``spark_jobs.sinks.kafka``)."""
+
+    topic: str
+    bootstrap_servers: str  # as the spec says it (``${VAR}`` expanded where it is used)
+    key: list[str] | None = None  # the columns of the record's key
+    options: dict[str, str] = field(default_factory=dict)  # the writer's other options
+    kind: str = field(default="kafka", init=False)
+
+    @property
+    def where(self) -> str:
+        return f"topic {self.topic}"
+
+
+@dataclass(frozen=True)
+class ConsoleDataset:
+    """Rows printed by the driver (nothing kept)."""
+
+    kind: str = field(default="console", init=False)
+
+    @property
+    def where(self) -> str:
+        return "the driver's console"
+
+
+@dataclass(frozen=True)
+class MemoryDataset:
+    """Spark's in-memory table named after the query (tests)."""
+
+    kind: str = field(default="memory", init=False)
+
+    @property
+    def where(self) -> str:
+        return "memory"
+
+
+#: a flow's target: each kind a class of its own, its writer one function per class
+#: (``spark_jobs.flows.outputs``)
+SinkPlan = ParquetDataset | DeltaDataset | TableDataset | KafkaDataset | ConsoleDataset | MemoryDataset
 
 
 @dataclass(frozen=True)
@@ -413,7 +491,7 @@ class StreamPlan:
     def delta_tables(self) -> dict[str, str]:
         """The stream's Delta tables, each once: a Delta accepted-rows table (``_accepted``,
         unless it is the sink of the output the ingestion writes), then the outputs' by name."""
-        tables = {o.name: o.sink.path for o in self.outputs if o.sink.kind == "delta" and o.sink.path}
+        tables = {o.name: o.sink.path for o in self.outputs if isinstance(o.sink, DeltaDataset)}
         if self.ingestion is not None and self.ingestion.accepted_is_delta and self.accepted not in tables.values():
             tables = {ACCEPTED_TABLE: self.ingestion.accepted} | tables
         return tables
@@ -455,21 +533,20 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} in a plan")
 
 
-def _sink(layout: Layout, sink: Any) -> SinkPlan:
+def _sink(layout: Layout, sink: Any) -> SinkPlan:  # noqa: ANN401 - a spec's sink model
     if isinstance(sink, ParquetSink):
-        return SinkPlan("parquet", path=layout.data(sink.path), partition_by=list(sink.partition_by))
+        return ParquetDataset(layout.data(sink.path), list(sink.partition_by))
     if isinstance(sink, DeltaSink):
-        return SinkPlan("delta", path=layout.data(sink.path), partition_by=list(sink.partition_by))
+        return DeltaDataset(layout.data(sink.path), list(sink.partition_by))
     if isinstance(sink, TableSink):
-        return SinkPlan("table", url=layout.table_url(sink), table=sink.table)
+        return TableDataset(layout.table_url(sink), sink.table)
     if isinstance(sink, KafkaSink):
-        return SinkPlan("kafka", topic=sink.topic, key=list(sink.key) if sink.key else None,
-                        bootstrap_servers=sink.bootstrap_servers,
-                        options=spark_options(sink.options))
+        return KafkaDataset(sink.topic, sink.bootstrap_servers, list(sink.key) if sink.key else None,
+                            spark_options(sink.options))
     if isinstance(sink, ConsoleSink):
-        return SinkPlan("console")
+        return ConsoleDataset()
     assert isinstance(sink, MemorySink)
-    return SinkPlan("memory")
+    return MemoryDataset()
 
 
 @dataclass(frozen=True)

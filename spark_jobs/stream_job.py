@@ -198,7 +198,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
-            code, cause, stopped = supervise_queries(spec, layout, started_queries, stop_requested, events, lease,
+            code, cause, stopped = supervise_queries(plan, layout, started_queries, stop_requested, events, lease,
                                                      args.grace_seconds)
             if code != EXIT_OK or stopped:
                 break

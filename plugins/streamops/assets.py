@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
 
-from spark_jobs.plan import SinkPlan, StreamPlan
+from spark_jobs.plan import FilesDataset, StreamPlan, TableDataset
 from spark_jobs.quality.rules import QualityRules
 from streamops import dag_id
 from streamops.triggers.sink_units import SinkUnitsTrigger
@@ -26,8 +26,8 @@ def asset_name(stream: str, output: str) -> str:
     return f"{dag_id(stream)}.{output}"
 
 
-def sink_uri(sink: SinkPlan) -> str:
-    if sink.kind in ("parquet", "delta"):
+def sink_uri(sink: FilesDataset | TableDataset) -> str:
+    if isinstance(sink, FilesDataset):
         return sink.path if "://" in sink.path else Path(sink.path).resolve().as_uri()
     url = urlsplit(sink.url)
     if url.scheme.startswith("sqlite"):
@@ -44,7 +44,7 @@ def sink_assets(plan: StreamPlan, paths: dict[str, Any]) -> list[Asset]:
                   extra={"stream": stream, "output": o.name, "sink": o.sink.kind},
                   watchers=[AssetWatcher(name=f"{asset_name(stream, o.name)}.units",
                                          trigger=SinkUnitsTrigger(stream=stream, output=o.name, **paths))])
-            for o in plan.outputs if o.sink.kind in ("parquet", "delta", "table")]
+            for o in plan.outputs if isinstance(o.sink, FilesDataset | TableDataset)]
 
 
 def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:

@@ -3,10 +3,21 @@ continuous output) written to its sink. The output the ingestion writes itself h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from spark_jobs import frames
-from spark_jobs.plan import OutputPlan, StreamPlan
+from spark_jobs.plan import (
+    ConsoleDataset,
+    DeltaDataset,
+    FilesDataset,
+    KafkaDataset,
+    MemoryDataset,
+    OutputPlan,
+    ParquetDataset,
+    StreamPlan,
+    TableDataset,
+)
 from spark_jobs.sinks.delta import foreach_delta_batch
 from spark_jobs.sinks.kafka import foreach_kafka_batch
 from spark_jobs.sinks.table import foreach_table_batch
@@ -25,25 +36,43 @@ def output_writer(spark: SparkSession, plan: StreamPlan, output: OutputPlan) -> 
         source = frames.accepted_stream(spark, plan.ingestion)
     frame = frames.output_frame(source, plan, output)
     sink = output.sink
-    if sink.kind in ("parquet", "delta"):  # one file per partition value per micro-batch
+    if isinstance(sink, FilesDataset):  # one file per partition value per micro-batch
         if sink.partition_by:
             frame = frame.repartition(*sink.partition_by)
         else:  # an aggregation's few rows: its stateful tasks stay parallel, one task writes
             frame = frame.repartition(1) if isinstance(output.query, Aggregation) else frame.coalesce(1)
     writer = frame.writeStream.queryName(output.query_name).outputMode(output.mode)
     writer = writer.option("checkpointLocation", output.checkpoint)
-    if sink.kind == "parquet":
-        writer = writer.format("parquet").option("path", sink.path)
-        if sink.partition_by:
-            writer = writer.partitionBy(*sink.partition_by)
-    elif sink.kind == "delta":
-        writer = writer.foreachBatch(foreach_delta_batch(plan.stream, output))
-    elif sink.kind == "table":
-        writer = writer.foreachBatch(foreach_table_batch(frame, plan.stream, output))
-    elif sink.kind == "kafka":
-        writer = writer.foreachBatch(foreach_kafka_batch(plan.stream, output))
-    elif sink.kind == "console":
-        writer = writer.format("console").option("truncate", False)
-    elif sink.kind == "memory":
-        writer = writer.format("memory")
-    return frame, writer
+    return frame, WRITERS[type(sink)](writer, frame, plan, output)
+
+
+def _parquet(writer: DataStreamWriter, _frame: DataFrame, _plan: StreamPlan, output: OutputPlan) -> DataStreamWriter:
+    writer = writer.format("parquet").option("path", output.sink.path)
+    return writer.partitionBy(*output.sink.partition_by) if output.sink.partition_by else writer
+
+
+def _delta(writer: DataStreamWriter, _frame: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataStreamWriter:
+    return writer.foreachBatch(foreach_delta_batch(plan.stream, output))
+
+
+def _table(writer: DataStreamWriter, frame: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataStreamWriter:
+    return writer.foreachBatch(foreach_table_batch(frame, plan.stream, output))
+
+
+def _kafka(writer: DataStreamWriter, _frame: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataStreamWriter:
+    return writer.foreachBatch(foreach_kafka_batch(plan.stream, output))
+
+
+def _console(writer: DataStreamWriter, *_: object) -> DataStreamWriter:
+    return writer.format("console").option("truncate", False)
+
+
+def _memory(writer: DataStreamWriter, *_: object) -> DataStreamWriter:
+    return writer.format("memory")
+
+
+#: how a flow writes each kind of dataset: one function per dataset class
+WRITERS: dict[type, Callable[..., DataStreamWriter]] = {
+    ParquetDataset: _parquet, DeltaDataset: _delta, TableDataset: _table, KafkaDataset: _kafka,
+    ConsoleDataset: _console, MemoryDataset: _memory,
+}

@@ -528,7 +528,7 @@ def _refuse_changed_sinks(plan: StreamPlan, layout: Layout, previous: dict) -> N
         old = before.get(output.name)
         if not old or old.get("checkpoint") != output.checkpoint or not isinstance(old.get("sink"), dict):
             continue
-        new_sink = {k: getattr(output.sink, k) for k in _SINK_IDENTITY}
+        new_sink = {k: getattr(output.sink, k, [] if k == "partition_by" else None) for k in _SINK_IDENTITY}
         old_sink = {k: old["sink"].get(k, [] if k == "partition_by" else None) for k in _SINK_IDENTITY}
         if old_sink != new_sink and last_batch(output.checkpoint, "commits") is not None:
             raise RuntimeError(

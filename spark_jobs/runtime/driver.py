@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.runtime.history import History
@@ -142,13 +142,13 @@ def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] 
     return ("immediate" if asked.get("mode") == "immediate" else "graceful"), str(asked.get("by") or "by hand")
 
 
-def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, StreamingQuery],
+def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, StreamingQuery],
                       stop_requested: threading.Event, events: EventLog, lease: DriverLease,
                       grace_seconds: float = GRACE_SECONDS) -> tuple[int, str, bool]:
     """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
     driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
-    immediate stop halts the driver."""
-    marker = layout.stop_marker
+    immediate stop halts the driver. ``plan``: the one the driver started with (its checkpoints)."""
+    marker, stream = layout.stop_marker, plan.stream
     code, cause, stopped = EXIT_OK, "", False
     try:
         while True:
@@ -156,22 +156,22 @@ def supervise_queries(spec: StreamSpec, layout: Layout, queries: dict[str, Strea
             if failed:
                 for name, exc in failed:
                     log.error("query %s failed: %s", name, first_line(exc))
-                    events.write({"event": "driver_failed", "stream": spec.name, "query": name, "error": str(exc)[:2000]})
+                    events.write({"event": "driver_failed", "stream": stream, "query": name, "error": str(exc)[:2000]})
                 code, cause = EXIT_FAILED, "; ".join(f"query {n}: {first_line(e)}" for n, e in failed)
                 break
             if all(not q.isActive for q in queries.values()):
-                log.info("queries %s of %s finished", sorted(queries), spec.name)
+                log.info("queries %s of %s finished", sorted(queries), stream)
                 break
             asked = stop_asked(marker, lease.epoch, lease.since)
             if asked and asked[0] == "immediate":
                 marker.unlink(missing_ok=True)
-                events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": EXIT_KILLED,
+                events.write({"event": "driver_stopped", "stream": stream, "exit_code": EXIT_KILLED,
                               "immediate": True, "by": asked[1]})
-                halt(f"stream {spec.name}: an immediate stop was asked for ({asked[1]})", EXIT_KILLED)
+                halt(f"stream {stream}: an immediate stop was asked for ({asked[1]})", EXIT_KILLED)
             if stop_requested.is_set() or asked:
-                log.info("stop requested for %s (%s): stopping queries between batches", spec.name,
+                log.info("stop requested for %s (%s): stopping queries between batches", stream,
                          asked[1] if asked else "a signal")
-                stop_between_batches(queries, compile_plan(spec, layout).checkpoints, grace_seconds)
+                stop_between_batches(queries, plan.checkpoints, grace_seconds)
                 marker.unlink(missing_ok=True)
                 stopped = True
                 break
@@ -237,7 +237,7 @@ class SupervisedApp:
         if missing:
             raise ValueError(f"stream {self.spec.name}: declared queries {missing} were not started; start each "
                              "with app.start(name, writer), or name it so (queryName) with app.checkpoint(name)")
-        code, cause, _ = supervise_queries(self.spec, self.layout, queries, self.stop_requested, self.events,
+        code, cause, _ = supervise_queries(self.plan, self.layout, queries, self.stop_requested, self.events,
                                            self.lease, self.grace_seconds)
         if code != EXIT_OK:
             log.error("stream %s failed: %s", self.spec.name, cause)

@@ -213,3 +213,41 @@ def test_the_check_prints_the_verdicts_against_the_stream_s_data_root(spark, str
     said = capsys.readouterr()
     assert "output site_temperature_10m: rebuild" in said.out and "outputs[1]: query.group_by" in said.out
     assert "a driver would refuse to start" in said.err
+
+
+def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark, stream, monkeypatch) -> None:
+    import threading
+    import time
+
+    import spark_jobs.plan
+    from spark_jobs.runtime.progress import read_events
+
+    spec_file, data = stream
+    layout = Layout(load_spec(spec_file), data, spec_file.parent)
+    built: list[object] = []
+
+    class Counted(spark_jobs.plan.StreamPlan):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(spark_jobs.plan, "StreamPlan", Counted)
+
+    def stop_once_started() -> None:  # as the stop DAG does: the marker, once the driver runs
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(e.get("event") == "driver_started" and e.get("logged_at", 0) > began
+                   for e in read_events(layout.events_file)):
+                layout.stop_marker.write_text('{"mode": "graceful"}')
+                return
+            time.sleep(0.2)
+
+    began = time.time()
+    stopper = threading.Thread(target=stop_once_started, daemon=True)
+    stopper.start()
+    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    code = stream_job.main(["--spec", str(spec_file), "--data-root", str(data), "--processing-time", "1 second"])
+    stopper.join(5)
+    assert code == stream_job.EXIT_OK and not layout.stop_marker.exists()  # stopped between batches, on request
+    assert len(built) == 1  # the plan the analysis made served the start and the stop
