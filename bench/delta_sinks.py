@@ -82,7 +82,7 @@ class DeltaStream(Stream):
         return connector_jars()
 
 
-def check_delta(spark, stream: Stream, root: Path) -> dict[str, Any]:  # noqa: ANN001
+def check_delta(spark, stream: Stream, root: Path) -> dict[str, Any]:
     """Rows per Delta table against the ground truth."""
     truth = stream.manifest_counts()["outputs"]
     layout = stream.layout(root)
@@ -92,7 +92,7 @@ def check_delta(spark, stream: Stream, root: Path) -> dict[str, Any]:  # noqa: A
     return {"ok": not problems, "counts": counts, "problems": problems}
 
 
-def day_of_files(spark, path: str, files: int, commits: int, reads: int) -> dict[str, Any]:  # noqa: ANN001
+def day_of_files(spark, path: str, files: int, commits: int, reads: int) -> dict[str, Any]:
     """Write a day's small files in ``commits`` appends, read it, compact it, read it again."""
     from pyspark.sql import functions as F
 

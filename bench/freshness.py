@@ -174,7 +174,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
     with open(root / "spark-submit.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
 
-    def wait(until: Any, what: str, timeout: float) -> None:  # noqa: ANN401 - a callable
+    def wait(until: Any, what: str, timeout: float) -> None:  # a callable
         deadline = time.monotonic() + timeout
         while not until():
             if proc.poll() is not None or time.monotonic() > deadline:

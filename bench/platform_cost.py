@@ -195,7 +195,7 @@ class Stream:
                     times.append(t)
         return sorted(times)
 
-    def holder(self):  # noqa: ANN201 - the live lease holder, or None
+    def holder(self):  # the live lease holder, or None
         holder = read_holder(self.layout.lease_dir)
         return holder if holder is not None and holder_alive(self.layout.lease_dir) else None
 

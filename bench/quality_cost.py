@@ -42,7 +42,7 @@ from spark_jobs.spec.layout import (
 from spark_jobs.spec.loading import load_spec
 
 
-def unit_frame(spark, rows: int, schema):  # noqa: ANN001, ANN201
+def unit_frame(spark, rows: int, schema):
     """One hour of readings: unique ids, valid values, every column of the output's schema."""
     from pyspark.sql import functions as F
 
@@ -59,7 +59,7 @@ def unit_frame(spark, rows: int, schema):  # noqa: ANN001, ANN201
     return base.select(*[F.col(f.name).cast(f.dataType) for f in schema.fields])
 
 
-def baseline(frame, rules_for_readings) -> dict:  # noqa: ANN001 - the same checks, one pass
+def baseline(frame, rules_for_readings) -> dict:  # the same checks, one pass
     from pyspark.sql import functions as F
 
     aggs = [F.count(F.lit(1)).alias("rows"), F.count_distinct("event_id").alias("distinct_ids"),
@@ -82,7 +82,7 @@ def baseline(frame, rules_for_readings) -> dict:  # noqa: ANN001 - the same chec
     return row
 
 
-def timed(fn, repeats: int) -> float:  # noqa: ANN001
+def timed(fn, repeats: int) -> float:
     fn()  # warm-up
     samples = []
     for _ in range(repeats):
@@ -123,18 +123,18 @@ def main(argv: list[str] | None = None) -> int:
             frame.count()
             unit = iso(datetime(2026, 1, 1, tzinfo=UTC))
 
-            def platform_run(frame=frame, rows=rows, unit=unit) -> None:  # noqa: ANN001
+            def platform_run(frame=frame, rows=rows, unit=unit) -> None:
                 units = {unit: v._unit_record(unit, None, None, rows)}
                 v.validate_units(target, schema, frame, units, lambda _value: unit,
                                  {"fresh_after": datetime(2025, 12, 31)}, label="bench")
                 assert units[unit]["status"] == "passed", units[unit]["failed"]
 
-            def complete_run(frame=frame) -> None:  # noqa: ANN001
+            def complete_run(frame=frame) -> None:
                 result = complete.run(batch_parameters={"dataframe": frame},
                                       expectation_parameters={"fresh_after": datetime(2025, 12, 31)})
                 assert result.success
 
-            def checks_run(frame=frame) -> None:  # noqa: ANN001
+            def checks_run(frame=frame) -> None:
                 result = checks_only.run(batch_parameters={"dataframe": frame}, result_format="BOOLEAN_ONLY",
                                          expectation_parameters={"fresh_after": datetime(2025, 12, 31)})
                 assert result.success

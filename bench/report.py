@@ -76,7 +76,7 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
             *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
-def pyplot():  # noqa: ANN201 - matplotlib.pyplot, drawing into files only
+def pyplot():  # matplotlib.pyplot, drawing into files only
     """matplotlib's pyplot on its file backend (no display needed)."""
     import matplotlib
 
@@ -86,7 +86,7 @@ def pyplot():  # noqa: ANN201 - matplotlib.pyplot, drawing into files only
     return plt
 
 
-def save_chart(fig, path: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
+def save_chart(fig, path: Path) -> None:  # a matplotlib Figure
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     pyplot().close(fig)

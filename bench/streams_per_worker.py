@@ -92,13 +92,13 @@ class Copy:
             args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
             self.checkpoints = [Path(job["checkpoints"]) / o for o in ["quarantine", *[o["name"] for o in job["outputs"]]]]
         cmd = submit_command(args, conf={"spark.ui.enabled": "false"})
-        self.driver = subprocess.Popen(cmd, stdout=open(logs / f"{kind}-{n}.log", "w"),  # noqa: SIM115
+        self.driver = subprocess.Popen(cmd, stdout=open(logs / f"{kind}-{n}.log", "w"),
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             self.feeder = subprocess.Popen(
                 [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(SPEC), "--data-root", str(root),
                  "--rate", str(rate), "--events-per-file", str(events_per_file), "--seed", str(n)],
-                stdout=open(logs / f"generate-{n}.log", "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+                stdout=open(logs / f"generate-{n}.log", "w"), stderr=subprocess.STDOUT, env=env)
         except BaseException:
             kill_tree(self.driver.pid)
             raise
@@ -106,7 +106,7 @@ class Copy:
         self.memory.start()
         self.standby = self.standby_memory = None
         if kind == "standby":
-            self.standby = subprocess.Popen([*cmd, "--standby"], stdout=open(logs / f"{kind}-{n}-standby.log", "w"),  # noqa: SIM115
+            self.standby = subprocess.Popen([*cmd, "--standby"], stdout=open(logs / f"{kind}-{n}-standby.log", "w"),
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
             self.standby_memory = PeakRss(self.standby.pid, every=2.0, measure=pss_bytes)
             self.standby_memory.start()

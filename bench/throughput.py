@@ -162,7 +162,7 @@ def same_rows(left: list[dict], right: list[dict], key: list[str]) -> str | None
     return None
 
 
-def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # noqa: ANN001
+def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:
     """Read back the sinks of one repeat: counts against the ground truth, (b) against (c)."""
     from pyspark.sql import functions as F
 
@@ -172,15 +172,15 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # n
     problems: list[str] = []
     counts: dict[str, Any] = {}
 
-    def parquet(path: str):  # noqa: ANN202 - a DataFrame, or None for an absent sink
+    def parquet(path: str):  # a DataFrame, or None for an absent sink
         try:
             return spark.read.parquet(path)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
                 return None
             raise
 
-    def count(frame) -> int:  # noqa: ANN001
+    def count(frame) -> int:
         return 0 if frame is None else frame.count()
 
     if "a" in roots:
@@ -252,7 +252,7 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:  # n
             if differs:
                 problems.append(f"b and c: {o.name}: {differs}")
 
-        def records(frame):  # noqa: ANN001, ANN202
+        def records(frame):
             return frame.select(F.element_at(F.split("source_file", "/"), -1).alias("file"), "raw")
 
         if b["quarantine"] is not None and c["quarantine"] is not None:
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, stream in streams.items():
             try:
                 checks[name] = check(spark, stream, kept[name])
-            except Exception as exc:  # noqa: BLE001 - reported beside the results
+            except Exception as exc:  # reported beside the results
                 checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             note(f"{name}: check {'passed' if checks[name]['ok'] else 'FAILED'}")
         spark.stop()

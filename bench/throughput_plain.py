@@ -117,7 +117,7 @@ def parsed_batch(spark: SparkSession, source: dict[str, Any]) -> DataFrame:
     return _files(reader, source)
 
 
-def _files(reader, source: dict[str, Any]) -> DataFrame:  # noqa: ANN001 - a stream or batch reader
+def _files(reader, source: dict[str, Any]) -> DataFrame:  # a stream or batch reader
     if source["format"] == "csv":
         reader = reader.option("header", True)
     for key, value in source["options"].items():
@@ -125,14 +125,14 @@ def _files(reader, source: dict[str, Any]) -> DataFrame:  # noqa: ANN001 - a str
     return reader.load(source["landing"]).withColumn(POSITION, F.col("_metadata.file_path"))
 
 
-def valid_condition(job: dict[str, Any]):  # noqa: ANN201 - a Column
+def valid_condition(job: dict[str, Any]):  # a Column
     cond = F.col(CORRUPT).isNull()
     for name in job["required"]:
         cond = cond & F.col(name).isNotNull()
     return cond
 
 
-def every_column_read(job: dict[str, Any]):  # noqa: ANN201 - a Column, always true
+def every_column_read(job: dict[str, Any]):  # a Column, always true
     """A condition on every declared column that is always true (a count of nulls is never
     negative) but that Spark cannot prove so: the reader must convert every column.
 
@@ -178,7 +178,7 @@ def lookups(spark: SparkSession, job: dict[str, Any]) -> list[tuple[DataFrame, l
     return made
 
 
-def aggregate(fn: str, column: str | None, event_time: str | None):  # noqa: ANN201 - a Column
+def aggregate(fn: str, column: str | None, event_time: str | None):  # a Column
     if fn == "count":
         return F.count(F.lit(1)) if column is None else F.count(F.col(column))
     if fn == "latest":
@@ -212,7 +212,7 @@ def _sql_value(value: Any) -> Any:
     return value
 
 
-def table_batches(frame: DataFrame, sink: dict[str, Any], mode: str):  # noqa: ANN201 - a foreachBatch function
+def table_batches(frame: DataFrame, sink: dict[str, Any], mode: str):  # a foreachBatch function
     """Create the table (primary key: the result key), then per batch: upsert (update mode) or
     replace every row (complete mode), in one transaction."""
     fields = frame.schema.fields
@@ -247,7 +247,7 @@ def table_batches(frame: DataFrame, sink: dict[str, Any], mode: str):  # noqa: A
 
 
 def start(frame: DataFrame, name: str, checkpoint: str, mode: str, sink: dict[str, Any],
-          processing_time: str | None = None):  # noqa: ANN201
+          processing_time: str | None = None):
     writer = frame.writeStream.queryName(name).outputMode(mode).option("checkpointLocation", checkpoint)
     writer = writer.trigger(processingTime=processing_time) if processing_time else writer.trigger(availableNow=True)
     if sink["type"] == "parquet":
@@ -316,7 +316,7 @@ def ingested(spark: SparkSession, job: dict[str, Any]) -> DataFrame:
     return df
 
 
-def enriched(spark: SparkSession, job: dict[str, Any]):  # noqa: ANN201 - a function of a DataFrame
+def enriched(spark: SparkSession, job: dict[str, Any]):  # a function of a DataFrame
     """The valid rows of a frame joined with the reference data (read once, broadcast), with
     ``event_date``, in the accepted rows' columns."""
     joins = lookups(spark, job)
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             q.awaitTermination()
             if q.exception() is not None:
                 failed.append(f"{q.name}: {q.exception()}")
-    except Exception as exc:  # noqa: BLE001 - reported, then exit 1
+    except Exception as exc:  # reported, then exit 1
         failed.append(str(exc))
     finally:
         for q in queries:

@@ -109,7 +109,7 @@ def asset_events(api: AirflowClient) -> list[dict]:
     return api.get("assets/events", limit=1000, order_by="timestamp")["asset_events"]
 
 
-def measure(plan: Any, quality_dir: Path, api: AirflowClient, since: float) -> dict[str, Any]:  # noqa: ANN401
+def measure(plan: Any, quality_dir: Path, api: AirflowClient, since: float) -> dict[str, Any]:
     """Per unit validated since ``since``: closing, validation and the run that validated it; per asset event: its delays."""
     runs = sorted(quality_runs(api), key=lambda r: epoch(r["start_date"]))
     units = []

@@ -135,7 +135,7 @@ class KafkaBroker:
         try:
             socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
             AdminClient(self.client_config()).list_topics(timeout=5)
-        except Exception:  # noqa: BLE001 - not answering yet
+        except Exception:  # not answering yet
             return False
         return True
 
@@ -171,7 +171,7 @@ class KafkaBroker:
         producer = Producer(self.client_config() | {"enable.idempotence": True, "linger.ms": 5})
         errors: list[str] = []
 
-        def delivered(err: Any, _msg: Any) -> None:  # noqa: ANN401
+        def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
                 errors.append(str(err))
 

@@ -34,7 +34,7 @@ def port_is_free(port: int) -> bool:
         return True
 
 
-def private_log(path: Path):  # noqa: ANN201 - a file object, closed with the process that writes it
+def private_log(path: Path):  # a file object, closed with the process that writes it
     """``path`` opened for appending, readable by this user alone (0600, also if it existed)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)

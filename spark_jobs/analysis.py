@@ -103,7 +103,7 @@ _NOT_PER_ROW = {
 _MULTIPLYING = {"Generate", "Join", "Union"}
 
 
-def _plan_nodes(plan) -> Iterator:  # noqa: ANN001 - a JVM LogicalPlan
+def _plan_nodes(plan) -> Iterator:  # a JVM LogicalPlan
     stack = [plan]
     while stack:
         node = stack.pop()
@@ -138,7 +138,7 @@ def transform_result(spark: SparkSession, spec: StreamSpec, transforms_dir: str 
             nodes = [(n.nodeName(), n) for n in _plan_nodes(frame._jdf.queryExecution().analyzed())]
         except UserCodeError as exc:
             return None, [(field, str(exc))]
-        except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, the function's own
+        except Exception as exc:  # Spark's parse and analysis errors, the function's own
             return None, [(field, spark_message(exc))]
     if not frame.isStreaming:
         return None, [(field, f"the transform does not read the stream's rows ({'FROM input' if transform.sql else 'its argument'})")]
@@ -197,7 +197,7 @@ def result_columns(spark: SparkSession, spec: StreamSpec, plan: StreamPlan,
             except UserCodeError as exc:
                 problems.append((field, str(exc)))
                 continue
-            except Exception as exc:  # noqa: BLE001 - Spark's parse and analysis errors, the function's own
+            except Exception as exc:  # Spark's parse and analysis errors, the function's own
                 problems.append((field, spark_message(exc)))
                 continue
             if isinstance(out.query, CODE_QUERIES) and not frame.isStreaming:
@@ -207,7 +207,7 @@ def result_columns(spark: SparkSession, spec: StreamSpec, plan: StreamPlan,
                 continue
             try:
                 _check_output_mode(frame, out.mode)
-            except Exception as exc:  # noqa: BLE001 - Spark's check, reported
+            except Exception as exc:  # Spark's check, reported
                 problems.append((f"{where}.mode", f"Spark cannot run the query in {out.mode} mode: "
                                                   f"{spark_message(exc)}"))
                 continue
@@ -233,7 +233,7 @@ def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
     try:
         with _quiet_sql_errors():
             frames.read_source(spark, source)
-    except Exception as exc:  # noqa: BLE001 - the reader's own error, reported
+    except Exception as exc:  # the reader's own error, reported
         message = spark_message(exc)
         if "DATA_SOURCE_NOT_FOUND" in message or "Failed to find" in message:
             return [("source.type", "Spark's Kafka connector is not on the driver's class path: ./platform setup "
@@ -310,7 +310,7 @@ def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
             reader = reader.schema(source.reader_schema)
         with _quiet_sql_errors():
             given = reader.load(source.landing) if source.landing else reader.load()
-    except Exception as exc:  # noqa: BLE001 - the reader's own error, reported
+    except Exception as exc:  # the reader's own error, reported
         return [("source", f"Spark cannot read the {source.format} source: {spark_message(exc)}")]
     types = {f.name: f.dataType for f in given.schema.fields}
     problems = []
@@ -322,7 +322,7 @@ def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
         try:
             with _quiet_sql_errors():
                 given.select(given[c.name].cast(SPARK_TYPES[c.type])).schema  # noqa: B018 - analysis only
-        except Exception as exc:  # noqa: BLE001 - Spark's analysis error, reported
+        except Exception as exc:  # Spark's analysis error, reported
             problems.append((f"source.columns[{i}].type", f"{c.name} is {types[c.name].simpleString()} in the source, "
                                                           f"which does not cast to {c.type}: {spark_message(exc)}"))
     return problems

@@ -98,7 +98,7 @@ class _Judge:
         return Verdict(self.flow, self.verdict, self.reasons)
 
 
-def _show(value: Any) -> str:  # noqa: ANN401 - any JSON value
+def _show(value: Any) -> str:  # any JSON value
     return json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
 
 
@@ -231,12 +231,12 @@ def _columns(j: _Judge, before: dict[str, str], after: dict[str, str]) -> None:
             j.change(COMPATIBLE, f"source.columns.{name}", "a new column: earlier accepted rows read it as null")
 
 
-def _kafka_place(source: Any) -> Any:  # noqa: ANN401
+def _kafka_place(source: Any) -> Any:
     kafka = source.kafka
     return None if kafka is None else {"topics": kafka.topics, "pattern": kafka.pattern}
 
 
-def _kafka_place_of(source: dict[str, Any]) -> Any:  # noqa: ANN401
+def _kafka_place_of(source: dict[str, Any]) -> Any:
     kafka = source.get("kafka")
     return None if not kafka else {"topics": kafka.get("topics"), "pattern": kafka.get("pattern")}
 
@@ -245,7 +245,7 @@ def _without_credentials(url: str | None) -> str | None:
     return None if url is None else re.sub(r"//[^/@]*@", "//", url)
 
 
-def _jsonable(value: Any) -> Any:  # noqa: ANN401
+def _jsonable(value: Any) -> Any:
     return None if value is None else value.model_dump(exclude_none=True)
 
 

@@ -160,7 +160,7 @@ def _accepted_columns(ingestion: IngestionPlan) -> list:
     return [F.col(name) for name in ingestion.accepted_columns]
 
 
-def _aggregate(agg: Aggregate, event_time_column: str | None):  # noqa: ANN202 - a pyspark Column
+def _aggregate(agg: Aggregate, event_time_column: str | None):  # a pyspark Column
     if agg.fn == "count":
         col = F.count(F.lit(1)) if agg.column is None else F.count(F.col(agg.column))
     elif agg.fn == "latest":

@@ -141,7 +141,7 @@ def optimize(spark: SparkSession, path: str) -> dict[str, Any]:
     """Compact the table (retried on a conflicting commit): files removed and added."""
     from delta.tables import DeltaTable
 
-    def run() -> Any:  # noqa: ANN401
+    def run() -> Any:
         return DeltaTable.forPath(spark, path).optimize().executeCompaction().collect()[0]["metrics"]
 
     metrics = retry_conflicts(f"compaction of {path}", run)

@@ -533,7 +533,7 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} in a plan")
 
 
-def _sink(layout: Layout, sink: Any) -> SinkPlan:  # noqa: ANN401 - a spec's sink model
+def _sink(layout: Layout, sink: Any) -> SinkPlan:  # a spec's sink model
     if isinstance(sink, ParquetSink):
         return ParquetDataset(layout.data(sink.path), list(sink.partition_by))
     if isinstance(sink, DeltaSink):

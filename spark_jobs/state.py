@@ -81,7 +81,7 @@ def _kept_keys(state: DataFrame) -> dict[str, Any]:
     return {"oldest_expires": _micros_iso(row["oldest"]), "newest_expires": _micros_iso(row["newest"])}
 
 
-def operator_state(spark: SparkSession, checkpoint: str, batch: int, operator: Any) -> dict[str, Any]:  # noqa: ANN401
+def operator_state(spark: SparkSession, checkpoint: str, batch: int, operator: Any) -> dict[str, Any]:
     """One stateful operator's state at ``batch`` (``operator``: a ``state-metadata`` row)."""
     found: dict[str, Any] = {"operator_id": operator["operatorId"], "operator": operator["operatorName"],
                              "store": operator["stateStoreName"], "partitions": operator["numPartitions"]}
@@ -111,7 +111,7 @@ def flow_state(spark: SparkSession, checkpoint: str, events: list[dict[str, Any]
         return None
     try:
         operators = spark.read.format("state-metadata").load(checkpoint).collect()
-    except Exception as exc:  # noqa: BLE001 - no state folder: a stateless flow (Spark says so its own way)
+    except Exception as exc:  # no state folder: a stateless flow (Spark says so its own way)
         if "state" in str(exc).lower() and not (Path(checkpoint) / "state").exists():
             return None
         raise

@@ -123,7 +123,7 @@ def _trigger(args: argparse.Namespace) -> Trigger | None:
     return None
 
 
-def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:  # noqa: ANN001
+def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:
     from spark_jobs import changes
     from spark_jobs.analysis import analyze
     from spark_jobs.flows import queries
@@ -171,7 +171,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         try:  # everything up to the queries' start, before a standby waits
             refuse_incompatible(plan, layout)
             planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
-        except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+        except Exception as exc:  # reported, then exit non-zero
             code = _start_failed(spec, layout, events, exc)
             return code
         if standby is not None:
@@ -195,7 +195,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
                     started_queries = queries.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
                 else:
                     started_queries = queries.start_planned(spark, planned, only)
-            except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+            except Exception as exc:  # reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
             code, cause, stopped = supervise_queries(plan, layout, started_queries, stop_requested, events, lease,
@@ -214,7 +214,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     return code
 
 
-def _start_failed(spec, layout: Layout, events: EventLog, exc: Exception) -> int:  # noqa: ANN001
+def _start_failed(spec, layout: Layout, events: EventLog, exc: Exception) -> int:
     log.error("stream %s could not start: %s", spec.name, first_line(exc))
     if layout.checkpoint_root in str(exc):
         log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "

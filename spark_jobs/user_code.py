@@ -56,7 +56,7 @@ def load_function(spark: SparkSession, folder: str, ref: str) -> Callable[[DataF
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise UserCodeError(f"{ref}: no module {module_name!r} in {folder}") from None
         raise UserCodeError(f"{ref}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module failed to import: say how
+    except Exception as exc:  # the user's module failed to import: say how
         raise UserCodeError(f"{ref}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
     function = getattr(module, name, None)
     if not callable(function):

@@ -102,7 +102,7 @@ class SkipReport:
         return os.environ.get(ALLOW_SKIPS) == "1"
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # around pytest's own summary: printed after it, last
-    def pytest_terminal_summary(self, terminalreporter) -> Iterator[None]:  # noqa: ANN001 - a TerminalReporter
+    def pytest_terminal_summary(self, terminalreporter) -> Iterator[None]:  # a TerminalReporter
         yield
         if not self.skips:
             return
@@ -160,7 +160,7 @@ def postgres_url(postgres_server) -> str:
 
 
 @contextmanager
-def fresh_database(server) -> Iterator[str]:  # noqa: ANN001 - a tests/postgres_server.PostgresServer
+def fresh_database(server) -> Iterator[str]:  # a tests/postgres_server.PostgresServer
     """URL of a new, empty database on ``server``, dropped on exit."""
     import uuid
 

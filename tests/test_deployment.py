@@ -94,7 +94,7 @@ def test_the_image_pins_the_versions_of_pyproject() -> None:
 def test_no_secret_is_written_in_the_compose_file() -> None:
     secretish = re.compile(r"(PASSWORD|SECRET|KEY|TOKEN)", re.I)
 
-    def walk(node, where: str) -> None:  # noqa: ANN001
+    def walk(node, where: str) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 if isinstance(v, str) and secretish.search(str(k)):

@@ -89,7 +89,7 @@ def test_the_module_compiles_against_the_jars_pyspark_ships() -> None:
     assert cases.resolve() == ROOT / "tests" / "spark_jobs" / "runtime" / "lease_cases.json"
 
 
-def test_the_jar_holds_every_class_the_sessions_are_configured_with(monkeypatch, missing_system_package) -> None:  # noqa: ANN001
+def test_the_jar_holds_every_class_the_sessions_are_configured_with(monkeypatch, missing_system_package) -> None:
     if not session.LOCAL_FS_JAR.is_file():
         missing_system_package("a JDK and Maven, to build the platform's JVM classes (./platform setup)")
     monkeypatch.setenv("STREAMS_LOCAL_FS_JAR", str(session.LOCAL_FS_JAR))

@@ -81,7 +81,7 @@ Actor = Annotated[object, Depends(action_caller)]
 
 
 @app.middleware("http")
-async def security_headers(request: Request, call_next):  # noqa: ANN001, ANN201 - Starlette's middleware
+async def security_headers(request: Request, call_next):  # Starlette's middleware
     response = await call_next(request)
     response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
     for name, value in HEADERS.items():
@@ -211,13 +211,13 @@ def _range(value: str) -> str:
 
 
 @app.get("/{stream}/api/charts")
-def charts_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:  # noqa: A002
+def charts_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
     spec = _spec(stream, user)
     return JSONResponse(views.charts(spec, _layout(spec), _range(range)))
 
 
 @app.get("/{stream}/api/flow")
-def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:  # noqa: A002
+def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
     spec = _spec(stream, user)
     return JSONResponse(views.flow(spec, _layout(spec), stream_status(spec), _range(range)))
 
@@ -280,7 +280,7 @@ def _recent_runs(dag: str) -> list[dict[str, Any]]:
 
 @app.get("/{stream}/", response_class=HTMLResponse)
 def stream_page(stream: str, request: Request, user: User, triggered: str | None = None,
-                range: str = views.DEFAULT_RANGE) -> str:  # noqa: A002
+                range: str = views.DEFAULT_RANGE) -> str:
     spec = _spec(stream, user)
     chosen = _range(range)
     actions = [{"name": action, "what": what, "dag": dag_id(stream, role)}
@@ -328,7 +328,7 @@ def act(stream: str, action: str, user: Actor, mode: Annotated[str | None, Form(
     try:
         run = trigger_dag(dag, triggered_by=DagRunTriggeredByType.UI, conf=conf,
                           triggering_user_name=getattr(user, "get_name", lambda: None)())
-    except Exception as exc:  # noqa: BLE001 - Airflow's own errors (unknown DAG, bad params) are the user's answer
+    except Exception as exc:  # Airflow's own errors (unknown DAG, bad params) are the user's answer
         raise HTTPException(400, f"could not trigger {dag}: {exc}") from None
     _unpause(dag)  # as Airflow's own trigger form does: a run of a paused DAG would never start
     run_id = getattr(run, "run_id", None) if run is not None else None

@@ -39,7 +39,7 @@ DOCS_POLICY = ("sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src 
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
-async def current_user(request: Request):  # noqa: ANN201 - Airflow's BaseUser
+async def current_user(request: Request):  # Airflow's BaseUser
     """The caller, authenticated by Airflow; 401 (or 403 for a bad token) otherwise."""
     from airflow.api_fastapi.core_api.security import get_user
     from fastapi.security import HTTPAuthorizationCredentials
@@ -97,7 +97,7 @@ def cross_site_problem(request: Request) -> str | None:
     return None
 
 
-async def action_caller(request: Request, user: Annotated[object, Depends(current_user)]):  # noqa: ANN201
+async def action_caller(request: Request, user: Annotated[object, Depends(current_user)]):
     """The caller of an action (a POST): authenticated, and the post comes from our own page."""
     problem = cross_site_problem(request)
     if problem is None and _bearer(request) is None:

@@ -88,7 +88,7 @@ DECIDED = (ACCEPTED, QUARANTINED, LATE, UNMATCHED)
 # ---- what is malformed ----------------------------------------------------------------------
 
 
-def _not_utf8(text, source: SourcePlan):  # noqa: ANN001, ANN202 - pyspark Columns
+def _not_utf8(text, source: SourcePlan):  # pyspark Columns
     """Text that was not valid UTF-8 in the file or record (never true for a null).
 
     The JSON reader keeps a malformed record's bytes as they were and rejects invalid
@@ -101,7 +101,7 @@ def _not_utf8(text, source: SourcePlan):  # noqa: ANN001, ANN202 - pyspark Colum
     return F.coalesce(bad, F.lit(False))
 
 
-def _too_far_ahead(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column, or None
+def _too_far_ahead(plan: StreamPlan):  # a pyspark Column, or None
     """Event time beyond processing time + ``event_time.max_future`` (never true for a null)."""
     et = plan.ingestion.event_time if plan.ingestion else None
     if et is None or not plan.source.parses_records:
@@ -111,19 +111,19 @@ def _too_far_ahead(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column, or Non
     return F.coalesce(F.unix_micros(F.col(et.column)) > limit, F.lit(False))
 
 
-def _names_where(columns: list[Column], test):  # noqa: ANN001, ANN202 - pyspark Columns
+def _names_where(columns: list[Column], test):  # pyspark Columns
     """``'a, b'``: the names of the columns for which ``test(column)`` holds, ``''`` if none."""
     return F.concat_ws(", ", *[F.when(test(c), F.lit(c.name)) for c in columns])
 
 
-def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
+def _corrupt_reason(source: SourcePlan):  # a pyspark Column
     """Why the parser rejected a record: empty, invalid UTF-8, not a record at all, a value
     of the wrong type (naming the columns), or for CSV the wrong number of fields."""
     raw = F.col(CORRUPT_RECORD_COLUMN)
     columns = source.parsed_columns
     prefix = f"malformed {source.format} record: "
     if source.format == "json":
-        def present(c: Column):  # noqa: ANN202
+        def present(c: Column):
             return F.get_json_object(raw, f"$.{c.name}").isNotNull()
 
         shape = F.json_object_keys(raw).isNull()
@@ -134,7 +134,7 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
         options = {k: str(v) for k, v in source.options.items()} if source.is_files else {}
         fields = F.from_csv(raw, ", ".join(f"`_f{i}` string" for i in range(len(columns) + 1)), options)
 
-        def present(c: Column):  # noqa: ANN202
+        def present(c: Column):
             return fields.getField(f"_f{columns.index(c)}").isNotNull()
 
         shape = fields.getField(f"_f{len(columns)}").isNotNull()
@@ -150,7 +150,7 @@ def _corrupt_reason(source: SourcePlan):  # noqa: ANN202 - a pyspark Column
         .otherwise(F.lit(fallback))))
 
 
-def _any(tests: list) -> Any:  # noqa: ANN401 - a pyspark Column
+def _any(tests: list) -> Any:  # a pyspark Column
     """True when any of the boolean columns is (false for none)."""
     found = F.lit(False)
     for test in tests:
@@ -162,7 +162,7 @@ def _any(tests: list) -> Any:  # noqa: ANN401 - a pyspark Column
 CORRUPT, NOT_UTF8, MISSING, FUTURE = 1, 2, 3, 4
 
 
-def rejection(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
+def rejection(plan: StreamPlan):  # a pyspark Column
     """Which rule a parsed row breaks (``CORRUPT`` ...), or null for a valid row.
 
     Decided in the stream for every row, so it is a few boolean tests; the text saying
@@ -182,7 +182,7 @@ def rejection(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
     return rule if future is None else rule.when(future, F.lit(FUTURE))
 
 
-def rejection_text(plan: StreamPlan):  # noqa: ANN202 - a pyspark Column
+def rejection_text(plan: StreamPlan):  # a pyspark Column
     """Why a rejected row was rejected, in words: the rule it broke (``_reason``) and
     which columns broke it."""
     source = plan.source
@@ -377,7 +377,7 @@ def at_once(session: SparkSession, *jobs: Callable[[], Any]) -> list[Any]:
     query's job group: stopping the query cancels them) and its active session."""
     jvm_session = session._jsparkSession
 
-    def run(job: Callable[[], Any]) -> Any:  # noqa: ANN401
+    def run(job: Callable[[], Any]) -> Any:
         # Spark's physical plans take the thread's active session, which a new thread lacks
         session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jvm_session)
         return job()

@@ -283,7 +283,7 @@ def halt(reason: str, code: int = EXIT_LEASE_LOST, last_words: Callable[[], None
     if last_words is not None:
         try:
             last_words()
-        except Exception:  # noqa: BLE001 - halting matters more
+        except Exception:  # halting matters more
             log.exception("while halting")
     os._exit(code)
 

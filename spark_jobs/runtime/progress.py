@@ -129,26 +129,26 @@ class ProgressListener:
         return self.names.get(name or "", name)
 
     # Spark's interface: each method gets the event as a Java object
-    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802, ANN401
+    def onQueryStarted(self, jevent: Any) -> None:
         event = json.loads(jevent.json())
         self.log.write({"event": "started", "stream": self.stream, "query": self._output(event.get("name")),
                         "id": event.get("id"), "run_id": event.get("runId"), "timestamp": event.get("timestamp")})
 
-    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802, ANN401
+    def onQueryProgress(self, jevent: Any) -> None:
         progress = json.loads(jevent.json())["progress"]
         self.log.write({"event": "progress", "stream": self.stream, "query": self._output(progress.get("name")),
                         "id": progress.get("id"), "run_id": progress.get("runId"), **summarize(progress)})
 
-    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802, ANN401
+    def onQueryIdle(self, jevent: Any) -> None:
         event = json.loads(jevent.json())
         self.log.write({"event": "idle", "stream": self.stream, "id": event.get("id"), "run_id": event.get("runId"),
                         "timestamp": event.get("timestamp")})
 
-    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802, ANN401
+    def onQueryTerminated(self, jevent: Any) -> None:
         event = json.loads(jevent.json())
         self.log.write({"event": "terminated", "stream": self.stream, "id": event.get("id"),
                         "run_id": event.get("runId"), "exception": event.get("exception"),
                         "error_class": event.get("errorClassOnException")})
 
     class Java:
-        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # noqa: RUF012 - Py4J's
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # Py4J's

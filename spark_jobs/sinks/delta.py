@@ -59,7 +59,7 @@ def is_conflict(exc: BaseException) -> bool:
     return bool(_CONFLICT.search(f"{type(exc).__name__} {exc}"))
 
 
-def retry_conflicts(what: str, action: Any, attempts: int = ATTEMPTS) -> Any:  # noqa: ANN401
+def retry_conflicts(what: str, action: Any, attempts: int = ATTEMPTS) -> Any:
     """``action()``, again after a conflicting commit (at most ``attempts`` times in all)."""
     for attempt in range(1, attempts + 1):
         try:

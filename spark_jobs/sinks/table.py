@@ -614,7 +614,7 @@ class TableWriter:
 _STORABLE = ("string", "integer", "long", "double", "boolean", "timestamp", "date")
 
 
-def spec_type(data_type: Any) -> str:  # noqa: ANN401 - a pyspark DataType
+def spec_type(data_type: Any) -> str:  # a pyspark DataType
     """The spec's name of a Spark type a table stores; ValueError for any other."""
     if data_type.typeName() in _STORABLE:
         return data_type.typeName()

@@ -63,7 +63,7 @@ def from_connection(connection: str) -> str | None:
         from airflow.sdk import BaseHook
 
         conn = BaseHook.get_connection(connection)
-    except Exception:  # noqa: BLE001 - no Airflow here, or no such connection: the caller says so
+    except Exception:  # no Airflow here, or no such connection: the caller says so
         return None
     extra = conn.extra_dejson or {}
     found = extra.get("bootstrap.servers") or extra.get("bootstrap_servers")

@@ -124,7 +124,7 @@ class TopicWriter:
         errors: list[str] = []
 
         def delivered(i: int) -> Callable[[Any, Any], None]:
-            def report(err: Any, msg: Any) -> None:  # noqa: ANN401
+            def report(err: Any, msg: Any) -> None:
                 if err is not None:
                     errors.append(str(err))
                 else:

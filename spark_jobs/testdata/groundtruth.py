@@ -464,7 +464,7 @@ def _too_far_ahead(record: Mapping[str, Any], event: Mapping[str, Any], event_co
     return ahead
 
 
-def _file_max(valid, event_col: str | None) -> dict[int, int | None]:  # noqa: ANN001
+def _file_max(valid, event_col: str | None) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     for rec, event in valid:
         f = rec.get("file", 0)
@@ -474,7 +474,7 @@ def _file_max(valid, event_col: str | None) -> dict[int, int | None]:  # noqa: A
     return out
 
 
-def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:  # noqa: ANN001
+def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:
     """The event joined with each reference file: one row per match, nulls for none (left join)."""
     rows = [dict(event)]
     for e, index in references:
@@ -488,7 +488,7 @@ def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:  # noqa: A
     return rows
 
 
-def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],  # noqa: ANN001
+def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],
             event_col: str | None, final_watermark: int | None) -> dict[str, Any]:
     q = output.query
     columns = result_columns(spec, output)

@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 
 
-def dagbag(folder: Path):  # noqa: ANN201
+def dagbag(folder: Path):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(folder))
 
 
 @pytest.fixture(scope="module")
-def bag():  # noqa: ANN201
+def bag():
     return dagbag(DAGS)
 
 
@@ -153,7 +153,7 @@ def test_an_application_gets_the_dags_that_run_stop_and_restart_it(tmp_path: Pat
 
 
 def test_every_driver_writes_through_the_platform_s_local_file_system_beside_a_spec_s_class_path(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch) -> None:
     jar = tmp_path / "local-fs.jar"
     jar.write_bytes(b"")
     monkeypatch.setenv("STREAMS_LOCAL_FS_JAR", str(jar))

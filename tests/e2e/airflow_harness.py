@@ -25,7 +25,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def sign_in(page, url: str, user: str, password: str) -> None:  # noqa: ANN001 - a Playwright page
+def sign_in(page, url: str, user: str, password: str) -> None:  # a Playwright page
     """Log in to Airflow's UI at ``url`` as a user would, through its login form."""
     page.goto(f"{url}/")
     page.locator("input:not([type=password])").first.fill(user)

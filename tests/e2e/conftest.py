@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def chromium(missing_system_package) -> str:  # noqa: ANN001 - tests/conftest.py's skip (fails on CI)
+def chromium(missing_system_package) -> str:  # tests/conftest.py's skip (fails on CI)
     """The system's Chromium, which Playwright drives headless."""
     path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:

@@ -36,7 +36,7 @@ class Driver:
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         cmd = submit.command("stream", spec_path, "local[2]", ["--data-root", str(data_root), *extra])
         cmd[3:3] = ["--conf", "spark.ui.enabled=false"]  # after spark-submit --master local[2]
-        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in wait()
+        self.log = open(self.log_path, "w")  # closed in wait()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def wait(self, timeout: float = TIMEOUT) -> int:

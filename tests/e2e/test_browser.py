@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 SPEC = default_spec_dir() / "sensors.yaml"
 
 
-def ingested_batch(page) -> int:  # noqa: ANN001 - a Playwright page
+def ingested_batch(page) -> int:  # a Playwright page
     """The ingestion's last committed batch as the page shows it (it also commits the
     readings, which the ingestion serves: that output has no query of its own)."""
     row = page.locator("tr[data-stream='sensors']").inner_text()

@@ -95,7 +95,7 @@ class Stream:
         assert generate.main(["--spec", str(self.spec_path), "--data-root", str(self.data_root), "--files", str(files),
                               "--events-per-file", "40", "--late-edge", str(LATE_EDGE), "--seed", str(self.seed)]) == 0
 
-    def driver(self):  # noqa: ANN201 - the lease holder
+    def driver(self):  # the lease holder
         holder = read_holder(self.layout.lease_dir)
         assert holder is not None and holder.pid in stream_drivers(), "no live driver holds the lease"
         return holder

@@ -72,7 +72,7 @@ def kafka_spec(root: Path, topic: str, sink_topic: str) -> Path:
     return include_with(root, spec) / "clicks.yaml"
 
 
-def compacted_while_streaming(plan, layout: Layout, ingestion: Path, run: dict) -> None:  # noqa: ANN001 - a StreamPlan
+def compacted_while_streaming(plan, layout: Layout, ingestion: Path, run: dict) -> None:  # a StreamPlan
     """The maintenance run compacted each Delta table that had more than one file in a
     partition (the accepted rows had), into one file per partition, while the stream
     committed batches into the accepted rows."""

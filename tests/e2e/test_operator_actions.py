@@ -213,7 +213,7 @@ def dags_folder(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]:  # noqa: ANN001
+def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]:
     """Airflow's services on PostgreSQL metadata, as in production (the other end-to-end tests run
     on the embedded default, SQLite)."""
     root = tmp_path_factory.mktemp("operator-actions")
@@ -283,7 +283,7 @@ def create_backfill(p: Platform, dag_id: str, *extra: str) -> None:
     wait_for(created, f"Airflow to accept the backfill of {dag_id}", timeout=120, every=3)
 
 
-def snapshot(spark, spec: StreamSpec, layout: Layout) -> dict[str, list[str]]:  # noqa: ANN001
+def snapshot(spark, spec: StreamSpec, layout: Layout) -> dict[str, list[str]]:
     lo, hi = backfill.parse_range(*RANGE)
     return {o.name: sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in
                            spark.read.parquet(str(backfill.output_dir(spec, layout, o.name, lo, hi))).collect())
@@ -291,7 +291,7 @@ def snapshot(spark, spec: StreamSpec, layout: Layout) -> dict[str, list[str]]:  
 
 
 def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_identically(platform: Platform,
-                                                                                           spark) -> None:  # noqa: ANN001
+                                                                                           spark) -> None:
     p, dag = platform, "stream_sensors_backfill"
     spec, layout = p.stream("sensors")
     p.feed("sensors", files=8, seed=21)
@@ -345,7 +345,7 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
 
 
 def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restarts_on_schedule(
-        platform: Platform, spark) -> None:  # noqa: ANN001
+        platform: Platform, spark) -> None:
     p = platform
     spec, layout = p.stream("sensors")
     readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)

@@ -63,7 +63,7 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
     out = tmp_path / "up.log"
     proc = subprocess.Popen([sys.executable, "-m", "runner", "up", "--port", str(port), "--data-root",
                              str(data_root), "--rate", "0.5", "--events-per-file", "20", "--minutes", "20"],
-                            stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
+                            stdout=open(out, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         layouts = {name: Layout(spec, data_root, default_spec_dir()) for name, spec in specs.items()}
 

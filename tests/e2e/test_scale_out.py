@@ -211,7 +211,7 @@ def deploy(airflow: Airflow, name: str) -> None:
 
 
 def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_committing(
-        tmp_path: Path, redis_server, module_postgres_database, spark) -> None:  # noqa: ANN001
+        tmp_path: Path, redis_server, module_postgres_database, spark) -> None:
     spec_dir = scale_out_specs(tmp_path / "include")
     data_root = tmp_path / "data"
     streams = {name: Stream(name, spec_dir / f"{name}.yaml", data_root) for name in STREAMS}

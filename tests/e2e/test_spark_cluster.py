@@ -79,7 +79,7 @@ class SparkCluster:
 
     def _start(self, *args: str, log: str) -> subprocess.Popen:
         self.home.mkdir(parents=True, exist_ok=True)
-        out = open(self.home / log, "w")  # noqa: SIM115 - closed with the process
+        out = open(self.home / log, "w")  # closed with the process
         return subprocess.Popen([str(BIN / "spark-class"), *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 

@@ -28,14 +28,14 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "include" / "streams").
 HEADER = re.compile(r"^# expect: (?P<field>[^:]+): (?P<message>.+)\n")
 
 
-def analyze_file(spark, path: Path, spec: StreamSpec | None = None) -> StreamPlan | None:  # noqa: ANN001
+def analyze_file(spark, path: Path, spec: StreamSpec | None = None) -> StreamPlan | None:
     """What a driver analyzes before it starts the spec at ``path``."""
     spec = spec or load_spec(path)
     return analysis.analyze(spark, spec, Layout(spec, spec_dir=path.resolve().parent), path)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_every_example_spec_passes(spark, path: Path, request: pytest.FixtureRequest,  # noqa: ANN001
+def test_every_example_spec_passes(spark, path: Path, request: pytest.FixtureRequest,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     source = load_spec(path).source
     if isinstance(source, KafkaSource):  # clicks: the tests' broker, holding its topic, where the spec looks
@@ -46,7 +46,7 @@ def test_every_example_spec_passes(spark, path: Path, request: pytest.FixtureReq
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
-def test_a_bad_sql_query_is_refused_naming_the_file_the_field_and_sparks_message(spark, path: Path) -> None:  # noqa: ANN001
+def test_a_bad_sql_query_is_refused_naming_the_file_the_field_and_sparks_message(spark, path: Path) -> None:
     expect = HEADER.match(path.read_text(encoding="utf-8"))
     assert expect, f"{path.name} must start with '# expect: <field>: <message>'"
     spec = load_spec(path)  # valid as far as the spec alone can tell
@@ -80,7 +80,7 @@ HOURLY = {"name": "hourly", "mode": "append", "sink": {"type": "parquet", "path"
               "FROM accepted GROUP BY window(ts, '1 hour'), site")}}
 
 
-def test_a_windowed_sql_query_in_append_mode_and_its_result_columns(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_windowed_sql_query_in_append_mode_and_its_result_columns(spark, tmp_path: Path) -> None:
     path = sql_spec(tmp_path, [HOURLY])
     spec = load_spec(path)
     columns, problems = analysis.result_columns(spark, spec, compile_plan(spec, Layout(spec)))
@@ -89,7 +89,7 @@ def test_a_windowed_sql_query_in_append_mode_and_its_result_columns(spark, tmp_p
                                   ("avg_temp", "double")]}
 
 
-def test_quality_rules_of_a_sql_output_name_columns_of_its_result(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_quality_rules_of_a_sql_output_name_columns_of_its_result(spark, tmp_path: Path) -> None:
     rules = {"outputs": {"hourly": {"expectations": [
         {"expect_column_values_to_not_be_null": {"column": "site"}},
         {"expect_column_values_to_be_between": {"column": "avg_temperature", "min_value": -50, "max_value": 60}},
@@ -103,7 +103,7 @@ def test_quality_rules_of_a_sql_output_name_columns_of_its_result(spark, tmp_pat
                                    "['window_start', 'window_end', 'site', 'avg_temp']")]
 
 
-def test_the_command_checks_every_file_and_exits_2_if_one_fails(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_the_command_checks_every_file_and_exits_2_if_one_fails(tmp_path: Path, capsys) -> None:
     good = sql_spec(tmp_path, [HOURLY])
     bad = tmp_path / "unknown_view.yaml"
     shutil.copy(CORPUS / "unknown_view.yaml", bad)
@@ -114,8 +114,8 @@ def test_the_command_checks_every_file_and_exits_2_if_one_fails(tmp_path: Path, 
     assert f"{bad}: outputs[0].query.sql: [TABLE_OR_VIEW_NOT_FOUND]" in err
 
 
-def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, tmp_path: Path, monkeypatch,  # noqa: ANN001
-                                                                          caplog) -> None:  # noqa: ANN001
+def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, tmp_path: Path, monkeypatch,
+                                                                          caplog) -> None:
     from spark_jobs import stream_job
     from spark_jobs.spec.layout import Layout
 
@@ -131,7 +131,7 @@ def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, 
     assert spark.streams.active == []
 
 
-def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: Path, monkeypatch) -> None:
     from spark_jobs import stream_job
     from spark_jobs.frames import accepted_batch
     from spark_jobs.spec.layout import Layout
@@ -166,14 +166,14 @@ def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: P
     assert sorted((r["event_id"], r["region"]) for r in rows) == [("e3", "SOUTH"), ("e4", "NORTH"), ("e5", "SOUTH")]
 
 
-def plans_built(monkeypatch) -> list[StreamPlan]:  # noqa: ANN001
+def plans_built(monkeypatch) -> list[StreamPlan]:
     """Every stream plan built from now on, by whichever module builds it."""
     import spark_jobs.plan
 
     built: list[StreamPlan] = []
 
     class Counted(StreamPlan):
-        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             built.append(self)
 
@@ -181,13 +181,13 @@ def plans_built(monkeypatch) -> list[StreamPlan]:  # noqa: ANN001
     return built
 
 
-def _plan_ingestion(spark, path: Path, layout):  # noqa: ANN001, ANN202
+def _plan_ingestion(spark, path: Path, layout):
     from spark_jobs.analysis import resolve_plan
 
     return resolve_plan(spark, load_spec(path), layout).ingestion
 
 
-def only_problem(spark, path: Path) -> tuple[str, str] | None:  # noqa: ANN001
+def only_problem(spark, path: Path) -> tuple[str, str] | None:
     """The one problem the check finds in the spec at ``path`` (naming that file), or None."""
     try:
         analyze_file(spark, path)
@@ -223,7 +223,7 @@ def python_output(tmp_path: Path, code: str, ref: str) -> tuple[Path, str]:
     ("def f(accepted):\n    return accepted.sparkSession.table('devices')\n", "mod:f",
      "the query does not read the stream's accepted rows (its argument); it would never change"),
 ], ids=["ok", "no_module", "no_function", "import_fails", "not_a_dataframe", "unknown_column", "not_streaming"])
-def test_a_python_query_is_checked_like_sql(spark, tmp_path: Path, code: str, ref: str, message: str | None) -> None:  # noqa: ANN001
+def test_a_python_query_is_checked_like_sql(spark, tmp_path: Path, code: str, ref: str, message: str | None) -> None:
     path, package = python_output(tmp_path, code, ref)
     problem = only_problem(spark, path)
     if message is None:
@@ -244,7 +244,7 @@ def test_a_python_query_is_checked_like_sql(spark, tmp_path: Path, code: str, re
      "source", "Spark cannot read the no_such_format source: [DATA_SOURCE_NOT_FOUND]"),
     ({"format": "rate", "options": {"rowsPerSecond": 5}, "columns": [{"name": "value", "type": "long"}]}, None, None),
 ], ids=["unknown_column", "no_cast", "unknown_format", "ok"])
-def test_a_spark_source_must_give_its_declared_columns(spark, tmp_path: Path, source: dict, field: str | None,  # noqa: ANN001
+def test_a_spark_source_must_give_its_declared_columns(spark, tmp_path: Path, source: dict, field: str | None,
                                                       message: str | None) -> None:
     path = tmp_path / "stream.yaml"
     path.write_text(yaml.safe_dump({
@@ -260,7 +260,7 @@ def test_a_spark_source_must_give_its_declared_columns(spark, tmp_path: Path, so
     assert text.startswith(message), text
 
 
-def test_a_stream_with_delta_tables_is_refused_without_delta_s_jars_or_extension(spark) -> None:  # noqa: ANN001
+def test_a_stream_with_delta_tables_is_refused_without_delta_s_jars_or_extension(spark) -> None:
     from types import SimpleNamespace
 
     from spark_jobs.analysis import _delta_problems

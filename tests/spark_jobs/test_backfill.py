@@ -28,7 +28,7 @@ START, END = "2026-01-01T00:01:00Z", "2026-01-01T00:03:00Z"
 
 
 @pytest.fixture(scope="module")
-def stream(spark, tmp_path_factory):  # noqa: ANN001
+def stream(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("backfill") / "data"
     assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
                           "--events-per-file", "30", "--seed", "9"]) == 0
@@ -38,7 +38,7 @@ def stream(spark, tmp_path_factory):  # noqa: ANN001
     return spec, layout, root
 
 
-def snapshot(spark, spec, layout) -> dict[str, list[str]]:  # noqa: ANN001
+def snapshot(spark, spec, layout) -> dict[str, list[str]]:
     lo, hi = backfill.parse_range(START, END)
     out = {}
     for o in spec.outputs:
@@ -115,7 +115,7 @@ def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spar
 
 
 @pytest.fixture
-def delta_stream(spark, tmp_path: Path):  # noqa: ANN001
+def delta_stream(spark, tmp_path: Path):
     """The sensors stream with every output in a Delta table, run over 80 minutes of events."""
     data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
     for output in data["outputs"]:
@@ -132,7 +132,7 @@ def delta_stream(spark, tmp_path: Path):  # noqa: ANN001
     return spec, layout
 
 
-def delta_rows(spark, layout: Layout, output: str) -> list[str]:  # noqa: ANN001
+def delta_rows(spark, layout: Layout, output: str) -> list[str]:
     rows = spark.read.format("delta").load(layout.data(f"delta/sensors/{output}")).collect()
     return sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows)
 

@@ -117,7 +117,7 @@ def batches(result: Run, output: str) -> list[dict]:
     return [p for p in progress if any(s["startOffset"] != s["endOffset"] for s in p["sources"])]
 
 
-def execute(spark, tmp_path: Path, data: dict, kinds: list[Kind]) -> Outcome:  # noqa: ANN001
+def execute(spark, tmp_path: Path, data: dict, kinds: list[Kind]) -> Outcome:
     """Run the corpus, one file per kind."""
     files = [k.lines if k.header is None else [k.header, *k.lines] for k in kinds]
     result = run(spark, tmp_path, data, files)
@@ -330,7 +330,7 @@ JSON_KINDS = json_corpus()
 
 
 @pytest.fixture(scope="module")
-def sensors_run(spark, tmp_path_factory) -> Outcome:  # noqa: ANN001
+def sensors_run(spark, tmp_path_factory) -> Outcome:
     data = stream_spec("sensors", "bad_sensors")
     return execute(spark, tmp_path_factory.mktemp("bad-sensors"), data, JSON_KINDS)
 
@@ -466,7 +466,7 @@ CSV_KINDS = csv_corpus()
 
 
 @pytest.fixture(scope="module")
-def clicks_run(spark, tmp_path_factory) -> Outcome:  # noqa: ANN001
+def clicks_run(spark, tmp_path_factory) -> Outcome:
     data = stream_spec("clicks", "bad_clicks")
     return execute(spark, tmp_path_factory.mktemp("bad-clicks"), data, CSV_KINDS)
 

@@ -27,7 +27,7 @@ def _spec() -> dict:
     return data
 
 
-def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:  # noqa: ANN001
+def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:
     """One bare start of the stream job on what waits (available now), in the tests' session."""
     monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
     monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
@@ -35,7 +35,7 @@ def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:  # noqa:
 
 
 @pytest.fixture(scope="module")
-def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:  # noqa: ANN001
+def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:
     """The stream run once (two sliding windows closed, a table, a SQL output): its include/ and data
     root, and a copy of both. The copy is put back in place (the same paths: Spark's file-sink logs
     name absolute paths) before each test (:func:`stream`)."""
@@ -59,7 +59,7 @@ def stream(ran) -> tuple[Path, Path]:
     return spec_file, data
 
 
-def edit(spec_file: Path, change) -> Path:  # noqa: ANN001
+def edit(spec_file: Path, change) -> Path:
     data = yaml.safe_load(spec_file.read_text())
     change(data)
     spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -79,7 +79,7 @@ def verdicts(spec_file: Path, data: Path) -> dict[str, changes.Verdict]:
     return {v.flow: v for v in found}
 
 
-def window(data: dict, **query) -> dict:  # noqa: ANN003
+def window(data: dict, **query) -> dict:
     (out,) = [o for o in data["outputs"] if o["name"] == "site_temperature_10m"]
     out["query"] |= query
     return out
@@ -227,7 +227,7 @@ def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark,
     built: list[object] = []
 
     class Counted(spark_jobs.plan.StreamPlan):
-        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             built.append(self)
 

@@ -142,7 +142,7 @@ def test_a_batch_that_reads_nothing_runs_the_deduplication_alone_and_commits_bot
     without_input: list[int] = []
     run_alone = IngestBatch.without_input
 
-    def recorded(self: IngestBatch, batch, batch_id: int) -> tuple[dict[str, int], int | None]:  # noqa: ANN001
+    def recorded(self: IngestBatch, batch, batch_id: int) -> tuple[dict[str, int], int | None]:
         without_input.append(batch_id)
         return run_alone(self, batch, batch_id)
 
@@ -314,7 +314,7 @@ def test_a_spec_edit_that_moves_the_accepted_rows_is_refused(spark, tmp_path: Pa
 
 
 def test_a_spec_edit_that_gives_an_output_another_sink_is_refused_until_its_checkpoint_is_moved(
-        spark, tmp_path: Path) -> None:  # noqa: ANN001
+        spark, tmp_path: Path) -> None:
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
@@ -446,7 +446,7 @@ def test_a_frame_computed_once_is_not_computed_again_by_the_next_job(spark) -> N
     computed = spark.sparkContext.accumulator(0)
 
     @F.udf("long")
-    def seen(x):  # noqa: ANN001, ANN202 - no type hints: pyspark would read them as a pandas UDF's
+    def seen(x):  # no type hints: pyspark would read them as a pandas UDF's
         computed.add(1)
         return x
 
@@ -470,7 +470,7 @@ def test_jobs_at_once_return_in_order_carry_the_callers_properties_and_raise_its
 
 
 def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_through_a_compaction(
-        spark, tmp_path: Path) -> None:  # noqa: ANN001
+        spark, tmp_path: Path) -> None:
     from delta.tables import DeltaTable
 
     from spark_jobs.sinks import delta_log

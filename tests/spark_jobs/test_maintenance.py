@@ -49,7 +49,7 @@ def land(landing: Path, i: int, devices: list[str]) -> None:
     os.utime(path, ns=(ns, ns))
 
 
-def stream(spark, tmp_path: Path, name: str):  # noqa: ANN001, ANN201
+def stream(spark, tmp_path: Path, name: str):
     spec = parse_spec(spec_data(name))
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
     Path(layout.landing).mkdir(parents=True)
@@ -158,7 +158,7 @@ def read_up_to(checkpoint: str, version: int) -> None:
 
 
 def test_a_vacuum_of_the_accepted_rows_is_refused_while_an_output_has_yet_to_read_older_versions(
-        spark, tmp_path: Path) -> None:  # noqa: ANN001
+        spark, tmp_path: Path) -> None:
     spec = parse_spec({**spec_data("accepted"), "accepted": {"format": "delta"}})
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
     plan = analysis.resolve_plan(spark, spec, layout)

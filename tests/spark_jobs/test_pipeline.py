@@ -75,7 +75,7 @@ def window_output(name: str, duration: str, slide: str | None = None, mode: str 
 
 
 class Run:
-    def __init__(self, spark, spec, plan, queries):  # noqa: ANN001
+    def __init__(self, spark, spec, plan, queries):
         self.spark, self.spec, self.plan, self.queries = spark, spec, plan, queries
 
     def rows(self, output: str) -> list[dict]:
@@ -101,7 +101,7 @@ def land(landing: Path, fmt: str, lines: list[str | bytes]) -> None:
     os.replace(staged, path)
 
 
-def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]],  # noqa: ANN001
+def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]],
         rounds: bool = False, spec_dir: Path | None = None) -> Run:
     """Land the files and process them (available-now); with ``rounds``, the outputs run
     all along and the ingestion takes one file at a time, so an output batch holds one
@@ -228,7 +228,7 @@ def test_a_python_query_runs_its_function_with_a_python_udf_and_the_reference_vi
         ("a1", "south", "ok"), ("a2", "south", "hot"), ("b1", "east", "hot")]
 
 
-def ingested(spark, tmp_path: Path, spec_data: dict, files: list[list[str]], spec_dir: Path | None = None,  # noqa: ANN001
+def ingested(spark, tmp_path: Path, spec_data: dict, files: list[list[str]], spec_dir: Path | None = None,
              ) -> tuple[Run, list[dict]]:
     """Process the files (available-now): the run and the ingestion's ``ingested`` events."""
     spec = parse_spec(spec_data)

@@ -23,7 +23,7 @@ SPEC_DIR = default_spec_dir()
 
 
 @pytest.fixture
-def clicks_plan(tmp_path: Path):  # noqa: ANN201 - a StreamPlan
+def clicks_plan(tmp_path: Path):  # a StreamPlan
     spec = load_spec(SPEC_DIR / "clicks.yaml")
     return compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
 
@@ -132,7 +132,7 @@ SERVED = """
 """
 
 
-def served_spec(**changes):  # noqa: ANN201 - a StreamSpec
+def served_spec(**changes):  # a StreamSpec
     data = yaml.safe_load(SERVED)
     for path, value in changes.items():
         target = data

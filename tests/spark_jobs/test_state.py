@@ -23,7 +23,7 @@ SPEC = default_spec_dir() / "sensors.yaml"
 
 
 @pytest.fixture(scope="module")
-def stream(spark, tmp_path_factory):  # noqa: ANN001, ANN201
+def stream(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("state") / "data"
     assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "14",
                           "--events-per-file", "30", "--seed", "5"]) == 0

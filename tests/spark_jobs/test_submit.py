@@ -33,7 +33,7 @@ def test_a_stream_s_driver_gets_the_platform_s_classes_and_the_spec_s_settings(t
     assert quality[-3:] == [submit.job_path("quality"), "--spec", str(spec_file)]
 
 
-def test_by_hand_the_command_is_printed_and_a_bad_spec_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_by_hand_the_command_is_printed_and_a_bad_spec_is_refused(tmp_path: Path, capsys) -> None:
     spec_file = include_with(tmp_path / "include", example_spec("sensors")) / "sensors.yaml"
     assert submit.main(["stream", "--spec", str(spec_file), "--dry-run", "--", "--trigger", "available-now"]) == 0
     printed = capsys.readouterr().out

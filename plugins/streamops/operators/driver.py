@@ -181,7 +181,7 @@ class Launch:
             self.outcome["code"] = 0
         except AirflowException as exc:
             self.outcome["code"], self.outcome["error"] = 1, str(exc)
-        except Exception as exc:  # noqa: BLE001 - reported as a failed run
+        except Exception as exc:  # reported as a failed run
             self.outcome["code"], self.outcome["error"] = 1, f"{type(exc).__name__}: {exc}"
 
     def alive(self) -> bool:

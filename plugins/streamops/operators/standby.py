@@ -60,7 +60,7 @@ class StreamStandbyOperator(StreamDriverOperator):
             if keeper.launch is not None and keeper.ran_active is None:
                 keeper.launch.kill()
 
-    def _supervisor_ended(self, ti: Any) -> bool:  # noqa: ANN401 - Airflow's RuntimeTaskInstance
+    def _supervisor_ended(self, ti: Any) -> bool:  # Airflow's RuntimeTaskInstance
         states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[self.supervisor_task_id], run_ids=[ti.run_id])
         return (states.get(ti.run_id) or {}).get(self.supervisor_task_id) in SUPERVISOR_ENDED
 

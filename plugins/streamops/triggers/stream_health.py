@@ -40,7 +40,7 @@ class StreamHealthTrigger(BaseTrigger):
         while True:
             try:
                 health = await asyncio.to_thread(self._check)
-            except Exception as exc:  # noqa: BLE001 - e.g. the spec became invalid: report, do not spin
+            except Exception as exc:  # e.g. the spec became invalid: report, do not spin
                 yield TriggerEvent({"stream": self.stream, "error": f"{type(exc).__name__}: {exc}"})
                 return
             if health["status"] in self.statuses:

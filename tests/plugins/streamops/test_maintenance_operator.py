@@ -20,7 +20,7 @@ from streamops.operators.maintenance import MaintainTablesOperator
 
 
 @pytest.fixture
-def stream(tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:  # noqa: ANN001
+def stream(tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:
     """The sensors stream with its windows in a Delta table of three small files."""
     specs = tmp_path / "streams"
     shutil.copytree(default_spec_dir(), specs)
@@ -42,7 +42,7 @@ def maintain(specs: Path, data_root: Path, retention: str) -> dict | AirflowFail
         return exc
 
 
-def test_the_operator_compacts_then_fails_naming_the_reader_a_vacuum_would_harm(spark, stream) -> None:  # noqa: ANN001
+def test_the_operator_compacts_then_fails_naming_the_reader_a_vacuum_would_harm(spark, stream) -> None:
     specs, data_root, table = stream
     for i in range(3):
         spark.range(i, i + 1).write.format("delta").mode("append").save(str(table))

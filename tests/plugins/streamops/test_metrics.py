@@ -58,7 +58,7 @@ def data_root(data_root: Path) -> Path:
 
 
 @pytest.fixture
-def client(data_root: Path, monkeypatch, metadata_db):  # noqa: ANN001, ANN201 - a fastapi TestClient
+def client(data_root: Path, monkeypatch, metadata_db):  # a fastapi TestClient
     monkeypatch.setenv("STREAMS_DATA_DIR", str(data_root))
     monkeypatch.setenv("STREAMS_METRICS_TOKEN", TOKEN)
     monkeypatch.delenv("STREAMS_METRICS_TOKEN_FILE", raising=False)
@@ -93,7 +93,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_a_logged_out_request_is_refused_and_the_token_reads_the_metrics_only(client) -> None:  # noqa: ANN001
+def test_a_logged_out_request_is_refused_and_the_token_reads_the_metrics_only(client) -> None:
     anonymous = client.get(URL)
     assert (anonymous.status_code, anonymous.json()) == (401, {"detail": "Not authenticated"})
     assert client.get(URL, headers=bearer("scrape-" + "f" * 32)).status_code in (401, 403)  # a wrong token
@@ -115,7 +115,7 @@ def test_a_logged_out_request_is_refused_and_the_token_reads_the_metrics_only(cl
     assert client.get(URL + "/").status_code == 401  # the stream page's route, behind the login as ever
 
 
-def test_without_a_token_configured_only_the_login_reads_them(client, monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+def test_without_a_token_configured_only_the_login_reads_them(client, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv("STREAMS_METRICS_TOKEN")
     assert client.get(URL, headers=bearer(TOKEN)).status_code in (401, 403)
     monkeypatch.setenv("STREAMS_METRICS_TOKEN", "short")  # too short to be used
@@ -130,7 +130,7 @@ def test_without_a_token_configured_only_the_login_reads_them(client, monkeypatc
     assert client.get(URL).status_code == 200
 
 
-def test_a_user_sees_the_streams_they_may_read(client, monkeypatch) -> None:  # noqa: ANN001
+def test_a_user_sees_the_streams_they_may_read(client, monkeypatch) -> None:
     from airflow.models.dag import DagModel
 
     login(client, role=None)  # logged in, no permission at all
@@ -145,7 +145,7 @@ def test_a_user_sees_the_streams_they_may_read(client, monkeypatch) -> None:  # 
     assert {dict(k[1])["stream"] for k in parse(client.get(URL, headers=bearer(TOKEN)).text)} == {"sensors", "clicks"}
 
 
-def test_a_scrape_says_what_the_streams_page_says_at_the_same_moment(client, data_root: Path) -> None:  # noqa: ANN001
+def test_a_scrape_says_what_the_streams_page_says_at_the_same_moment(client, data_root: Path) -> None:
     login(client, role="viewer")
     began = time.time()
     page = {s["stream"]: s for s in client.get("/streams/api/status").json()}
@@ -226,7 +226,7 @@ def test_a_scrape_says_what_the_streams_page_says_at_the_same_moment(client, dat
     assert value(samples, "streams_state_bytes", stream="sensors", flow="device_status") == 9_003
 
 
-def test_every_kind_of_stream_has_its_metrics_and_no_broker_is_asked(site: Path, monkeypatch, metadata_db) -> None:  # noqa: ANN001, F811
+def test_every_kind_of_stream_has_its_metrics_and_no_broker_is_asked(site: Path, monkeypatch, metadata_db) -> None:  # noqa: F811
     """Kafka (its broker down; one blocked, with the supervisor's measurement), a warm standby, a stop
     on purpose, Delta tables, a corrupt checkpoint, an application: each has its series, from its
     files alone."""

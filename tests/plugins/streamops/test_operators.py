@@ -224,7 +224,7 @@ def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Pa
 
 
 def test_a_stalled_driver_that_stops_when_asked_is_restarted_not_left_stopped(data_root: Path, tmp_path: Path,
-                                                                              monkeypatch) -> None:  # noqa: ANN001
+                                                                              monkeypatch) -> None:
     specs = stalling_specs(tmp_path, max_attempts=1)  # one failed run spends the budget: the test ends there
     stream = StreamHook("sensors", str(specs), str(data_root))
     (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
@@ -250,7 +250,7 @@ class RecordingSubmitHook:
 
     built: list[RecordingSubmitHook] = []
 
-    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, **kwargs) -> None:
         self.kwargs, self.calls = kwargs, []
         RecordingSubmitHook.built.append(self)
 
@@ -268,7 +268,7 @@ SUBMIT_ARGUMENTS = dict(conn_id="spark_streams", conf={"spark.sql.shuffle.partit
 
 
 def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operators_own(tmp_path: Path,
-                                                                                        monkeypatch) -> None:  # noqa: ANN001
+                                                                                        monkeypatch) -> None:
     from airflow.providers.apache.spark.operators import spark_submit
 
     # the provider's own: SparkSubmitOperator builds the supervisor's hooks too, and the reference's below
@@ -341,7 +341,7 @@ class FakeDriver:
 ])
 def test_on_kill_waits_for_the_graceful_stop_no_longer_than_airflow_lets_a_killed_task_clean_up(
         tmp_path: Path, monkeypatch, cleanup_time: str, grace_seconds: float, kill_grace_seconds: float | None,
-        waited: float) -> None:  # noqa: ANN001
+        waited: float) -> None:
     monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", cleanup_time)  # read when the task is killed
     op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
                                   data_root=str(tmp_path), conn_id="spark_streams", grace_seconds=grace_seconds,
@@ -370,7 +370,7 @@ def test_on_kill_leaves_alone_a_driver_that_took_the_stream_over_since(tmp_path:
 
 
 def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_supervisors_sigkill_delay(
-        monkeypatch) -> None:  # noqa: ANN001
+        monkeypatch) -> None:
     from airflow.sdk.execution_time.supervisor import WatchedSubprocess
 
     monkeypatch.setenv("AIRFLOW__CORE__KILLED_TASK_CLEANUP_TIME", "60")
@@ -383,7 +383,7 @@ def test_airflows_cleanup_time_is_the_shorter_of_the_setting_and_the_task_superv
 
 
 def test_a_spec_only_spark_finds_invalid_fails_the_supervisor_at_once_instead_of_restarting(
-        data_root: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        data_root: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
     specs = tmp_path / "include" / "streams"  # the example, with its stall window of minutes
@@ -406,7 +406,7 @@ def test_a_spec_only_spark_finds_invalid_fails_the_supervisor_at_once_instead_of
 
 
 def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_stopped_between_batches(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
     specs = tmp_path / "include" / "streams"
@@ -431,7 +431,7 @@ def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_
     def commits() -> int:
         return len(list((counts / "commits").glob("[0-9]*")))
 
-    def wait(condition, what: str, timeout: float = 180) -> None:  # noqa: ANN001
+    def wait(condition, what: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             assert thread.is_alive() and time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -459,7 +459,7 @@ def test_an_application_of_the_users_own_is_deployed_restarted_after_a_kill_and_
     assert list((data_root / "sinks" / "rate_counts").glob("*.parquet"))
 
 
-def fake_spark_submit(tmp_path: Path, monkeypatch, script: str, *args: str) -> None:  # noqa: ANN001
+def fake_spark_submit(tmp_path: Path, monkeypatch, script: str, *args: str) -> None:
     """"spark-submit" on PATH runs ``script`` (a driver of the test's) with ``args``, under the
     environment the supervisor gives the driver it launches."""
     driver = tmp_path / "fake_driver.py"
@@ -472,7 +472,7 @@ def fake_spark_submit(tmp_path: Path, monkeypatch, script: str, *args: str) -> N
 
 
 def test_a_clean_exit_nobody_asked_for_is_a_failure_to_restart_from(data_root: Path, tmp_path: Path,
-                                                                     monkeypatch) -> None:  # noqa: ANN001
+                                                                     monkeypatch) -> None:
     """Only an operator stops a stream for good: a driver that exits 0 by itself is restarted."""
     specs = stalling_specs(tmp_path, max_attempts=2)
     stream = StreamHook("sensors", str(specs), str(data_root))
@@ -489,7 +489,7 @@ def test_a_clean_exit_nobody_asked_for_is_a_failure_to_restart_from(data_root: P
 
 
 def test_a_superseded_try_never_adopts_stops_or_counts_the_driver_that_moved_on(data_root: Path, tmp_path: Path,
-                                                                                 monkeypatch) -> None:  # noqa: ANN001
+                                                                                 monkeypatch) -> None:
     """A worker cut off and back: its try's driver lost the lease, and a newer try on another worker
     runs the stream with a driver of a newer epoch. The old try leaves that driver alone, in its
     loop and when Airflow kills it, and records no run."""

@@ -66,7 +66,7 @@ def _streams() -> list[dict]:
 
 
 @pytest.fixture
-def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:  # noqa: ANN001
+def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:
     """The streams' specs and data: sensors' real run (conftest), the others' parts on disk."""
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -117,7 +117,7 @@ def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:  # noqa: 
 
 
 @pytest.fixture
-def client(site: Path, monkeypatch, metadata_db):  # noqa: ANN001, ANN201 - a fastapi TestClient
+def client(site: Path, monkeypatch, metadata_db):  # a fastapi TestClient
     with streams_client(monkeypatch) as c:
         yield c
 
@@ -138,7 +138,7 @@ def _paths(stream: str) -> list[str]:
             f"{base}/api/charts?range=24h", f"{base}/row", f"{base}/quality/", f"/streams/dag/stream_{stream}"]
 
 
-def test_every_page_of_every_stream_renders_for_every_role(client, monkeypatch) -> None:  # noqa: ANN001
+def test_every_page_of_every_stream_renders_for_every_role(client, monkeypatch) -> None:
     from airflow.models.dagrun import DagRun
 
     names = [s["name"] for s in _streams()]

@@ -101,7 +101,7 @@ def supervisor(tmp_path: Path, clock: Clock, available_now: bool = False, **rest
     return sup
 
 
-def fail_a_run(sup: Supervisor, clock: Clock, lasted: float = 5, error: str = "boom"):  # noqa: ANN201 - Decision
+def fail_a_run(sup: Supervisor, clock: Clock, lasted: float = 5, error: str = "boom"):  # Decision
     """Start a driver (after the backoff), let it run ``lasted`` seconds and fail: what follows."""
     start = sup.next_run(health(Status.DEAD), None, False, None)
     assert start.act is Act.START

@@ -31,20 +31,20 @@ def data_root(data_root: Path) -> Path:
 
 
 @pytest.fixture
-def client(data_root: Path, monkeypatch, metadata_db):  # noqa: ANN201 - a fastapi TestClient
+def client(data_root: Path, monkeypatch, metadata_db):  # a fastapi TestClient
     monkeypatch.setenv("STREAMS_DATA_DIR", str(data_root))
     with streams_client(monkeypatch) as c:
         yield c
 
 
-def page_token(client) -> str:  # noqa: ANN001
+def page_token(client) -> str:
     """The CSRF token the stream's page puts in its forms, read from the page as a browser would."""
     match = re.search(r"name='csrf_token' value='([0-9a-f]{64})'", client.get("/streams/sensors/").text)
     assert match, "the stream's page has no CSRF token in its forms"
     return match.group(1)
 
 
-def post(client, path: str, data: dict | None = None, **kwargs):  # noqa: ANN001, ANN201
+def post(client, path: str, data: dict | None = None, **kwargs):
     """A post from the stream's own page: with the CSRF token its forms carry."""
     return client.post(path, data={**(data or {}), "csrf_token": page_token(client)}, **kwargs)
 
@@ -78,7 +78,7 @@ def test_a_logged_in_user_without_read_access_gets_403(client) -> None:
     assert refused.status_code == 403 and refused.json() == {"detail": "no read access to stream_sensors"}
 
 
-def test_a_user_of_another_team_gets_403(client, monkeypatch) -> None:  # noqa: ANN001
+def test_a_user_of_another_team_gets_403(client, monkeypatch) -> None:
     """Multi-team Airflow: a stream DAG whose bundle belongs to a team is readable only by its members,
     as on Airflow's own pages (which look the team up with DagModel.get_team_name, patched here)."""
     from airflow.models.dag import DagModel

@@ -21,7 +21,7 @@ def sync_dags() -> None:
 
 
 @contextmanager
-def streams_client(monkeypatch) -> Iterator:  # noqa: ANN001 - pytest's MonkeyPatch
+def streams_client(monkeypatch) -> Iterator:  # pytest's MonkeyPatch
     """A TestClient of Airflow's API server app with the project's plugin (``STREAMS_DATA_DIR`` and
     ``STREAMS_SPEC_DIR`` as the caller set them); users are who :func:`login` says."""
     from fastapi.testclient import TestClient
@@ -41,7 +41,7 @@ def streams_client(monkeypatch) -> Iterator:  # noqa: ANN001 - pytest's MonkeyPa
     api_app.purge_cached_app()
 
 
-def login(client, role: str | None = "viewer", teams: list[str] | None = None) -> None:  # noqa: ANN001
+def login(client, role: str | None = "viewer", teams: list[str] | None = None) -> None:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 

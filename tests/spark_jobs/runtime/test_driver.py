@@ -26,7 +26,7 @@ def app_spec(tmp_path: Path) -> Path:
     return path
 
 
-def test_supervised_needs_an_application_spec(tmp_path: Path, monkeypatch, caplog) -> None:  # noqa: ANN001
+def test_supervised_needs_an_application_spec(tmp_path: Path, monkeypatch, caplog) -> None:
     monkeypatch.delenv(driver.APP_SPEC_ENV, raising=False)
     with pytest.raises(SystemExit) as exit_, driver.supervised(None):
         pass
@@ -37,7 +37,7 @@ def test_supervised_needs_an_application_spec(tmp_path: Path, monkeypatch, caplo
     assert exit_.value.code == driver.EXIT_BAD_SPEC and "is not an application" in caplog.text
 
 
-def test_supervised_refuses_to_run_beside_a_live_driver(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+def test_supervised_refuses_to_run_beside_a_live_driver(tmp_path: Path, caplog) -> None:
     path = app_spec(tmp_path)
     layout = Layout(load_spec(path), tmp_path / "data", path.parent)
     held = DriverLease(layout.lease_dir, stream="counts_app").acquire()  # the lock: one holder per checkpoint
@@ -50,7 +50,7 @@ def test_supervised_refuses_to_run_beside_a_live_driver(tmp_path: Path, caplog) 
     assert not layout.events_file.exists()  # it wrote nothing: the stream is the other driver's
 
 
-def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Path) -> None:
     path = app_spec(tmp_path)
     with driver.supervised(spark, path, str(tmp_path / "data")) as app:
         assert app.checkpoint("counts").endswith("checkpoints/counts_app/counts")
@@ -63,12 +63,12 @@ def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Pa
     assert '"driver_started"' in events and '"driver_stopped"' in events
 
 
-def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_path: Path, monkeypatch) -> None:
     from spark_jobs.runtime.progress import EventLog, read_events
 
     halted = []
 
-    def halt(reason: str, last_words) -> None:  # noqa: ANN001
+    def halt(reason: str, last_words) -> None:
         halted.append(reason)
         last_words()
 
@@ -84,7 +84,7 @@ def test_a_driver_that_loses_its_lease_says_why_in_its_events_then_halts(tmp_pat
     assert event["error"] == "the lease of stream s (epoch 1) was taken over"
 
 
-def test_a_batch_that_began_as_its_query_was_stopped_is_said_so(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+def test_a_batch_that_began_as_its_query_was_stopped_is_said_so(tmp_path: Path, caplog) -> None:
     """A query that falls behind its trigger starts its next batch the moment one ends: the stop
     can land just after that batch wrote its offsets, though the query looked idle."""
     import logging

@@ -78,7 +78,7 @@ def test_readers_see_one_whole_version_while_writers_race(tmp_path: Path) -> Non
         try:
             while not stop.is_set():
                 write_atomically(target, fill * size)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             errors.append(exc)
 
     writers = [threading.Thread(target=writer, args=(bytes([c]),)) for c in b"abcd"]

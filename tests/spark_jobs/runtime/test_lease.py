@@ -178,7 +178,7 @@ def test_a_paused_holder_that_comes_back_after_a_takeover_halts_without_committi
 
 
 def test_a_dead_drivers_release_never_overlaps_a_successor_that_began_meanwhile(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch) -> None:
     """The supervisor releasing a dead driver's lease races a standby on the same machine that saw
     the death too: the standby reads the clock, then creates its record just after the supervisor
     found none. The release must not end the dead tenure after the successor's began."""
@@ -265,7 +265,7 @@ def test_process_start_keeps_the_unit_of_records_already_written() -> None:
 
 
 def test_a_dead_drivers_lease_is_released_where_it_ran_so_another_machine_takes_it_at_once(
-        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+        tmp_path: Path, monkeypatch) -> None:
     control = tmp_path / "_control"
     monkeypatch.setenv(DRIVER_ID_ENV, "s-driver-1")
     proc, _ = start(HOLDER, str(control), "30", host="worker-x")
@@ -295,7 +295,7 @@ LEASE_CASES = json.loads(Path(__file__).with_name("lease_cases.json").read_text(
 
 
 @pytest.mark.parametrize("case", LEASE_CASES, ids=[c["case"] for c in LEASE_CASES])
-def test_the_lease_s_table_of_cases(tmp_path: Path, monkeypatch, case: dict) -> None:  # noqa: ANN001
+def test_the_lease_s_table_of_cases(tmp_path: Path, monkeypatch, case: dict) -> None:
     """Whether the driver of an epoch may still write, and whether another driver may take the
     stream over. The JVM's fence asks for both of the Python side's judgments at once: the
     driver's own (:meth:`DriverLease.check`: renewed within half its ttl, no later epoch), and

@@ -8,7 +8,7 @@ import time
 from spark_jobs.runtime.progress import EventLog, ProgressListener, read_events
 
 
-def _events_until(path, done, timeout: float = 60) -> list[dict]:  # noqa: ANN001 - a path and a predicate
+def _events_until(path, done, timeout: float = 60) -> list[dict]:  # a path and a predicate
     """The events written, once ``done(events)`` holds (Spark's listener bus delivers them asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -19,7 +19,7 @@ def _events_until(path, done, timeout: float = 60) -> list[dict]:  # noqa: ANN00
         time.sleep(0.05)
 
 
-def test_the_listener_writes_a_querys_start_progress_and_end_under_the_outputs_name(spark, tmp_path) -> None:  # noqa: ANN001
+def test_the_listener_writes_a_querys_start_progress_and_end_under_the_outputs_name(spark, tmp_path) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.json").write_text("".join(json.dumps({"n": i}) + "\n" for i in range(7)))
@@ -44,7 +44,7 @@ def test_the_listener_writes_a_querys_start_progress_and_end_under_the_outputs_n
     assert [(e["id"], e["exception"], e["error_class"]) for e in ended] == [(str(query.id), None, None)]
 
 
-def test_a_removed_listener_writes_nothing_more(spark, tmp_path) -> None:  # noqa: ANN001
+def test_a_removed_listener_writes_nothing_more(spark, tmp_path) -> None:
     path = tmp_path / "events.jsonl"
     ProgressListener(EventLog(path), "s", {}).add(spark).remove(spark)
     marker = ProgressListener(EventLog(tmp_path / "marker.jsonl"), "s", {}).add(spark)  # tells when events came

@@ -20,7 +20,7 @@ from spark_jobs.spec.layout import default_spec_dir
 from spark_jobs.spec.loading import parse_spec
 
 
-def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None:  # noqa: ANN001
+def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None:
     data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
     data["spark"] = {"conf": {"spark.sql.streaming.numRecentProgressUpdates": "7",
                               "spark.sql.session.timeZone": "UTC"}, "shuffle_partitions": 3}
@@ -39,7 +39,7 @@ def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None: 
             spark.conf.set(key, value)
 
 
-def test_the_session_keeps_the_code_it_compiled_for_more_plans_than_spark_s_default(spark) -> None:  # noqa: ANN001
+def test_the_session_keeps_the_code_it_compiled_for_more_plans_than_spark_s_default(spark) -> None:
     """Spark's cache of compiled classes holds 100 by default: a stream's queries use more,
     and each batch compiled again the code the batch before had evicted."""
     from pyspark.sql import functions as F
@@ -59,7 +59,7 @@ def test_the_session_keeps_the_code_it_compiled_for_more_plans_than_spark_s_defa
 
 
 def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_process(
-        spark, tmp_path, missing_system_package) -> None:  # noqa: ANN001
+        spark, tmp_path, missing_system_package) -> None:
     """Hadoop's local file system, without its native library, starts ``chmod`` for every file
     it creates and ``readlink`` for every rename of a FileContext (checkpoint files); the
     platform's does both in the JVM, with the same outcome."""
@@ -136,8 +136,8 @@ def _processes_started() -> int:
     raise AssertionError("no process count in /proc/stat")
 
 
-def test_spark_writes_no_checkpoint_file_once_its_driver_lost_the_lease(spark, tmp_path: Path,  # noqa: ANN001
-                                                                         missing_system_package) -> None:  # noqa: ANN001
+def test_spark_writes_no_checkpoint_file_once_its_driver_lost_the_lease(spark, tmp_path: Path,
+                                                                         missing_system_package) -> None:
     """The JVM of a driver that lost its lease (paused, then resumed after another took the
     stream over) commits nothing of a query that needs no Python: no offsets, no commit, no sink log."""
     import json

@@ -132,7 +132,7 @@ def test_a_waiting_standby_is_ended_by_its_id(tmp_path: Path) -> None:
     assert standbys(control) == []
 
 
-def test_a_standby_elsewhere_counts_while_it_refreshes_its_record(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_standby_elsewhere_counts_while_it_refreshes_its_record(tmp_path: Path, monkeypatch) -> None:
     control = tmp_path / "_control"
     script = ("import sys, time\nfrom spark_jobs.runtime.standby import StandbyRecord\n"
               "StandbyRecord(sys.argv[1], 'standby-y', 1)\nprint('warming', flush=True)\ntime.sleep(600)\n")

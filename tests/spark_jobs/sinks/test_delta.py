@@ -58,7 +58,7 @@ def land(landing: Path, lines: list[str]) -> None:
     os.utime(path, ns=(ns, ns))
 
 
-def table(spark, path: str) -> list[dict]:  # noqa: ANN001
+def table(spark, path: str) -> list[dict]:
     return [r.asDict() for r in spark.read.format("delta").load(path).collect()]
 
 
@@ -116,7 +116,7 @@ def test_a_replayed_batch_is_skipped_and_a_new_checkpoint_is_not(spark, tmp_path
         output = replace(plan.output("out"), checkpoint=str(checkpoint))
         return DeltaWriter("replays", output)
 
-    def batch(*devices: str):  # noqa: ANN202
+    def batch(*devices: str):
         schema = "device_id string, n long" if mode != "append" else "device_id string"
         return spark.createDataFrame([(d, len(d)) if key else (d,) for d in devices], schema)
 
@@ -174,7 +174,7 @@ def test_a_delta_sink_s_columns_and_key_are_checked_against_the_result() -> None
     assert "outputs[1].sink.key: update mode into a Delta table merges each batch on a key" in message
 
 
-def test_a_version_s_last_batch_is_found_beyond_the_newest_commits_and_a_commit_s_time_read(spark, tmp_path) -> None:  # noqa: ANN001
+def test_a_version_s_last_batch_is_found_beyond_the_newest_commits_and_a_commit_s_time_read(spark, tmp_path) -> None:
     import time
 
     from spark_jobs.sinks.delta import commit_metadata, commit_time, last_batch

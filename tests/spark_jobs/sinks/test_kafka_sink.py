@@ -40,7 +40,7 @@ def spec_data(source_topic: str, sink_topic: str, bootstrap: str) -> dict:
     }
 
 
-def headers(message) -> dict[str, str]:  # noqa: ANN001 - a confluent-kafka Message
+def headers(message) -> dict[str, str]:  # a confluent-kafka Message
     return {k: v.decode() for k, v in message.headers() or []}
 
 

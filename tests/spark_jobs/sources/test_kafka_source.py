@@ -63,7 +63,7 @@ def setup(tmp_path: Path, data: dict) -> tuple:
     return spec, Layout(spec, tmp_path / "data", default_spec_dir())
 
 
-def quarantine(spark, layout: Layout) -> list[tuple[str, str, str | None]]:  # noqa: ANN001
+def quarantine(spark, layout: Layout) -> list[tuple[str, str, str | None]]:
     return sorted((r["source_file"], r["reason"], r["raw"]) for r in spark.read.parquet(layout.data("quarantine")).collect())
 
 
@@ -186,7 +186,7 @@ def _is_utf8(value: bytes) -> bool:
     return True
 
 
-def spark_rows(spark, layout: Layout) -> list[dict]:  # noqa: ANN001
+def spark_rows(spark, layout: Layout) -> list[dict]:
     return [r.asDict() for r in spark.read.schema(QUARANTINE_DDL).parquet(layout.data("quarantine")).collect()]
 
 
@@ -300,5 +300,5 @@ def test_records_deleted_before_they_were_read_block_the_stream_until_an_operato
                                                                        plan.ingestion.checkpoint).lost == {}
 
 
-def accepted_ids(spark, plan) -> list[str]:  # noqa: ANN001
+def accepted_ids(spark, plan) -> list[str]:
     return sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())

@@ -61,11 +61,11 @@ def test_a_directory_of_bad_specs_deploys_nothing_and_names_every_file() -> None
 
 
 @pytest.mark.parametrize("name", ["file_sink_in_update_mode", "yaml_syntax_error"])
-def test_stream_job_exits_2_without_the_lease_or_spark(tmp_path: Path, monkeypatch, caplog, name: str) -> None:  # noqa: ANN001
+def test_stream_job_exits_2_without_the_lease_or_spark(tmp_path: Path, monkeypatch, caplog, name: str) -> None:
     path = CORPUS / f"{name}.yaml"
     expect, _ = header(path)
 
-    def forbidden(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def forbidden(*args, **kwargs):
         raise AssertionError("a bad spec must neither take the lease nor start Spark")
 
     monkeypatch.setattr(driver, "DriverLease", forbidden)

@@ -99,7 +99,7 @@ def test_verify_reads_sinks_without_the_flows_or_the_table_writer() -> None:
 # ---- Parquet: a file sink written by a streaming query ---------------------------------------------------
 
 
-def write_parquet_sink(spark, root: Path, rows: list[dict[str, Any]], layout: Layout) -> None:  # noqa: ANN001
+def write_parquet_sink(spark, root: Path, rows: list[dict[str, Any]], layout: Layout) -> None:
     """``rows`` through Spark's file sink: one input file, one available-now micro-batch."""
     landing = root / "input"
     landing.mkdir(parents=True)
@@ -120,7 +120,7 @@ def parquet_layout(tmp_path: Path) -> tuple[Any, Layout]:
 
 
 def test_a_parquet_sink_equal_to_the_ground_truth_is_ok_and_orphan_files_do_not_count(
-        spark, tmp_path: Path, parquet_layout) -> None:  # noqa: ANN001
+        spark, tmp_path: Path, parquet_layout) -> None:
     spec, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, ROWS, layout)
     report = verify.compare(spark, spec, layout, MANIFEST)
@@ -133,25 +133,25 @@ def test_a_parquet_sink_equal_to_the_ground_truth_is_ok_and_orphan_files_do_not_
     assert verify.compare(spark, spec, layout, MANIFEST).ok
 
 
-def test_a_parquet_sink_missing_a_row(spark, tmp_path: Path, parquet_layout) -> None:  # noqa: ANN001
+def test_a_parquet_sink_missing_a_row(spark, tmp_path: Path, parquet_layout) -> None:
     spec, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [r for r in ROWS if r["event_id"] != "e2"], layout)
     assert_only(verify.compare(spark, spec, layout, MANIFEST), missing=[("e2",)])
 
 
-def test_a_parquet_sink_with_a_row_twice(spark, tmp_path: Path, parquet_layout) -> None:  # noqa: ANN001
+def test_a_parquet_sink_with_a_row_twice(spark, tmp_path: Path, parquet_layout) -> None:
     spec, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [*ROWS, ROWS[2]], layout)
     assert_only(verify.compare(spark, spec, layout, MANIFEST), duplicated=[("e3",)])
 
 
-def test_a_parquet_sink_with_a_row_too_many(spark, tmp_path: Path, parquet_layout) -> None:  # noqa: ANN001
+def test_a_parquet_sink_with_a_row_too_many(spark, tmp_path: Path, parquet_layout) -> None:
     spec, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [*ROWS, {**ROWS[0], "event_id": "e9"}], layout)
     assert_only(verify.compare(spark, spec, layout, MANIFEST), unexpected=[("e9",)])
 
 
-def test_a_parquet_sink_with_an_altered_value(spark, tmp_path: Path, parquet_layout) -> None:  # noqa: ANN001
+def test_a_parquet_sink_with_an_altered_value(spark, tmp_path: Path, parquet_layout) -> None:
     spec, layout = parquet_layout
     altered = [{**r, "ts": "2026-01-02T00:00:00.001Z"} if r["event_id"] == "e3" else r for r in ROWS]
     write_parquet_sink(spark, tmp_path, altered, layout)
@@ -225,7 +225,7 @@ def typed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def table_sink(request, tmp_path: Path) -> tuple[Any, Layout, Database]:  # noqa: ANN001
+def table_sink(request, tmp_path: Path) -> tuple[Any, Layout, Database]:
     """A table sink holding ROWS, written by the table writer: the spec, its layout, the database."""
     if request.param == "sqlite":
         spec = make_spec({"type": "table", "table": "verified_rows", "key": ["event_id"],
@@ -241,27 +241,27 @@ def table_sink(request, tmp_path: Path) -> tuple[Any, Layout, Database]:  # noqa
     return spec, layout, Database(request.param, url)
 
 
-def test_a_table_sink_equal_to_the_ground_truth_is_ok(spark, table_sink) -> None:  # noqa: ANN001
+def test_a_table_sink_equal_to_the_ground_truth_is_ok(spark, table_sink) -> None:
     spec, layout, _ = table_sink
     report = verify.compare(spark, spec, layout, MANIFEST)
     assert report.ok, report.describe()
     assert sorted(verify.read_output(spark, spec, layout, spec.outputs[0]), key=lambda r: r["event_id"]) == ROWS
 
 
-def test_a_table_sink_missing_a_row(spark, table_sink) -> None:  # noqa: ANN001
+def test_a_table_sink_missing_a_row(spark, table_sink) -> None:
     spec, layout, db = table_sink
     db.execute((f"DELETE FROM verified_rows WHERE event_id = {db.placeholder}", ("e2",)))
     assert_only(verify.compare(spark, spec, layout, MANIFEST), missing=[("e2",)])
 
 
-def test_a_table_sink_with_a_row_twice(spark, table_sink) -> None:  # noqa: ANN001
+def test_a_table_sink_with_a_row_twice(spark, table_sink) -> None:
     spec, layout, db = table_sink
     db.drop_primary_key("verified_rows")
     db.execute((f"INSERT INTO verified_rows SELECT * FROM verified_rows WHERE event_id = {db.placeholder}", ("e3",)))
     assert_only(verify.compare(spark, spec, layout, MANIFEST), duplicated=[("e3",)])
 
 
-def test_a_table_sink_with_a_row_too_many(spark, table_sink) -> None:  # noqa: ANN001
+def test_a_table_sink_with_a_row_too_many(spark, table_sink) -> None:
     spec, layout, db = table_sink
     db.execute((f"INSERT INTO verified_rows SELECT {db.placeholder}, ts, day, temperature, readings, active"
                 f" FROM verified_rows WHERE event_id = {db.placeholder}", ("e9", "e1")))
@@ -269,7 +269,7 @@ def test_a_table_sink_with_a_row_too_many(spark, table_sink) -> None:  # noqa: A
 
 
 @pytest.mark.parametrize(("column", "value"), ALTERATIONS, ids=[c for c, _ in ALTERATIONS])
-def test_a_table_sink_with_an_altered_value(spark, table_sink, column: str, value: Any) -> None:  # noqa: ANN001
+def test_a_table_sink_with_an_altered_value(spark, table_sink, column: str, value: Any) -> None:
     spec, layout, db = table_sink
     db.execute((f'UPDATE verified_rows SET "{column}" = {db.placeholder} WHERE event_id = {db.placeholder}',
                 (db.stored(column, value), "e2")))
@@ -315,7 +315,7 @@ class Generated:
 
 
 @pytest.fixture(scope="module")
-def generated(spark, tmp_path_factory) -> Generated:  # noqa: ANN001
+def generated(spark, tmp_path_factory) -> Generated:
     """Generated sensors records (with malformed and future ones) through the stream's
     ingestion and its readings output."""
     root = tmp_path_factory.mktemp("verify") / "data"
@@ -328,7 +328,7 @@ def generated(spark, tmp_path_factory) -> Generated:  # noqa: ANN001
     return Generated(root, json.loads(result.manifest.read_text()), ledger)
 
 
-def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -> Any:  # noqa: ANN001
+def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -> Any:
     """The ingestion (which writes the quarantine) of a variant whose input is the generated
     files, ``file`` changed by ``edit(lines)``; returns the variant's spec."""
     spec = sensors_variant(name)
@@ -353,7 +353,7 @@ def target(generated: Generated) -> dict[str, Any]:
     return next(e for e in generated.ledger if e["kind"] == "malformed" and e["reason"] == "wrong_type")
 
 
-def test_the_quarantine_equal_to_the_ground_truth_is_ok(spark, generated: Generated) -> None:  # noqa: ANN001
+def test_the_quarantine_equal_to_the_ground_truth_is_ok(spark, generated: Generated) -> None:
     spec = sensors_variant("sensors")
     report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
     assert report.ok, report.describe()
@@ -373,7 +373,7 @@ def quarantine_only(report: verify.StreamReport, **found: Any) -> None:
     assert report.describe().splitlines()[-1] == q.describe()
 
 
-def test_a_quarantine_missing_a_record(spark, generated: Generated) -> None:  # noqa: ANN001
+def test_a_quarantine_missing_a_record(spark, generated: Generated) -> None:
     record = target(generated)
     spec = run_quarantine_on(spark, generated, "dropped", record["name"], lambda lines: lines.pop(record["line"] - 1))
     report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
@@ -382,7 +382,7 @@ def test_a_quarantine_missing_a_record(spark, generated: Generated) -> None:  # 
     assert "1 missing" in report.describe()
 
 
-def test_a_quarantine_with_a_record_twice(spark, generated: Generated) -> None:  # noqa: ANN001
+def test_a_quarantine_with_a_record_twice(spark, generated: Generated) -> None:
     record = target(generated)
     spec = run_quarantine_on(spark, generated, "twice", record["name"],
                              lambda lines: lines.insert(record["line"], lines[record["line"] - 1]))
@@ -391,7 +391,7 @@ def test_a_quarantine_with_a_record_twice(spark, generated: Generated) -> None: 
     assert "1 duplicated" in report.describe()
 
 
-def test_a_quarantine_with_an_altered_record(spark, generated: Generated) -> None:  # noqa: ANN001
+def test_a_quarantine_with_an_altered_record(spark, generated: Generated) -> None:
     record = target(generated)
     event_id = json.loads(record["raw"])["event_id"]
     altered = record["raw"].replace(event_id, event_id + "-altered")
@@ -405,7 +405,7 @@ def test_a_quarantine_with_an_altered_record(spark, generated: Generated) -> Non
     assert report.quarantined == report.expected_quarantined  # the count alone would not tell
 
 
-def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Generated) -> None:  # noqa: ANN001
+def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Generated) -> None:
     spec = sensors_variant("sensors")
     rows = verify.read_quarantine(spark, spec, generated.layout(spec))
     record = target(generated)
@@ -427,7 +427,7 @@ def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Gene
     assert other_file.unexpected == [("part-999999.json", record["raw"])] and not other_file.different
 
 
-def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path) -> None:
     """CSV records are kept as their line (U+FFFD for invalid bytes) or, if parsed, as JSON."""
     spec_path = clicks_csv_spec(tmp_path / "include")
     result = generate.generate(spec_path, tmp_path / "data", generate.Settings(
