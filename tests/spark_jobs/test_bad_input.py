@@ -27,7 +27,7 @@ import pytest
 import yaml
 from examples import clicks_on_files
 from quarantine_files import pyarrow_rows
-from test_pipeline import T0, Run, at, run
+from stream_runs import T0, Run, at, run  # tests/stream_runs.py
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow.parquet as pq
 import pytest
-from test_pipeline import land, make_spec, reading  # tests/spark_jobs is on sys.path (rootdir conftest)
+from stream_runs import land, make_spec, reading  # tests/stream_runs.py
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
