@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 from runner.airflow import AirflowServices
 from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
-from runner.summary import summarize
+from runner.summary import summarize, verify_sinks
 from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import KafkaSource, StreamSpec
@@ -57,6 +58,10 @@ class Platform:
                                        extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
         self.generators: dict[str, subprocess.Popen] = {}
         self.quality_runs: dict[str, list[dict[str, Any]]] = {}
+        #: every sink against the ground truth (runner.summary.verify_sinks), checked on a thread of its own
+        #: once the streams stopped, while the validation runs and Airflow stops
+        self.verified: dict[str, Any] | None = None
+        self._verifying: threading.Thread | None = None
         self.started_at = time.time()
         self.deployed = False
         self.interrupts = 0
@@ -190,12 +195,21 @@ class Platform:
             if hook.driver_alive():
                 hook.kill_driver()
                 hook.wait_for_exit(30)
+        if self.deployed:  # the sinks are final: checked against the ground truth while the rest stops
+            self._verifying = threading.Thread(target=self._verify_sinks, name="verify-sinks", daemon=True)
+            self._verifying.start()
         if graceful and not second_interrupt():
             # after the streams stopped: the validation has the machine to itself
             self.out("==> validating what the streams wrote (quality DAGs)")
             self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
         if self.deployed:
             self.quality_runs = self._quality_runs()
+
+    def _verify_sinks(self) -> None:
+        try:
+            self.verified = verify_sinks(self.specs, self.layouts, self.data_root)
+        except Exception as exc:  # said; the summary then checks the sinks itself
+            self.out(f"    could not check the sinks while shutting down: {exc}")
 
     def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
         """The quality DAGs' runs (before Airflow stops): how validation was started, and how it went."""
@@ -282,4 +296,6 @@ class Platform:
     def summary(self) -> dict[str, Any]:
         """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
         restarts in this run and the units validated (:func:`runner.summary.summarize`)."""
-        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs)
+        if self._verifying is not None:
+            self._verifying.join()
+        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs, self.verified)

@@ -20,20 +20,20 @@ from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import StreamSpec
 
 
-def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path, started_at: float,
-              quality_runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
-    restarts since ``started_at`` and the units validated; ``quality_runs``: the quality DAGs' runs."""
+def verify_sinks(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path) -> dict[str, Any]:
+    """Per stream, every sink against the generator's ground truth and every output against its
+    query over the accepted rows: what a Spark session of its own reads (the sinks, once the
+    streams stopped; :class:`runner.platform.Platform` runs it while the validation and Airflow's
+    stop go on)."""
     from spark_jobs.runtime.session import build_session
     from spark_jobs.testdata import verify
-    from streamops.restarts import RestartBudget
 
     with output_to(data_root / "logs" / "summary-spark.log"):  # the JVM keeps writing there, not here
         spark = build_session("platform-summary", master="local[1]",
                               extra={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    result: dict[str, Any] = {"started_at": started_at, "ended_at": time.time(), "streams": {}}
+    verified: dict[str, Any] = {}
     try:
         for name, spec in sorted(specs.items()):
             layout = layouts[name]
@@ -41,12 +41,7 @@ def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_roo
             manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
             report = verify.compare(spark, spec, layout, manifest) if manifest else None
             agreement = verify.agreement(spark, spec, layout) if has_ingestion(spec) else []
-            quality_path = layout.quality_dir / "summary.json"
-            quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
-            budget = RestartBudget(layout.runs_file, spec.supervision.restart)
-            delays = sorted(validation_delays(compile_plan(spec, layout), read_ledger(layout.quality_dir), since=started_at))
-            runs = quality_runs.get(name, [])
-            result["streams"][name] = {
+            verified[name] = {
                 "expected": manifest["counts"] if manifest else None,
                 "sinks": [{"output": o.name, "rows": o.actual, "expected": o.expected, "equal": o.ok,
                            "detail": o.describe()} for o in (report.outputs if report else [])],
@@ -54,19 +49,41 @@ def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_roo
                 "ground_truth_equal": bool(report and report.ok),
                 "outputs_agree": all(r.ok for r in agreement),
                 "disagreements": [r.describe() for r in agreement if not r.ok],
-                "restarts": budget.restarts_since(started_at),
-                "validated": {o: {k: v[k] for k in ("validated", "passed", "failed")}
-                              for o, v in quality.get("outputs", {}).items()},
-                "accounting": quality.get("accounting"),
-                "quality_ok": quality.get("ok"),
-                "quality_runs": {kind: sum(r.get("run_type") == kind for r in runs)
-                                 for kind in ("asset_triggered", "manual", "scheduled")},
-                "validation_delay_seconds": {
-                    "units": len(delays), "median": statistics.median(delays) if delays else None,
-                    "max": delays[-1] if delays else None},
             }
     finally:
         spark.stop()
+    return verified
+
+
+def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path, started_at: float,
+              quality_runs: dict[str, list[dict[str, Any]]], verified: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per stream: the accounting measured by the quality DAG, every sink against the ground truth
+    (``verified``: :func:`verify_sinks`' answer, made here if not given), restarts since
+    ``started_at`` and the units validated; ``quality_runs``: the quality DAGs' runs."""
+    from streamops.restarts import RestartBudget
+
+    verified = verify_sinks(specs, layouts, data_root) if verified is None else verified
+    result: dict[str, Any] = {"started_at": started_at, "ended_at": time.time(), "streams": {}}
+    for name, spec in sorted(specs.items()):
+        layout = layouts[name]
+        quality_path = layout.quality_dir / "summary.json"
+        quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
+        budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+        delays = sorted(validation_delays(compile_plan(spec, layout), read_ledger(layout.quality_dir), since=started_at))
+        runs = quality_runs.get(name, [])
+        result["streams"][name] = {
+            **verified[name],
+            "restarts": budget.restarts_since(started_at),
+            "validated": {o: {k: v[k] for k in ("validated", "passed", "failed")}
+                          for o, v in quality.get("outputs", {}).items()},
+            "accounting": quality.get("accounting"),
+            "quality_ok": quality.get("ok"),
+            "quality_runs": {kind: sum(r.get("run_type") == kind for r in runs)
+                             for kind in ("asset_triggered", "manual", "scheduled")},
+            "validation_delay_seconds": {
+                "units": len(delays), "median": statistics.median(delays) if delays else None,
+                "max": delays[-1] if delays else None},
+        }
     return result
 
 
