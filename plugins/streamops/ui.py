@@ -290,8 +290,9 @@ def stream_page(stream: str, request: Request, user: User, triggered: str | None
     runs = _recent_runs(maintenance) if tables and _allowed(user, maintenance) else []
     status = stream_status(spec)
     held = views.state(spec, _layout(spec), status.get("last_committed") or {}) if spec.application is None else None
+    history = views.plans(spec, _layout(spec)) if spec.application is None else None
     return TEMPLATES.get_template("stream.html").render(
-        stream=stream, description=spec.description, triggered=triggered, status=status, state=held,
+        stream=stream, description=spec.description, triggered=triggered, status=status, state=held, plans=history,
         ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
         csrf_token=csrf_token(request), refresh=False, static="../", tables=tables, maintenance=maintenance,
         maintenance_runs=runs)

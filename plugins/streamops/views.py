@@ -343,3 +343,27 @@ def state(spec: StreamSpec, layout: Layout, last_committed: dict[str, int | None
                       "since": None if now is None or flow.get("batch") is None else now - flow["batch"]})
     return {"inspected_at": found.get("inspected_at"), "flows": flows}
 
+
+#: the plans a stream's page lists (newest first)
+PLANS_SHOWN = 10
+
+
+def plans(spec: StreamSpec, layout: Layout) -> dict[str, Any]:
+    """The plans the stream started with (``_control/plans/``, newest first) and, if its spec has
+    changed since the last, each flow's verdict on the change (``spark_jobs.changes``): what a
+    driver would do with the spec as it is now, before anything runs."""
+    from spark_jobs import changes
+    from spark_jobs.runtime.checkpoint import previous_plan
+
+    started = [p | {"at": iso(p["started_at"]) if isinstance(p.get("started_at"), int | float) else None}
+               for p in changes.plans(layout)[:PLANS_SHOWN]]
+    previous = previous_plan(layout)
+    pending: list[dict[str, Any]] = []
+    if previous:
+        verdicts = changes.judge(compile_plan(spec, layout), previous, str(layout.spec_dir / f"{spec.name}.yaml"),
+                                 spec.event_time.watermark if spec.event_time else None)
+        if any(v.verdict != changes.UNCHANGED for v in verdicts):
+            pending = [{"flow": _label(v.flow), "verdict": v.verdict, "runnable": v.runnable, "reasons": v.reasons}
+                       for v in verdicts]
+    return {"started": started, "pending": pending}
+

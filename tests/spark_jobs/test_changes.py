@@ -251,3 +251,21 @@ def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark,
     stopper.join(5)
     assert code == stream_job.EXIT_OK and not layout.stop_marker.exists()  # stopped between batches, on request
     assert len(built) == 1  # the plan the analysis made served the start and the stop
+
+
+def test_the_stream_s_page_lists_its_plans_and_the_pending_change_s_verdicts(spark, stream, monkeypatch) -> None:
+    from streamops import views
+
+    spec_file, data = stream
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data, spec_file.parent)
+    first = views.plans(spec, layout)
+    assert [p["number"] for p in first["started"]] == [1] and first["pending"] == []  # the run's own start
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # nothing new: it starts, keeps a plan
+    edit(spec_file, EDITS["a grouping key added"][0])
+    spec = load_spec(spec_file)
+    shown = views.plans(spec, layout)
+    assert [p["number"] for p in shown["started"]] == [2, 1] and shown["started"][0]["at"].endswith("Z")
+    pending = {v["flow"]: v for v in shown["pending"]}
+    assert pending["site_temperature_10m"]["verdict"] == "rebuild" and not pending["site_temperature_10m"]["runnable"]
+    assert pending["readings"]["verdict"] == "unchanged" and pending["ingestion"]["runnable"]

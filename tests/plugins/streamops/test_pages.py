@@ -88,6 +88,10 @@ def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:
     sensors = load_spec(specs / "sensors.yaml")
     layout = Layout(sensors, data_root, specs)
     write_atomically(layout.state_file, json.dumps(state.inspect(spark, compile_plan(sensors, layout), layout)))
+    # and the plan of its last start had another window: the page shows the pending change's verdicts
+    ran = json.loads(compile_plan(sensors, layout).to_json())
+    ran["outputs"][1]["query"]["window"] = {"duration": "15 minutes", "slide": "5 minutes"}
+    write_atomically(layout.plan_file, json.dumps(ran))
     # clicks: a committed batch, a Delta table that exists (the page that answered 500) and one row
     _kafka_checkpoint(checkpoints / "clicks" / "_ingest", "clicks", {"0": 5})
     views = pa.table({"window_start": pa.array([0], pa.timestamp("us", "UTC")), "category": ["news"],
@@ -195,6 +199,8 @@ def test_every_page_of_every_stream_renders_for_every_role(client, monkeypatch) 
     state = client.get("/streams/sensors/").text
     assert "<h2 id='state'>State</h2>" in state and "open window(s): oldest" in state and "key(s); the oldest" in state
     assert "Not read yet" in client.get("/streams/clicks/").text
+    assert "The spec has changed since the last start" in state and "a driver refuses to start with it" in state
+    assert "<td class='failed'>rebuild</td>" in state and "query.window" in state
     forms = {"sensors": ("start", "stop", "restart", "backfill", "validate", "inspect"),
              "clicks": ("start", "stop", "restart", "backfill", "validate", "maintain", "inspect"),
              "rate_counts": ("start", "stop", "restart")}
