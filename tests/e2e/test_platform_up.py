@@ -47,7 +47,8 @@ def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[
             page.locator("#streams-flow .plot .sankey").first.wait_for(timeout=60_000)
             if stream == "clicks":
                 for output in tables:
-                    row = page.locator("tr", has=page.locator(f"td:text-is('{output}')")).first.inner_text()
+                    cell = page.locator(f"td:text-is('{output}')")
+                    row = page.locator("h2#tables + table tr", has=cell).first.inner_text()
                     assert "no table yet" not in row and re.search(r"\s\d+\s+\d+\s+\d+\s", row), row
             page.screenshot(path=str(ARTIFACTS / f"stream-{stream}-page.png"), full_page=True)
         browser.close()
