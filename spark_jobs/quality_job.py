@@ -7,8 +7,13 @@ that earlier run validated, as of the Delta versions it read them at, each again
 answer it gave. Rebuilds Data Docs and the stream's summary page, and writes the run's
 result as JSON (``--result``).
 
+``--without-spark`` (``python -m spark_jobs.quality_job``): what closed since the last run,
+in this process with no JVM (:func:`run_without_spark`, what the quality DAG's task does
+first), or exit code 3 when the run needs Spark (the message says why).
+
 Exit codes: 0 the validation ran (the result says whether it passed), 2 invalid spec,
-rules or parameters (the message names the file and field), 1 the run itself failed.
+rules or parameters (the message names the file and field), 3 ``--without-spark`` and the
+run needs Spark, 1 the run itself failed.
 """
 
 from __future__ import annotations
@@ -18,10 +23,15 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import SpecError
+
+if TYPE_CHECKING:
+    from spark_jobs.quality.rules import QualityRules
+    from spark_jobs.spec.models import StreamSpec
 
 log = logging.getLogger("quality_job")
 
@@ -35,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--again", metavar="RUN_ID", help="validate the units of this earlier run again, as of the "
                                                          "Delta versions it read")
     p.add_argument("--result", type=Path, help="write the run's result here as JSON")
+    p.add_argument("--without-spark", action="store_true",
+                   help="validate in this process without a JVM (pyarrow, deltalake, pandas); exit 3 if the run "
+                        "needs Spark")
     args = p.parse_args(argv)
 
     from spark_jobs.backfill import BackfillError, parse_range, range_label
@@ -50,18 +63,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from spark_jobs.quality.ledger import run_lock
+    from spark_jobs.quality.pandas_engine import NeedsSpark
     from spark_jobs.quality.validation import UnknownRun, Validator
-    from spark_jobs.runtime.session import build_session
 
-    spark = build_session(f"quality:{spec.name}", spec)
-    try:
-        with run_lock(layout.quality_dir):
-            result = Validator(spark, spec, layout, rules).run(backfill_label=label, again=args.again)
-    except (SpecError, UnknownRun) as exc:
-        log.error("%s", exc)
-        return 2
-    finally:
-        spark.stop()
+    if args.without_spark:
+        if label or args.again:
+            log.error("--without-spark validates what closed since the last run; backfills and runs again need Spark")
+            return 2
+        try:
+            result = run_without_spark(spec, layout, rules)
+        except NeedsSpark as exc:
+            log.error("this run needs Spark: %s", exc)
+            return 3
+        except SpecError as exc:
+            log.error("%s", exc)
+            return 2
+    else:
+        from spark_jobs.runtime.session import build_session
+
+        spark = build_session(f"quality:{spec.name}", spec)
+        try:
+            with run_lock(layout.quality_dir):
+                result = Validator(spark, spec, layout, rules).run(backfill_label=label, again=args.again)
+        except (SpecError, UnknownRun) as exc:
+            log.error("%s", exc)
+            return 2
+        finally:
+            spark.stop()
     if args.result:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         args.result.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
@@ -70,9 +98,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_without_spark(spec: StreamSpec, layout: Layout, rules: QualityRules) -> dict:
+    """Validate what closed since the last run in this process, without a JVM: the rows read
+    with pyarrow or deltalake, Great Expectations' pandas engine, the same suites, ledger and
+    Data Docs as the Spark job's (``spark_jobs.quality.pandas_engine``). Raises
+    :class:`~spark_jobs.quality.pandas_engine.NeedsSpark` before anything is validated when
+    the run needs Spark: the spec or rules (a transform, a SQL output, an expectation only Spark
+    computes so), or more rows of an output than ``pandas_max_rows``."""
+    from spark_jobs.quality.ledger import run_lock
+    from spark_jobs.quality.pandas_engine import NeedsSpark, PandasRows, needs_spark
+    from spark_jobs.quality.validation import Validator
+
+    reason = needs_spark(spec, rules)
+    if reason is not None:
+        raise NeedsSpark(reason)
+    with run_lock(layout.quality_dir):
+        return Validator(None, spec, layout, rules, rows=PandasRows(rules.pandas_max_rows)).run()
+
+
 def describe(result: dict) -> list[str]:
     """A readable account of a run: what was validated, what failed, the accounting."""
-    lines = []
+    lines = [f"validated with {result['engine']}"] if result.get("engine") else []
     for o in result["outputs"]:
         units = o["units"]
         failed = [u for u in units if u["status"] == "failed"]

@@ -4,9 +4,11 @@ A readable, reviewable file per stream; every entry of ``expectations`` is one G
 Expectations expectation, written as its snake-case name and its arguments::
 
     on_new_output: true             # validate when units of a sink close (its Airflow asset's events)
-    min_interval: 2 minutes         # at most one such event per sink in this time (units add up)
+    min_interval: 10 seconds        # at most one such event per sink in this time (units add up)
     schedule: "@daily"              # and on this clock too (optional; none by default)
     max_quarantine_rate: 0.05       # accounting fails above this share of input
+    pandas_max_rows: 100000         # validate in the Airflow task, without Spark, up to this many rows
+                                    # of an output in a run (0: always with Spark)
     outputs:
       readings:
         unit: 1 hour                # validation unit of a pass-through output
@@ -81,9 +83,15 @@ class OutputRules(Strict):
 
 class QualityRules(Strict):
     on_new_output: bool = True
-    min_interval: Duration = "2 minutes"
+    #: at most one asset event per sink in this time: short, so that validation follows a unit's
+    #: closing within seconds; longer, to validate more units per run (each run costs a few seconds)
+    min_interval: Duration = "10 seconds"
     schedule: str | None = None
     max_quarantine_rate: float = Field(default=0.05, ge=0, le=1)
+    #: the most rows of one output a run validates without Spark (in the Airflow task: pyarrow,
+    #: deltalake and Great Expectations' pandas engine); more, and the run is Spark's
+    #: (``spark-submit``); 0: always Spark (``spark_jobs.quality.pandas_engine``)
+    pandas_max_rows: int = Field(default=100_000, ge=0)
     outputs: dict[str, OutputRules] = Field(default_factory=dict)
 
     @field_validator("schedule")

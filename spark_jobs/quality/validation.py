@@ -16,7 +16,13 @@ honours the file sink's ``_spark_metadata`` log (orphan files of a crash are ign
 only units ending at or before the watermark of the last *committed* batch. The ledger
 keeps the watermark validated up to, so a rerun neither repeats nor skips a unit.
 
-All new units of an output are validated together (one Spark data source per stream,
+Two engines read and validate the rows (``rows``): Spark (:class:`SparkRows`, the
+``spark-submit`` job), or, without a JVM, pyarrow, ``deltalake`` and Great Expectations'
+pandas engine (:class:`~spark_jobs.quality.pandas_engine.PandasRows`, in the Airflow task
+itself), which gives the same results from the same rows with the same suites, or raises
+:class:`~spark_jobs.quality.pandas_engine.NeedsSpark` before it validates anything.
+
+All new units of an output are validated together (one data source per stream,
 a batch definition, a suite, validation definitions and checkpoints with a Data Docs
 action). A screening run only counts (``BOOLEAN_ONLY``, which Great Expectations bundles
 into a few aggregations); only when a check fails does a detail run collect example
@@ -26,9 +32,11 @@ A failed table-level check fails every unit of the run. Data Docs go to ``<data 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +47,7 @@ from spark_jobs.plan import StreamPlan, has_ingestion, result_columns
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality import closing
 from spark_jobs.quality.ledger import Ledger
+from spark_jobs.quality.pandas_engine import NeedsSpark
 from spark_jobs.quality.rules import QualityRules, Target, rules_path, targets
 from spark_jobs.runtime.checkpoint import (
     read_query_checkpoint,
@@ -65,6 +74,8 @@ from spark_jobs.spec.models import (
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+    from spark_jobs.quality.pandas_engine import PandasRows
 
 log = logging.getLogger(__name__)
 
@@ -106,35 +117,14 @@ class UnknownRun(ValueError):
 
 
 class UnitScheme:
-    """How the rows of a window or period output fall into units: ``value`` is a row's unit
-    (its window's end; the start of its event-time period), ``key`` the unit's name."""
+    """How the rows of a window or period output fall into units: a row's unit is its window's
+    end (``window``), or the start of its event-time period (``period_ms`` long); ``key`` names
+    a unit. The engines select and count the rows by it (:class:`SparkRows`)."""
 
     def __init__(self, target: Target):
-        from pyspark.sql import functions as F
-
         self.kind = target.kind
-        self.column = F.col(target.unit_column)
+        self.name = target.unit_column
         self.period_ms = None if target.kind == "window" else int(target.unit_seconds * 1000)
-        self.value = self.column if self.period_ms is None else \
-            F.timestamp_millis(F.floor(F.unix_millis(self.column) / self.period_ms) * self.period_ms)
-
-    def closed_between(self, lo_ms: int | None, hi_ms: int) -> Column:
-        """The rows of the units that closed after ``lo_ms`` (None: from the first) up to
-        ``hi_ms``: a window by its end, a period once it has ended."""
-        from pyspark.sql import functions as F
-
-        if self.period_ms is None:
-            closed = self.column <= F.timestamp_millis(F.lit(hi_ms))
-            return closed if lo_ms is None else closed & (self.column > F.timestamp_millis(F.lit(lo_ms)))
-        p = self.period_ms
-        closed = self.column < F.timestamp_millis(F.lit(hi_ms // p * p))
-        return closed if lo_ms is None else closed & (self.column >= F.timestamp_millis(F.lit(lo_ms // p * p)))
-
-    def named(self, keys: list[str]) -> Column:
-        """The rows of the units named ``keys``."""
-        from pyspark.sql import functions as F
-
-        return F.unix_millis(self.value).isin([epoch_ms(k) for k in keys])
 
     def key(self, value: Any) -> str | None:
         if not isinstance(value, datetime):
@@ -150,20 +140,119 @@ class UnitScheme:
         return value, value + timedelta(milliseconds=self.period_ms)
 
 
+class SparkRows:
+    """The operations of a validation run on rows, with Spark (the ``spark-submit`` job)."""
+
+    engine = "spark"
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+
+    def plan(self, spec: StreamSpec, layout: Layout) -> StreamPlan:
+        return analysis.resolve_plan(self.spark, spec, layout)
+
+    def schema(self, plan: StreamPlan, output: Output) -> StructType:
+        return expected_schema(self.spark, plan, output.name)
+
+    def datasource(self, context: Any, name: str) -> Any:
+        return context.data_sources.add_or_update_spark(name=name)
+
+    def validating(self, frame: DataFrame) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def batch(self, frame: DataFrame) -> DataFrame:
+        return frame
+
+    # -- reading
+
+    def parquet(self, path: str) -> DataFrame | None:
+        return read_committed(self.spark, path)
+
+    def delta_latest_version(self, path: str) -> int | None:
+        return delta_sink.latest_version(self.spark, path)
+
+    def delta(self, path: str, version: int) -> DataFrame:
+        return delta_sink.read_version(self.spark, path, version)
+
+    def delta_last_batch(self, path: str, query_id: str | None, version: int) -> int | None:
+        return delta_sink.last_batch(self.spark, path, query_id, version)
+
+    def accepted_count(self, ingestion: Any, version: int) -> int:
+        return frames.accepted_batch(self.spark, ingestion, version).count()
+
+    # -- rows
+
+    def count(self, frame: DataFrame) -> int:
+        return frame.count()
+
+    def column_sum(self, frame: DataFrame, column: str) -> int:
+        return int(frame.agg({column: "sum"}).collect()[0][0] or 0)
+
+    def select(self, frame: DataFrame, names: list[str]) -> DataFrame:
+        return frame.select(*names)
+
+    def from_rows(self, rows: list[dict[str, Any]], schema: StructType) -> DataFrame:
+        return self.spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
+
+    def _value(self, scheme: UnitScheme) -> Column:
+        from pyspark.sql import functions as F
+
+        column = F.col(scheme.name)
+        if scheme.period_ms is None:
+            return column
+        return F.timestamp_millis(F.floor(F.unix_millis(column) / scheme.period_ms) * scheme.period_ms)
+
+    def closed_between(self, frame: DataFrame, scheme: UnitScheme, lo_ms: int | None, hi_ms: int) -> DataFrame:
+        """The rows of the units that closed after ``lo_ms`` (None: from the first) up to
+        ``hi_ms`` (a window by its end, a period once it has ended), and the rows without a unit."""
+        from pyspark.sql import functions as F
+
+        column = F.col(scheme.name)
+        if scheme.period_ms is None:
+            closed = column <= F.timestamp_millis(F.lit(hi_ms))
+            if lo_ms is not None:
+                closed = closed & (column > F.timestamp_millis(F.lit(lo_ms)))
+        else:
+            p = scheme.period_ms
+            closed = column < F.timestamp_millis(F.lit(hi_ms // p * p))
+            if lo_ms is not None:
+                closed = closed & (column >= F.timestamp_millis(F.lit(lo_ms // p * p)))
+        return frame.where(closed | column.isNull())
+
+    def named(self, frame: DataFrame, scheme: UnitScheme, keys: list[str]) -> DataFrame:
+        """The rows of the units named ``keys``, and the rows without a unit."""
+        from pyspark.sql import functions as F
+
+        named = F.unix_millis(self._value(scheme)).isin([epoch_ms(k) for k in keys])
+        return frame.where(named | F.col(scheme.name).isNull())
+
+    def count_units(self, frame: DataFrame, scheme: UnitScheme) -> list[tuple[datetime | None, int, datetime | None]]:
+        """Per unit: its value (a window's end, the start of a period), its rows and its first
+        window start; the rows without a unit under None."""
+        from pyspark.sql import functions as F
+
+        window = scheme.kind == "window"
+        starts = [F.min(WINDOW_START).alias("start")] if window else []
+        counts = frame.groupBy(self._value(scheme).alias("unit")).agg(F.count(F.lit(1)).alias("count"), *starts).collect()
+        return [(row["unit"], row["count"], row["start"] if window else None) for row in counts]
+
+
 class Validator:
     """One validation run of one stream."""
 
-    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, rules: QualityRules,
-                 run_id: str | None = None):
-        import great_expectations as gx
-
-        self.spark, self.spec, self.layout, self.rules = spark, spec, layout, rules
+    def __init__(self, spark: SparkSession | None, spec: StreamSpec, layout: Layout, rules: QualityRules,
+                 run_id: str | None = None, rows: SparkRows | PandasRows | None = None):
+        """``spark``: the session of the Spark engine; None with ``rows``, the engine (e.g.
+        :class:`~spark_jobs.quality.pandas_engine.PandasRows`)."""
+        if rows is None:
+            if spark is None:
+                raise ValueError("a Validator needs a Spark session or the engine that reads its rows")
+            rows = SparkRows(spark)
+        self.rows = rows
+        self.spec, self.layout, self.rules = spec, layout, rules
         self.run_id = run_id or f"{compact(datetime.now(UTC))}-{uuid.uuid4().hex[:6]}"
         self.dir = layout.quality_dir
         self.ledger = Ledger(self.dir / "ledger.json")
-        self.context = gx.get_context(mode="file", project_root_dir=str(self.dir))
-        self.context.variables.progress_bars = {"globally": False}
-        self.source = self.context.data_sources.add_or_update_spark(name=spec.name)
         self.rules_file = str(rules_path(layout.spec_dir, spec.name))
         self._suites: dict[str, Any] = {}  # stored once per run, shared by the screening and detail runs
         self._checkpoints: dict[str, Any] = {}
@@ -172,14 +261,44 @@ class Validator:
         #: validation and its accounting see the same rows
         self._versions: dict[str, int] = {}
 
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark engine's session (backfills and runs again are validated with Spark only)."""
+        if not isinstance(self.rows, SparkRows):
+            raise NeedsSpark("backfilled ranges and earlier runs are validated with Spark")
+        return self.rows.spark
+
+    @property
+    def spark_rows(self) -> SparkRows:
+        self.spark  # noqa: B018 - NeedsSpark with another engine
+        assert isinstance(self.rows, SparkRows)
+        return self.rows
+
+    @property
+    def engine(self) -> str:
+        return self.rows.engine
+
+    @cached_property
+    def context(self) -> Any:  # a Great Expectations FileDataContext
+        """The stream's Great Expectations project, opened when the first check runs."""
+        import great_expectations as gx
+
+        context = gx.get_context(mode="file", project_root_dir=str(self.dir))
+        context.variables.progress_bars = {"globally": False}
+        return context
+
+    @cached_property
+    def source(self) -> Any:  # a data source of the engine's kind, named for the stream
+        return self.rows.datasource(self.context, self.spec.name)
+
     @cached_property
     def plan(self) -> StreamPlan:
         """The stream's plan, resolved once per run (a transform is analyzed by Spark)."""
-        return analysis.resolve_plan(self.spark, self.spec, self.layout)
+        return self.rows.plan(self.spec, self.layout)
 
     def schema(self, output: Output) -> StructType:
         if output.name not in self._schemas:
-            self._schemas[output.name] = expected_schema(self.spark, self.plan, output.name)
+            self._schemas[output.name] = self.rows.schema(self.plan, output)
         return self._schemas[output.name]
 
     # ---- Great Expectations objects ----------------------------------------------------
@@ -260,16 +379,18 @@ class Validator:
         (example values, the unit of each failing row). Both results go to Data Docs.
         Returns output-level problems (freshness) and the Data Docs page of the result.
         """
-        screen = self.checkpoint(target, schema, label).run(batch_parameters={"dataframe": frame},
-                                                            expectation_parameters=parameters)
+        with self.rows.validating(frame):
+            screen = self.checkpoint(target, schema, label).run(batch_parameters={"dataframe": self.rows.batch(frame)},
+                                                                expectation_parameters=parameters)
         if screen.success:
             docs = next((self._docs_path(i) for i in screen.run_results), None)
             for u in units.values():
                 u["status"], u["docs"] = "passed", docs
             return [], docs
         detail = self.checkpoint(target, schema, label, detail=True)
-        return self._attribute(detail.run(batch_parameters={"dataframe": frame}, expectation_parameters=parameters),
-                               units, unit_of, target.unit_column)
+        with self.rows.validating(frame):
+            result = detail.run(batch_parameters={"dataframe": self.rows.batch(frame)}, expectation_parameters=parameters)
+        return self._attribute(result, units, unit_of, target.unit_column)
 
     def _attribute(self, result: Any, units: dict[str, dict[str, Any]], unit_of: Any,
                    unit_column: str | None) -> tuple[list[str], str | None]:
@@ -330,29 +451,38 @@ class Validator:
         whatever was written since."""
         path = self.layout.data(output.sink.path)
         if not isinstance(output.sink, DeltaSink):
-            return read_committed(self.spark, path), None
+            return self.rows.parquet(path), None
         if version is None:
             version = self._versions.get(output.name)
         if version is None:
-            version = delta_sink.latest_version(self.spark, path)
+            version = self.rows.delta_latest_version(path)
             if version is None:
                 return None, None
             self._versions[output.name] = version
-        return delta_sink.read_version(self.spark, path, version), version
+        return self.rows.delta(path, version), version
 
     # ---- closed units of the live sinks -------------------------------------------------------
 
     def validate_output(self, target: Target) -> dict[str, Any]:
+        return self.prepare_output(target)()
+
+    def prepare_output(self, target: Target) -> Callable[[], dict[str, Any]]:
+        """Read what closed in the output since the last run; the validation of it, to run.
+
+        Nothing is validated or recorded until it runs: an engine that cannot validate the rows
+        (:class:`~spark_jobs.quality.pandas_engine.NeedsSpark`) says so here, before any output's
+        validation has begun."""
         output = target.output
         ckpt = read_query_checkpoint(self._checkpoint_of(output), with_files=False)
         entry = self.ledger.output(output.name, ckpt.query_id)
         report: dict[str, Any] = {"output": output.name, "kind": target.kind, "units": [], "problems": []}
+        done = lambda: report  # noqa: E731
         if ckpt.last_committed is None:
             report["note"] = "no batch committed yet"
-            return report
+            return done
         schema = self.schema(output)
         if target.kind == "snapshot":
-            return self._validate_snapshot(target, schema, ckpt.query_id, entry, report)
+            return self._prepare_snapshot(target, schema, ckpt.query_id, entry, report)
 
         wm_ms = closing.closed(self.plan, target).through_ms or 0  # how far its units are final
         prev_ms = entry.get("watermark_ms")
@@ -363,48 +493,47 @@ class Validator:
         if frame is None or wm_ms <= 0 or (prev_ms is not None and wm_ms <= prev_ms):
             report["note"] = "no unit closed since the last run"
             self._check_stale(target, entry, wm_ms, report)
-            return report
+            return done
 
         units_of = UnitScheme(target)
-        batch = frame.where(units_of.closed_between(prev_ms, wm_ms) | units_of.column.isNull())
+        batch = self.rows.closed_between(frame, units_of, prev_ms, wm_ms)
         units, unplaced = self._count_units(units_of, batch, version)
         if not units and not unplaced:
             entry["watermark_ms"] = wm_ms
             report["note"] = "no rows in the units closed since the last run"
             self._check_stale(target, entry, wm_ms, report)
-            return report
+            return done
         if unplaced:
             report["problems"].append(_unplaced(target, unplaced))
         fresh_after = from_ms(wm_ms) - timedelta(seconds=target.freshness_seconds or 0)
-        started = time.monotonic()
-        problems, docs = self.validate_units(target, schema, batch, units, units_of.key,
-                                             {"fresh_after": fresh_after.replace(tzinfo=None)})
-        report["seconds"] = round(time.monotonic() - started, 2)
-        report["problems"] += [f"freshness: {p}" for p in problems]
-        report["units"] = sorted(units.values(), key=lambda u: u["unit"])
-        report["docs"] = docs
-        self.ledger.record_units(output.name, report["units"])
-        entry["watermark_ms"] = wm_ms
-        return report
 
-    def _count_units(self, units_of: UnitScheme, batch: DataFrame, version: int | None,
+        def validate() -> dict[str, Any]:
+            started = time.monotonic()
+            problems, docs = self.validate_units(target, schema, batch, units, units_of.key,
+                                                 {"fresh_after": fresh_after.replace(tzinfo=None)})
+            report["seconds"] = round(time.monotonic() - started, 2)
+            report["problems"] += [f"freshness: {p}" for p in problems]
+            report["units"] = sorted(units.values(), key=lambda u: u["unit"])
+            report["docs"] = docs
+            self.ledger.record_units(output.name, report["units"])
+            entry["watermark_ms"] = wm_ms
+            return report
+
+        return validate
+
+    def _count_units(self, units_of: UnitScheme, batch: Any, version: int | None,
                      ) -> tuple[dict[str, dict[str, Any]], int]:
         """The units ``batch`` holds rows of, each with its bounds and rows; and how many of its
         rows belong to no unit (no value in the unit column)."""
-        from pyspark.sql import functions as F
-
-        window = units_of.kind == "window"
-        starts = [F.min(WINDOW_START).alias("start")] if window else []
-        counts = batch.groupBy(units_of.value.alias("unit")).agg(F.count(F.lit(1)).alias("count"), *starts).collect()
         units: dict[str, dict[str, Any]] = {}
         unplaced = 0
-        for row in counts:
-            if row["unit"] is None:
-                unplaced += row["count"]
+        for value, count, first_start in self.rows.count_units(batch, units_of):
+            if value is None:
+                unplaced += count
                 continue
-            start, end = units_of.bounds(row["unit"], row["start"] if window else None)
-            key = units_of.key(row["unit"])
-            units[key] = self._unit_record(key, start, end, row["count"], version)
+            start, end = units_of.bounds(value, first_start)
+            key = units_of.key(value)
+            units[key] = self._unit_record(key, start, end, count, version)
         return units, unplaced
 
     def _check_stale(self, target: Target, entry: dict[str, Any], wm_ms: int, report: dict[str, Any]) -> None:
@@ -417,10 +546,10 @@ class Validator:
             report["problems"].append(f"freshness: the newest closed unit ends {newest}, {behind} before the "
                                       f"watermark (allowed: {timedelta(seconds=target.freshness_seconds)})")
 
-    def _validate_snapshot(self, target: Target, schema: StructType, query_id: str | None,
-                           entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    def _prepare_snapshot(self, target: Target, schema: StructType, query_id: str | None,
+                          entry: dict[str, Any], report: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         if isinstance(target.output.sink, DeltaSink):
-            return self._validate_delta_snapshot(target, schema, query_id, entry, report)
+            return self._prepare_delta_snapshot(target, schema, query_id, entry, report)
         writer = self._table_writer(target.output, schema, query_id)
         for _ in range(5):  # a batch applied while reading: read again
             applied = writer.applied_batches()
@@ -430,38 +559,41 @@ class Validator:
         last = applied[-1] if applied else None
         if last is None or last == entry.get("snapshot_batch"):
             report["note"] = "no batch applied since the last run"
-            return report
+            return lambda: report
         unit = f"batch {last}"
         units = {unit: self._unit_record(unit, None, None, len(rows))}
-        frame = self.spark.createDataFrame([tuple(r[f.name] for f in schema.fields) for r in rows], schema)
-        started = time.monotonic()
-        _, docs = self.validate_units(target, schema, frame, units, lambda _v: unit, {})
-        report["seconds"] = round(time.monotonic() - started, 2)
-        report["units"], report["docs"] = list(units.values()), docs
-        self.ledger.record_units(target.output.name, report["units"])
-        entry["snapshot_batch"] = last
-        return report
+        frame = self.rows.from_rows(rows, schema)
+        return self._snapshot_validation(target, schema, frame, units, unit, last, entry, report)
 
-    def _validate_delta_snapshot(self, target: Target, schema: StructType, query_id: str | None,
-                                 entry: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    def _prepare_delta_snapshot(self, target: Target, schema: StructType, query_id: str | None,
+                                entry: dict[str, Any], report: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         """A Delta table whole, as of its newest version: the unit is the last batch it holds."""
         output = target.output
         frame, version = self._sink_rows(output)
-        last = None if version is None else delta_sink.last_batch(
-            self.spark, self.layout.data(output.sink.path), query_id, version)
+        last = None if version is None else self.rows.delta_last_batch(
+            self.layout.data(output.sink.path), query_id, version)
         if frame is None or last is None or last == entry.get("snapshot_batch"):
             report["note"] = "no batch applied since the last run"
-            return report
+            return lambda: report
         unit = f"batch {last}"
         report["version"] = version
-        units = {unit: self._unit_record(unit, None, None, frame.count(), version)}
-        started = time.monotonic()
-        _, docs = self.validate_units(target, schema, frame.select(*schema.names), units, lambda _v: unit, {})
-        report["seconds"] = round(time.monotonic() - started, 2)
-        report["units"], report["docs"] = list(units.values()), docs
-        self.ledger.record_units(output.name, report["units"])
-        entry["snapshot_batch"] = last
-        return report
+        batch = self.rows.select(frame, list(schema.names))
+        units = {unit: self._unit_record(unit, None, None, self.rows.count(batch), version)}
+        return self._snapshot_validation(target, schema, batch, units, unit, last, entry, report)
+
+    def _snapshot_validation(self, target: Target, schema: StructType, frame: Any,
+                             units: dict[str, dict[str, Any]], unit: str, last: int, entry: dict[str, Any],
+                             report: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+        def validate() -> dict[str, Any]:
+            started = time.monotonic()
+            _, docs = self.validate_units(target, schema, frame, units, lambda _v: unit, {})
+            report["seconds"] = round(time.monotonic() - started, 2)
+            report["units"], report["docs"] = list(units.values()), docs
+            self.ledger.record_units(target.output.name, report["units"])
+            entry["snapshot_batch"] = last
+            return report
+
+        return validate
 
     def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
 
@@ -501,6 +633,16 @@ class Validator:
     def _checkpoint_of(self, output: Output) -> str:
         return closing.checkpoint_of(self.plan, output.name)
 
+    def _check_readable(self) -> None:
+        """Before anything is validated: every Delta table the run reads (the accepted rows', the
+        outputs') opens with the engine, at its newest version (which the run then reads)."""
+        if isinstance(self.rows, SparkRows) or self.plan.ingestion is None:
+            return
+        for path in self.plan.delta_tables.values():
+            version = self.rows.delta_latest_version(path)
+            if version is not None:
+                self.rows.delta(path, version)
+
     # ---- accounting ---------------------------------------------------------------------------
 
     def account(self) -> acc.StreamAccounting | None:
@@ -520,8 +662,8 @@ class Validator:
         ingested, ingestion_checkpoint = committed(INGEST_QUERY)
         accepted_rows, accepted_batch = self._accepted_table(ingested.through_batch, ingestion_checkpoint.query_id)
         quarantine_path = self.plan.ingestion.quarantine if self.plan.ingestion else None
-        quarantine = read_committed(self.spark, quarantine_path) if quarantine_path else None
-        quarantined = 0 if quarantine is None else quarantine.count()
+        quarantine = self.rows.parquet(quarantine_path) if quarantine_path else None
+        quarantined = 0 if quarantine is None else self.rows.count(quarantine)
         balances = [acc.ingestion_balance(
             ingested, accepted_rows, accepted_batch,
             quarantined, sink_last_batch(quarantine_path) if quarantine_path else ingested.through_batch)]
@@ -544,13 +686,13 @@ class Validator:
         ingestion = self.plan.ingestion
         assert ingestion is not None
         if not ingestion.accepted_is_delta:
-            frame = read_committed(self.spark, ingestion.accepted)
-            return (0 if frame is None else frame.count()), sink_last_batch(ingestion.accepted)
-        version = delta_sink.latest_version(self.spark, ingestion.accepted)
+            frame = self.rows.parquet(ingestion.accepted)
+            return (0 if frame is None else self.rows.count(frame)), sink_last_batch(ingestion.accepted)
+        version = self.rows.delta_latest_version(ingestion.accepted)
         if version is None:
             return 0, None
         self._versions[ACCEPTED_TABLE] = version
-        rows = frames.accepted_batch(self.spark, ingestion, version).count()
+        rows = self.rows.accepted_count(ingestion, version)
         last = delta_log.last_batch(ingestion.accepted, query=query_id, through=version)
         return rows, (ingested_through if last is None or last <= ingested_through else last)
 
@@ -563,15 +705,15 @@ class Validator:
             frame, version = self._sink_rows(output)
             if frame is None or version is None:
                 return 0, None
-            last = delta_sink.last_batch(self.spark, path, query_id, version)
+            last = self.rows.delta_last_batch(path, query_id, version)
             if measure == "rows":
-                return frame.count(), last
-            return int(frame.agg({column: "sum"}).collect()[0][0] or 0), last
+                return self.rows.count(frame), last
+            return self.rows.column_sum(frame, column), last
         if measure == "rows":
             assert isinstance(output.sink, ParquetSink)
             path = self.layout.data(output.sink.path)
-            frame = read_committed(self.spark, path)
-            return (0 if frame is None else frame.count()), sink_last_batch(path)
+            frame = self.rows.parquet(path)
+            return (0 if frame is None else self.rows.count(frame)), sink_last_batch(path)
         writer = self._table_writer(output, self.schema(output), query_id)
         for _ in range(5):
             applied = writer.applied_batches()
@@ -620,14 +762,14 @@ class Validator:
                 frame, _ = self._sink_rows(output, version)
                 assert frame is not None
                 if target.kind == "snapshot":  # one unit: the whole table
-                    batch, key = frame.select(*schema.names), keys[0]
-                    found, unplaced = {key: self._unit_record(key, None, None, batch.count(), version)}, 0
+                    batch, key = self.rows.select(frame, list(schema.names)), keys[0]
+                    found, unplaced = {key: self._unit_record(key, None, None, self.rows.count(batch), version)}, 0
 
                     def key_of(_value: Any, key: str = key) -> str:
                         return key
                 else:
                     units_of = UnitScheme(target)
-                    batch = frame.where(units_of.named(keys) | units_of.column.isNull())
+                    batch = self.spark_rows.named(frame, units_of, keys)
                     found, unplaced = self._count_units(units_of, batch, version)
                     key_of = units_of.key
             except Exception as exc:  # noqa: BLE001 - Delta's and Spark's own errors: a vacuumed version
@@ -663,6 +805,8 @@ class Validator:
         """Validate what closed since the last run; or a backfilled range (``backfill_label``);
         or, ``again``, the units that earlier run validated, as of the versions it read."""
         started = datetime.now(UTC)
+        if (backfill_label or again) and not isinstance(self.rows, SparkRows):
+            raise NeedsSpark("backfilled ranges and earlier runs are validated with Spark")
         found, skipped = targets(self.spec, self.rules, self._code_result_columns())
         outputs = []
         if again is not None:
@@ -671,10 +815,13 @@ class Validator:
                 if target.output.name in then:
                     outputs.append(self.validate_again(target, again, then.pop(target.output.name)))
             skipped += [f"{name}: validated by run {again}, but not an output validated now" for name in then]
-        else:
+        elif backfill_label:
             for target in found:
-                outputs.append(self.validate_backfill(target, backfill_label) if backfill_label
-                               else self.validate_output(target))
+                outputs.append(self.validate_backfill(target, backfill_label))
+        else:  # every output read first: an engine that cannot validate them says so before any is validated
+            self._check_readable()
+            prepared = [self.prepare_output(target) for target in found]
+            outputs = [validate() for validate in prepared]
         accounting = None if backfill_label or again else self.account()
         problems = [f"{o['output']}: {p}" for o in outputs for p in o["problems"]]
         for o in outputs:
@@ -687,14 +834,16 @@ class Validator:
             problems.append(f"nothing was validated again: no output that run {again} validated keeps versions "
                             f"(only Delta tables can be read as they were)")
         result = {
-            "stream": self.spec.name, "run_id": self.run_id, "started": iso(started), "finished": iso(datetime.now(UTC)),
+            "stream": self.spec.name, "run_id": self.run_id, "engine": self.engine,
+            "started": iso(started), "finished": iso(datetime.now(UTC)),
             "backfill": backfill_label, "again": again, "outputs": outputs, "skipped": skipped,
             "accounting": accounting.to_dict() if accounting else None, "problems": problems, "ok": not problems,
             "delta_versions": dict(self._versions),  # the one version of each Delta table this run read
             "docs": str(docs_index(self.spec, self.layout)), "summary": str(self.dir / "index.html"),
         }
         units = [u for o in outputs for u in o["units"]]
-        self.ledger.record_run({"run_id": self.run_id, "at": result["finished"], "backfill": backfill_label,
+        self.ledger.record_run({"run_id": self.run_id, "at": result["finished"], "engine": self.engine,
+                                "backfill": backfill_label,
                                 "units": len(units), "failed": sum(u["status"] == "failed" for u in units),
                                 "ok": result["ok"], "accounting": result["accounting"]}
                                | ({"again": again, "same": all(u.get("same") for u in units)} if again else {}))

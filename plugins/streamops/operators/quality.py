@@ -1,4 +1,5 @@
-"""The operator that validates a stream's sinks with Great Expectations."""
+"""The operator that validates a stream's sinks with Great Expectations: in its own task
+without a JVM when it can, else with ``spark-submit``."""
 
 from __future__ import annotations
 
@@ -28,11 +29,16 @@ class ValidateStreamOperator(SparkSubmitOperator):
     """Validate what a stream wrote: every unit closed since the last run, a backfilled range,
     or the units of an earlier run again.
 
-    Runs ``spark_jobs/quality_job.py`` with ``spark-submit`` (where: the Spark connection),
-    then reads the run's result: it logs what was validated and the accounting, and fails
-    with a readable summary (which checks, which units, how many rows, example values) when
-    a check failed, so the task's failure callback alerts. The stream itself is never
-    touched. Returns the run's counts (XCom).
+    What closed since the last run is validated here, in the task's own process, without a
+    JVM (``quality_job.run_without_spark``: pyarrow or deltalake and Great Expectations' pandas
+    engine; the same suites, results, ledger and Data Docs), unless that run needs Spark: a
+    transform or a SQL output, an expectation only Spark computes so, or more rows of an output
+    than the rules' ``pandas_max_rows`` (it says so before validating anything). Then, and for
+    a backfilled range or an earlier run again, it runs ``spark_jobs/quality_job.py`` with
+    ``spark-submit`` (where: the Spark connection). Either way it reads the run's result: it
+    logs what was validated and the accounting, and fails with a readable summary (which
+    checks, which units, how many rows, example values) when a check failed, so the task's
+    failure callback alerts. The stream itself is never touched. Returns the run's counts (XCom).
 
     :param stream: the stream's name. (templated)
     :param backfill_start: with ``backfill_end``, validate that backfilled range instead. (templated)
@@ -69,7 +75,37 @@ class ValidateStreamOperator(SparkSubmitOperator):
             self.application_args += ["--backfill", str(self.backfill_start), str(self.backfill_end)]
         elif again:
             self.application_args += ["--again", again]
+        elif self.validate_here(hook, result_file):
+            return self.report(result_file)
         super().execute(context)
+        return self.report(result_file)
+
+    def validate_here(self, hook: StreamHook, result_file: Path) -> bool:
+        """Validate what closed since the last run in this process, without Spark, writing the
+        result; False (nothing validated) when the run needs Spark."""
+        from spark_jobs.quality.pandas_engine import NeedsSpark
+        from spark_jobs.quality.rules import load_rules
+        from spark_jobs.quality_job import run_without_spark
+        from spark_jobs.spec.models import SpecError
+
+        try:
+            result = run_without_spark(hook.spec, hook.layout, load_rules(hook.spec, hook.spec_dir))
+        except NeedsSpark as exc:
+            self.log.info("validating %s with Spark (spark-submit): %s", self.stream, exc)
+            return False
+        except SpecError as exc:
+            raise AirflowFailException(str(exc)) from None
+        except Exception as exc:  # whatever went wrong without Spark, the Spark job may still validate
+            # the ledger is saved last: a run that failed here recorded nothing, and Spark's run takes it all up
+            self.log.warning("validating %s without Spark failed (%s: %s); validating with Spark (spark-submit)",
+                             self.stream, type(exc).__name__, exc, exc_info=True)
+            return False
+        result_file.parent.mkdir(parents=True, exist_ok=True)
+        result_file.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+        return True
+
+    def report(self, result_file: Path) -> dict[str, Any]:
+        """Log a run's result; fail with its problems, or return its counts."""
         try:
             result = json.loads(result_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -90,7 +126,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
                 f"Summary: {STREAMS_URL}/{self.stream}/quality/ in the Airflow UI ({result['summary']}).")
         return {"stream": self.stream, "units": len(units), "failed": len(failed),
                 "rows": sum(u["rows"] for u in units), "accounting": (result.get("accounting") or {}).get("ok"),
-                "summary": result["summary"]}
+                "summary": result["summary"], "engine": result.get("engine", "spark")}
 
 
 def point_job(op: SparkSubmitOperator, context: Context, folder: Path, stream: str, spec_dir: str | None,

@@ -8,15 +8,19 @@ sinks' assets, runs on it: validation follows new output instead of a clock.
 An event names the units that closed (windows, event-time periods, or a table's new batch;
 decided by :mod:`spark_jobs.quality.closing`, from the checkpoint alone) since the last
 event, or since the last validation when there was none. At most one event per sink per
-``min_interval`` of the rules: units closing meanwhile go into the next one. What was
-announced is kept in ``<quality dir>/announced.json``, so a restarted triggerer neither
-repeats nor loses an announcement.
+``min_interval`` of the rules (default 10 seconds): units closing meanwhile go into the next
+one. What was announced is kept in ``<quality dir>/announced.json``, so a restarted
+triggerer neither repeats nor loses an announcement.
+
+The watcher polls every ``poll_seconds`` (default 2): a check reads the checkpoint's newest
+files only; the spec and rules are parsed again only when their files change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,11 +32,13 @@ from spark_jobs.runtime.files import write_atomically
 
 
 class SinkUnitsTrigger(BaseEventTrigger):
-    def __init__(self, stream: str, output: str, poll_seconds: float = 5.0, spec_dir: str | None = None,
+    def __init__(self, stream: str, output: str, poll_seconds: float = 2.0, spec_dir: str | None = None,
                  data_root: str | None = None) -> None:
         super().__init__()
         self.stream, self.output, self.poll_seconds = stream, output, poll_seconds
         self.spec_dir, self.data_root = spec_dir, data_root
+        #: the spec and rules as last read, with the state of their files then
+        self._loaded: tuple[Any, tuple[Any, ...]] | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -45,19 +51,10 @@ class SinkUnitsTrigger(BaseEventTrigger):
         soon after the last one). Records what it announces."""
         from spark_jobs.quality.closing import Closed, announcement, closed
         from spark_jobs.quality.ledger import read_ledger
-        from spark_jobs.quality.rules import Target, load_rules, targets
         from spark_jobs.spec.models import duration_seconds
-        from streamops.hooks.stream import StreamHook
 
         now = time.time() if now is None else now
-        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
-        spec, layout = hook.spec, hook.layout
-        rules = load_rules(spec, hook.spec_dir)
-        output = spec.output(self.output)
-        # an output validation cannot cut into units (a SQL or Python result, known to Spark only):
-        # announced per committed batch, like a table
-        target = next((t for t in targets(spec, rules)[0] if t.output.name == self.output),
-                      Target(output, "snapshot", None, None, None, [], []))
+        hook, layout, rules, target = self._sink()
         state_file = layout.quality_dir / "announced.json"
         state = _read(state_file)
         mine = state.get(self.output)
@@ -76,6 +73,28 @@ class SinkUnitsTrigger(BaseEventTrigger):
         write_atomically(state_file, json.dumps(state, indent=1))
         return {"stream": self.stream, **event, "announced_at": now}
 
+    def _sink(self) -> tuple[Any, Any, Any, Any]:
+        """The stream's hook, layout, rules and the sink's validation target, read again only
+        when the spec or rules file changed (parsing them is most of a check's work)."""
+        from spark_jobs.quality.rules import Target, load_rules, rules_path, targets
+        from streamops.hooks.stream import StreamHook
+
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        files = (hook.spec_dir / f"{self.stream}.yaml", rules_path(hook.spec_dir, self.stream))
+        state = tuple(_stat(f) for f in files)
+        if self._loaded is not None and self._loaded[1] == state:
+            return self._loaded[0]
+        spec = hook.spec
+        rules = load_rules(spec, hook.spec_dir)
+        output = spec.output(self.output)
+        # an output validation cannot cut into units (a SQL or Python result, known to Spark only):
+        # announced per committed batch, like a table
+        target = next((t for t in targets(spec, rules)[0] if t.output.name == self.output),
+                      Target(output, "snapshot", None, None, None, [], []))
+        loaded = (hook, hook.layout, rules, target)
+        self._loaded = (loaded, state)
+        return loaded
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             try:
@@ -88,6 +107,14 @@ class SinkUnitsTrigger(BaseEventTrigger):
                 self.log.info("stream %s: units of %s closed: %s", self.stream, self.output, payload)
                 yield TriggerEvent(payload)
             await asyncio.sleep(self.poll_seconds)
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_mtime_ns, found.st_size, found.st_ino
 
 
 def _read(path: Path) -> dict[str, Any]:

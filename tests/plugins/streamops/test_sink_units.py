@@ -36,9 +36,30 @@ def test_units_closing_within_the_interval_wait_for_the_next_event(data_root: Pa
     # announced just now, before the table's first batch
     state.write_text(json.dumps({"device_status": {"through_ms": None, "batch": None, "at": 1_900_000_000.0}}))
     trigger = SinkUnitsTrigger("sensors", "device_status", data_root=str(data_root))
-    assert trigger.check(now=1_900_000_000.0 + 60) is None  # min_interval of the rules: 2 minutes
-    later = trigger.check(now=1_900_000_000.0 + 121)
+    assert trigger.check(now=1_900_000_000.0 + 9) is None  # min_interval of the rules: 10 seconds
+    later = trigger.check(now=1_900_000_000.0 + 11)
     assert later is not None and later["units"] == [f"batch {later['batch']}"]
+
+
+def test_an_edited_rules_file_counts_at_the_next_poll(data_root: Path, tmp_path: Path) -> None:
+    """The spec and rules are parsed once, and again when their files change."""
+    import shutil
+
+    import yaml
+
+    from spark_jobs.spec.layout import default_spec_dir
+
+    include = tmp_path / "include"
+    shutil.copytree(default_spec_dir().parent, include)
+    state = data_root / "quality" / "sensors" / "announced.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"device_status": {"through_ms": None, "batch": None, "at": 1_900_000_000.0}}))
+    trigger = SinkUnitsTrigger("sensors", "device_status", spec_dir=str(include / "streams"), data_root=str(data_root))
+    assert trigger.check(now=1_900_000_000.0 + 5) is None
+    rules_file = include / "expectations" / "sensors.yaml"
+    rules_file.write_text(yaml.safe_dump({**yaml.safe_load(rules_file.read_text()), "min_interval": "1 hour"}))
+    assert trigger.check(now=1_900_000_000.0 + 60) is None  # the hour counts now, without a new trigger
+    assert trigger.poll_seconds == 2.0
 
 
 def test_without_an_announcement_the_last_validation_is_the_baseline(data_root: Path) -> None:

@@ -161,10 +161,12 @@ def test_validation_follows_new_output_at_most_once_per_interval_with_an_optiona
 
     spec = load_spec(default_spec_dir() / "sensors.yaml")
     rules = parse_rules({}, spec)
-    assert (rules.on_new_output, rules.min_interval, rules.schedule) == (True, "2 minutes", None)
+    assert (rules.on_new_output, rules.min_interval, rules.schedule) == (True, "10 seconds", None)
+    assert rules.pandas_max_rows == 100_000 and parse_rules({"pandas_max_rows": 0}, spec).pandas_max_rows == 0
     assert parse_rules({"schedule": "@hourly", "min_interval": "30 seconds"}, spec).schedule == "@hourly"
     assert parse_rules({"schedule": "@once", "on_new_output": False}, spec).schedule == "@once"
     for bad, says in (({"schedule": "@once"}, "cannot run beside on_new_output"),
-                      ({"min_interval": "soon"}, "min_interval"), ({"min_interval": "0 seconds"}, "min_interval")):
+                      ({"min_interval": "soon"}, "min_interval"), ({"min_interval": "0 seconds"}, "min_interval"),
+                      ({"pandas_max_rows": -1}, "pandas_max_rows")):
         with pytest.raises(SpecError, match=says):
             parse_rules(bad, spec)

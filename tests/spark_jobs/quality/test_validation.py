@@ -428,7 +428,7 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     assert all(u["same"] and u["then"]["run"] == first for o in repeated["outputs"] for u in o["units"])
     assert json.loads(ledger.read_text())["outputs"] == units_before  # the ledger's units are the first runs'
     assert json.loads(ledger.read_text())["runs"][-1] | {"at": None} == {
-        "run_id": repeated["run_id"], "at": None, "backfill": None, "units": sum(len(u) for u in answers(
+        "run_id": repeated["run_id"], "at": None, "engine": "spark", "backfill": None, "units": sum(len(u) for u in answers(
             result["outputs"]).values()), "failed": 0, "ok": True, "accounting": None, "again": first, "same": True}
 
     # with a rule that every row of readings now breaks, the same rows give another answer
