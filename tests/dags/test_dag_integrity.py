@@ -61,7 +61,7 @@ def test_quality_runs_when_units_of_the_sinks_close_and_after_every_backfill(bag
     for asset in assets.values():
         (watcher,) = asset.watchers
         assert isinstance(watcher.trigger, SinkUnitsTrigger) and watcher.trigger.output == asset.extra["output"]
-    assert "at most one event per sink per 2 minutes" in quality.doc_md
+    assert "at most one event per sink per 10 seconds" in quality.doc_md  # the rules' min_interval
     assert isinstance(quality.task_dict["validate"], ValidateStreamOperator)
     assert quality.task_dict["validate"].again == "{{ params.again or '' }}"  # an earlier run, validated again
     assert quality.params["again"] is None
