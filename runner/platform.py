@@ -5,11 +5,11 @@ quality DAGs validate what they wrote, Airflow stops, the broker stops)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 from runner.airflow import AirflowServices
 from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
-from runner.summary import summarize, verify_sinks
+from runner.summary import summarize
 from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import KafkaSource, StreamSpec
@@ -58,10 +58,10 @@ class Platform:
                                        extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
         self.generators: dict[str, subprocess.Popen] = {}
         self.quality_runs: dict[str, list[dict[str, Any]]] = {}
-        #: every sink against the ground truth (runner.summary.verify_sinks), checked on a thread of its own
-        #: once the streams stopped, while the validation runs and Airflow stops
-        self.verified: dict[str, Any] | None = None
-        self._verifying: threading.Thread | None = None
+        #: every sink against the ground truth (``python -m runner.summary``), checked in a process of its own
+        #: once the streams stopped, while the validation runs and Airflow stops; its answer's file
+        self._verifying: subprocess.Popen | None = None
+        self._verified_file = data_root / "logs" / "verified.json"
         self.started_at = time.time()
         self.deployed = False
         self.interrupts = 0
@@ -196,20 +196,18 @@ class Platform:
                 hook.kill_driver()
                 hook.wait_for_exit(30)
         if self.deployed:  # the sinks are final: checked against the ground truth while the rest stops
-            self._verifying = threading.Thread(target=self._verify_sinks, name="verify-sinks", daemon=True)
-            self._verifying.start()
+            log = open(self.data_root / "logs" / "summary-spark.log", "ab")  # the process's; closed here once it has it
+            self._verifying = subprocess.Popen(
+                [sys.executable, "-m", "runner.summary", "--spec-dir", str(self.spec_dir), "--data-root",
+                 str(self.data_root), "--out", str(self._verified_file)], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            log.close()
         if graceful and not second_interrupt():
             # after the streams stopped: the validation has the machine to itself
             self.out("==> validating what the streams wrote (quality DAGs)")
             self.run_dags({dag_id(name, "quality"): {} for name in sorted(self.specs)}, 600, second_interrupt)
         if self.deployed:
             self.quality_runs = self._quality_runs()
-
-    def _verify_sinks(self) -> None:
-        try:
-            self.verified = verify_sinks(self.specs, self.layouts, self.data_root)
-        except Exception as exc:  # said; the summary then checks the sinks itself
-            self.out(f"    could not check the sinks while shutting down: {exc}")
 
     def _quality_runs(self) -> dict[str, list[dict[str, Any]]]:
         """The quality DAGs' runs (before Airflow stops): how validation was started, and how it went."""
@@ -230,7 +228,7 @@ class Platform:
         def settled() -> bool:
             healths = {name: assess(self.specs[name], self.layouts[name]) for name in sorted(pending)}
             for name, health in healths.items():
-                if health.status == Status.IDLE:
+                if health.status == Status.IDLE and not self._watermarks_to_catch_up(name):
                     pending.discard(name)
                     self.out(f"    {name}: took everything that arrived ({_batches(health)})")
                 elif health.status in (Status.DEAD, Status.CORRUPT, Status.BLOCKED):
@@ -249,6 +247,16 @@ class Platform:
         wait_until(settled, timeout, interrupted=interrupted)
         for name in sorted(pending):
             self.out(f"    {name} has not caught up: {assess(self.specs[name], self.layouts[name]).summary()}")
+
+    def _watermarks_to_catch_up(self, name: str) -> list[str]:
+        """The stream's queries that owe a batch only moving their watermark (its windows that the
+        input already closed are not emitted yet): stopping now would leave them out of the sinks."""
+        from spark_jobs.plan import compile_plan
+        from spark_jobs.runtime.checkpoint import watermark_to_catch_up
+
+        plan = compile_plan(self.specs[name], self.layouts[name])
+        return [o.name for o in plan.queried_outputs  # those whose windows the watermark emits
+                if o.emits_by_watermark and watermark_to_catch_up(o.checkpoint)]
 
     def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,
                  interrupted: Callable[[], bool]) -> dict[str, str]:
@@ -296,6 +304,9 @@ class Platform:
     def summary(self) -> dict[str, Any]:
         """Per stream: the accounting measured by the quality DAG, every sink against the ground truth,
         restarts in this run and the units validated (:func:`runner.summary.summarize`)."""
-        if self._verifying is not None:
-            self._verifying.join()
-        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs, self.verified)
+        verified = None
+        if self._verifying is not None and self._verifying.wait() == 0:
+            verified = json.loads(self._verified_file.read_text())
+        elif self._verifying is not None:  # said; the summary checks the sinks itself
+            self.out(f"    the sinks' check while shutting down failed (see {self.data_root / 'logs'}); checking again")
+        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs, verified)

@@ -122,3 +122,25 @@ def describe_summary(summary: dict[str, Any]) -> list[str]:
                      f"data quality: {'passed' if s['quality_ok'] else 'FAILED or not run'}")
     return lines
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runner.summary --spec-dir D --data-root R --out F``: :func:`verify_sinks` in a
+    process of its own (its JVM's output stays out of the runner's terminal), its answer in ``F``."""
+    import argparse
+
+    from spark_jobs.spec.loading import load_specs
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--spec-dir", type=Path, required=True)
+    p.add_argument("--data-root", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    specs, _errors = load_specs(args.spec_dir)
+    layouts = {name: Layout(spec, args.data_root, args.spec_dir) for name, spec in specs.items()}
+    args.out.write_text(json.dumps(verify_sinks(specs, layouts, args.data_root), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -181,6 +181,23 @@ def batch_watermark_ms(checkpoint: str | os.PathLike[str], batch: int) -> int | 
         return None
 
 
+def watermark_to_catch_up(checkpoint: str | os.PathLike[str]) -> bool:
+    """Whether the query owes a batch that only moves its watermark: its last committed batch
+    ran with an older watermark than the one it committed for the next (``nextBatchWatermarkMs``),
+    so Spark runs one more batch, without data, which emits the windows the newer watermark
+    closes. Until then an append-mode window output lags what its input already decided."""
+    last = last_batch(checkpoint, "commits")
+    if last is None:
+        return False
+    try:
+        committed = json.loads(_read_log_file(Path(checkpoint) / "commits" / str(last))[1])
+        following = int(committed["nextBatchWatermarkMs"])
+    except (OSError, UnicodeDecodeError, IndexError, KeyError, TypeError, ValueError):
+        return False
+    ran = batch_watermark_ms(checkpoint, last)
+    return ran is not None and following > ran
+
+
 def source_log_offset(checkpoint: str | os.PathLike[str], batch: int, source: int = 0) -> int | None:
     """The file source's own log id that stream batch ``batch`` read up to (its offsets entry).
 

@@ -95,3 +95,19 @@ def test_rows_waiting_are_estimated_from_a_sample_of_the_waiting_files(tmp_path:
     assert estimate_rows(landing, waiting, header=True, sample=2) == 30  # 2 files read, 3 files' bytes
     assert estimate_rows(landing, waiting, header=False) == 33
     assert estimate_rows(landing, [], header=True) is None
+
+
+def test_a_query_owes_a_batch_while_its_next_watermark_is_newer_than_its_last_batch_s(tmp_path: Path) -> None:
+    from spark_jobs.runtime.checkpoint import watermark_to_catch_up
+
+    def batch(n: int, ran: int, following: int) -> None:
+        for log, line in (("offsets", f'{{"batchWatermarkMs":{ran},"batchTimestampMs":1,"conf":{{}}}}\n{{}}'),
+                          ("commits", f'{{"nextBatchWatermarkMs":{following}}}')):
+            (tmp_path / log).mkdir(exist_ok=True)
+            (tmp_path / log / str(n)).write_text(f"v1\n{line}")
+
+    assert not watermark_to_catch_up(tmp_path)  # nothing committed
+    batch(0, 0, 60_000)
+    assert watermark_to_catch_up(tmp_path)  # the next batch, without data, emits what 60 s closes
+    batch(1, 60_000, 60_000)
+    assert not watermark_to_catch_up(tmp_path)
