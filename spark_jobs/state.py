@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("state")
 
+#: the state store's upkeep off: loaded for reading, a store would otherwise be kept up by Spark's
+#: maintenance task, which writes snapshots into (and deletes old files from) the live checkpoint
+READ_ONLY = {"spark.sql.streaming.stateStore.maintenanceInterval": "3650d",
+             "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1000000000"}
 #: the open windows listed per operator (oldest first); the counts cover them all
 WINDOWS_LISTED = 50
 #: the value field that a deduplication within the watermark keeps per key
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from spark_jobs.runtime.session import build_session
 
-    spark = build_session(f"state:{spec.name}", spec)
+    spark = build_session(f"state:{spec.name}", spec, extra=READ_ONLY)
     try:
         result = inspect(spark, compile_plan(spec, layout), layout)
     finally:
