@@ -257,7 +257,7 @@ def as_on_spark(types: StructType) -> Iterator[None]:
             return validate(self, metrics, runtime_configuration, execution_engine)
         name = self.configuration.kwargs.get("column")
         # a missing column raises here as it does on Spark (GX reports the exception)
-        [t for t in metrics.get("table.column_types", []) if t["name"] == name][0]  # noqa: B018
+        [t for t in metrics.get("table.column_types", []) if t["name"] == name][0]
         return self._validate_spark(actual_column_type=columns[name],
                                     expected_type=self.configuration.kwargs.get("type_"))
 

@@ -94,7 +94,7 @@ def read_committed(spark: SparkSession, path: str) -> DataFrame | None:
     """A Parquet sink's committed rows, or None if nothing was committed yet."""
     try:
         return spark.read.parquet(path)
-    except Exception as exc:  # noqa: BLE001 - an absent sink has nothing to validate
+    except Exception as exc:  # an absent sink has nothing to validate
         text = f"{getattr(exc, 'getCondition', lambda: '')()} {exc}"
         if "PATH_NOT_FOUND" in text or "UNABLE_TO_INFER_SCHEMA" in text:
             return None
@@ -320,11 +320,11 @@ class Validator:
         for exp, kwargs, meta, where in checks:
             try:
                 cls = get_expectation_impl(exp)
-            except Exception:  # noqa: BLE001 - GE raises its own error types
+            except Exception:  # GE raises its own error types
                 raise SpecError(self.rules_file, [(where or exp, f"{exp!r} is not a Great Expectations expectation")]) from None
             try:
                 made.append(cls(**kwargs, meta=meta))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise SpecError(self.rules_file, [(where or exp, f"invalid arguments for {exp}: {exc}")]) from None
         if target.freshness_seconds and target.unit_column:
             made.append(get_expectation_impl("expect_column_max_to_be_between")(
@@ -430,7 +430,7 @@ class Validator:
     def _docs_path(self, identifier: Any) -> str | None:
         try:
             url = self.context.get_docs_sites_urls(resource_identifier=identifier)[0]["site_url"]
-        except Exception:  # noqa: BLE001 - a missing link must not fail the validation
+        except Exception:  # a missing link must not fail the validation
             return None
         root = str(docs_index(self.spec, self.layout).parent)
         path = url.removeprefix("file://")
@@ -772,7 +772,7 @@ class Validator:
                     batch = self.spark_rows.named(frame, units_of, keys)
                     found, unplaced = self._count_units(units_of, batch, version)
                     key_of = units_of.key
-            except Exception as exc:  # noqa: BLE001 - Delta's and Spark's own errors: a vacuumed version
+            except Exception as exc:  # Delta's and Spark's own errors: a vacuumed version
                 first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                 report["problems"].append(f"version {version} of {path} cannot be read again "
                                           f"(a vacuum may have deleted its files): {first}")

@@ -99,7 +99,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         while True:
             try:
                 payload = await asyncio.to_thread(self.check)
-            except Exception as exc:  # noqa: BLE001 - a bad spec or an unreadable file: said, and tried again
+            except Exception as exc:  # a bad spec or an unreadable file: said, and tried again
                 self.log.warning("stream %s, sink of %s: cannot tell which units closed: %s",
                                  self.stream, self.output, exc)
                 payload = None

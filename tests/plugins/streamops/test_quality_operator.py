@@ -36,7 +36,7 @@ def run(tmp_path: Path, outcome: dict, **kwargs) -> tuple[ValidateStreamOperator
                                 data_root=str(tmp_path), **kwargs)
     seen = {}
 
-    def submit(self, context) -> None:  # noqa: ANN001 - stands in for SparkSubmitOperator.execute
+    def submit(self, context) -> None:  # stands in for SparkSubmitOperator.execute
         seen["command"] = self._get_hook()._build_spark_submit_command(self.application)
         out = Path(self.application_args[self.application_args.index("--result") + 1])
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,7 @@ def test_the_trigger_runs_in_the_triggerers_loop_and_serializes(data_root: Path)
     assert classpath == "streamops.triggers.sink_units.SinkUnitsTrigger"
     assert SinkUnitsTrigger(**kwargs).output == "device_status"
 
-    async def first_event():  # noqa: ANN202
+    async def first_event():
         events = trigger.run()
         try:
             return await asyncio.wait_for(anext(events), timeout=30)

@@ -26,7 +26,7 @@ from spark_jobs.testdata import generate
 INCLUDE = default_spec_dir().parent
 
 
-def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
+def run_as_the_job(spark, spec, layout: Layout) -> None:
     """Process what waits (available-now), writing progress and ingestion events as the job does."""
     plan = analysis.resolve_plan(spark, spec, layout)
     events = EventLog(layout.events_file)
@@ -47,7 +47,7 @@ def run_as_the_job(spark, spec, layout: Layout) -> None:  # noqa: ANN001
 
 
 @pytest.fixture
-def job_run(spark):  # noqa: ANN001, ANN201
+def job_run(spark):
     """:func:`run_as_the_job` with the shared session."""
     return lambda spec, layout: run_as_the_job(spark, spec, layout)
 

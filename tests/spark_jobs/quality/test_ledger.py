@@ -23,7 +23,7 @@ with run_lock(sys.argv[1]):
 """
 
 
-def test_a_second_run_waits_for_the_lock_until_the_first_ends(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+def test_a_second_run_waits_for_the_lock_until_the_first_ends(tmp_path: Path, caplog) -> None:
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
