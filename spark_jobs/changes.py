@@ -266,9 +266,10 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
             return j.result()
         _against_state(j, output, checkpoint, watermark)
         q = output.query
-        if isinstance(q, Aggregation) and q.window is not None:
-            j.change(UNKNOWN, "query.window", "no plan of the last start (_control/plan.json) to compare the window "
-                                              "with, and the state does not say its size")
+        if isinstance(q, Aggregation) and q.window is not None and j.verdict == UNCHANGED:
+            # a checkpoint some tool made without the plan (the platform's own starts always keep it)
+            j.change(COMPATIBLE, "query.window", "no plan of the last start (_control/plan.json) to compare the "
+                                                 "window's size with; the state's keys and watermark agree")
         elif j.verdict == UNCHANGED:
             j.change(COMPATIBLE, "(plan)", "no plan of the last start to compare with; the checkpoint's state agrees")
         return j.result()
