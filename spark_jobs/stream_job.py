@@ -161,10 +161,10 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         refused = changes.blocking(verdicts)
         if refused:  # resumed under its checkpoint, a sink would mix old and new results
             log.error("stream %s: the spec changed in ways its checkpoint cannot honestly resume; nothing started. "
-                      "Run the stream's upgrade, or restore the spec. Per flow:\n%s", spec.name,
+                      "Restore the spec, or carry the change out as docs/changes.md says. Per flow:\n%s", spec.name,
                       changes.report(verdicts))
             events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
-                          "error": "spec changed: run the upgrade\n" + changes.report(refused)[:3800],
+                          "error": "spec changed: an upgrade is needed (docs/changes.md)\n" + changes.report(refused)[:3800],
                           "verdicts": {v.flow: v.verdict for v in verdicts}})
             code = EXIT_BAD_SPEC
             return code

@@ -254,7 +254,8 @@ def _refused_change(spec: StreamSpec, layout: Layout, plan: StreamPlan) -> list[
         return []
     flows = "; ".join(f"{'ingestion' if v.flow == INGEST_QUERY else v.flow}: {v.verdict}"
                       + (f" ({v.reasons[0]})" if v.reasons else "") for v in refused)
-    return [f"spec changed: run the upgrade. A driver refuses to resume its checkpoint with it: {flows}"]
+    return [f"spec changed: an upgrade is needed (docs/changes.md). A driver refuses to resume its checkpoint with "
+             f"it: {flows}"]
 
 
 #: how long the health of a Kafka stream waits for the broker

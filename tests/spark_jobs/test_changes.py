@@ -194,7 +194,7 @@ def test_a_refused_change_shows_the_stream_blocked_until_the_spec_is_restored(sp
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC
     spec = load_spec(spec_file)
     health = assess(spec, Layout(spec, data, spec_file.parent))
-    assert health.status == Status.BLOCKED and health.reason.startswith("spec changed: run the upgrade"), health.reason
+    assert health.status == Status.BLOCKED and health.reason.startswith("spec changed: an upgrade is needed"), health.reason
     assert "site_temperature_10m: rebuild" in health.reason and "query.window" in health.reason
     spec_file.write_text(original)  # the operator puts the spec back: the stream may start again
     spec = load_spec(spec_file)
