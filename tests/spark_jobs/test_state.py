@@ -90,9 +90,13 @@ def test_the_deduplication_s_keys_and_a_stateless_flow(spark, stream) -> None:
     assert set(found["flows"]) == {"_ingest", "site_temperature_10m", "device_status"}  # readings keeps none
 
 
-def test_the_job_writes_the_state_beside_the_checkpoint_and_leaves_the_checkpoint_as_it_was(stream, tmp_path) -> None:
+def test_the_job_writes_the_state_beside_the_checkpoint_and_leaves_the_checkpoint_as_it_was(spark, stream,
+                                                                                            tmp_path) -> None:
     spec, layout = stream
     checkpoint = Path(layout.checkpoint_root)
+    # the tests' own session keeps the run's state stores loaded, and Spark's maintenance would write
+    # their snapshots into this checkpoint meanwhile: unloaded, only the job can touch it
+    getattr(spark._jvm.org.apache.spark.sql.execution.streaming.state, "StateStore$").__getattr__("MODULE$").stop()
 
     def files() -> dict[str, bytes]:
         return {str(p.relative_to(checkpoint)): p.read_bytes() for p in sorted(checkpoint.rglob("*"))
