@@ -30,8 +30,12 @@ def test_the_listener_writes_a_querys_start_progress_and_end_under_the_outputs_n
         query = (frame.writeStream.queryName("s__out").format("noop").trigger(availableNow=True)
                  .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
         query.awaitTermination(60)
-        # Spark's listener bus delivers the events on a thread of its own: wait for both kinds
-        events = _events_until(path, lambda es: {"progress", "terminated"} <= {e["event"] for e in es})
+        # Spark's listener bus delivers the events on a thread of its own: wait for both kinds. The
+        # tests' shared session may also end another test's query meanwhile: keep this run's events
+        def ours(events: list[dict]) -> list[dict]:
+            return [e for e in events if e["run_id"] == str(query.runId)]
+
+        events = ours(_events_until(path, lambda es: {"progress", "terminated"} <= {e["event"] for e in ours(es)}))
     finally:
         listener.remove(spark)
 
@@ -57,7 +61,8 @@ def test_a_removed_listener_writes_nothing_more(spark, tmp_path) -> None:
         query = (frame.writeStream.format("noop").trigger(availableNow=True)
                  .option("checkpointLocation", str(tmp_path / "checkpoint")).start())
         query.awaitTermination(60)
-        _events_until(tmp_path / "marker.jsonl", lambda es: any(e["event"] == "terminated" for e in es))
+        _events_until(tmp_path / "marker.jsonl",
+                      lambda es: any(e["event"] == "terminated" and e["id"] == str(query.id) for e in es))
     finally:
         marker.remove(spark)
     assert not path.exists() or list(read_events(path)) == []
