@@ -34,8 +34,9 @@ from pathlib import Path
 from runner.platform import Platform
 from runner.processes import port_is_free
 from runner.summary import describe_summary
+from spark_jobs import changes
 from spark_jobs.plan import compile_plan
-from spark_jobs.runtime.checkpoint import refuse_incompatible
+from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
 from spark_jobs.spec.layout import Layout, default_spec_dir, project_root
 from spark_jobs.spec.loading import load_specs
 from spark_jobs.spec.models import StreamSpec
@@ -68,10 +69,19 @@ def unresumable(specs: dict[str, StreamSpec], spec_dir: Path, data_root: Path) -
     problems = []
     for spec in specs.values():
         layout = Layout(spec, data_root, spec_dir)
+        plan = compile_plan(spec, layout)
         try:
-            refuse_incompatible(compile_plan(spec, layout), layout)
+            refuse_incompatible(plan, layout)
         except RuntimeError as exc:
             problems.append(str(exc))
+            continue
+        spec_file = str(spec_dir / f"{spec.name}.yaml")
+        refused = changes.blocking(changes.judge(plan, previous_plan(layout), spec_file,
+                                                 spec.event_time.watermark if spec.event_time else None))
+        if refused:
+            problems.append(f"stream {spec.name}: its spec changed in ways its checkpoint {layout.checkpoint_root} "
+                            "cannot resume (docs/changes.md: upgrade it, or start with --fresh):\n"
+                            + changes.report(refused))
     return problems
 
 

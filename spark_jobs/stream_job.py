@@ -124,7 +124,7 @@ def _trigger(args: argparse.Namespace) -> Trigger | None:
 
 
 def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:
-    from spark_jobs import changes
+    from spark_jobs import changes, upgrade
     from spark_jobs.analysis import analyze
     from spark_jobs.flows import queries
     from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
@@ -155,6 +155,15 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             return code
         except KafkaUnavailable as exc:  # the broker or a topic is not there (yet): a failure to restart from
             code = _start_failed(spec, layout, events, exc)
+            return code
+        unfinished = upgrade.latest(layout)
+        if unfinished is not None and unfinished.get("phase") not in (upgrade.DONE, upgrade.ROLLED_BACK):
+            message = (f"upgrade {unfinished['number']} of the stream is unfinished ({unfinished['phase']}): run it "
+                       "again to finish it, or roll it back (python -m spark_jobs.submit upgrade --rollback)")
+            log.error("stream %s: %s; nothing started", spec.name, message)
+            events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
+                          "error": message})
+            code = EXIT_BAD_SPEC
             return code
         previous = previous_plan(layout)
         verdicts = changes.judge(plan, previous, args.spec, spec.event_time.watermark if spec.event_time else None)

@@ -26,7 +26,7 @@ from spark_jobs.spec.models import SpecError, StreamSpec
 JOBS_DIR = Path(__file__).resolve().parent
 #: each job's entry point (``spark_jobs/<file>``)
 JOBS = {"stream": "stream_job.py", "backfill": "backfill.py", "quality": "quality_job.py", "state": "state.py",
-        "maintenance": "maintenance.py"}
+        "maintenance": "maintenance.py", "upgrade": "upgrade.py"}
 
 
 def job_path(job: str) -> str:

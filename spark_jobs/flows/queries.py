@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,15 +52,19 @@ class PlannedQuery:
 
 
 def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None = None,
-                 on_batch: Callable[[dict[str, Any]], None] | None = None) -> list[PlannedQuery]:
+                 on_batch: Callable[[dict[str, Any]], None] | None = None,
+                 outputs: Collection[str] | None = None) -> list[PlannedQuery]:
     """Build (but do not start) the ingestion's query and every output's; ingestion first.
-    ``trigger``: instead of the plan's. The output the ingestion writes itself has none."""
+    ``trigger``: instead of the plan's. The output the ingestion writes itself has none.
+    ``outputs``: only those outputs' queries, without the ingestion's."""
     planned = []
-    if plan.ingestion is not None:
+    if plan.ingestion is not None and outputs is None:
         frame, writer = ingestion_writer(spark, plan, on_batch)
         planned.append(PlannedQuery(INGEST_QUERY, plan.ingestion.checkpoint, frame,
                                     _with_trigger(writer, trigger or plan.ingestion.trigger)))
     for output in plan.queried_outputs:
+        if outputs is not None and output.name not in outputs:
+            continue
         frame, writer = output_writer(spark, plan, output)
         planned.append(PlannedQuery(output.name, output.checkpoint, frame,
                                     _with_trigger(writer, trigger or output.trigger),

@@ -439,12 +439,10 @@ def estimate_rows(landing: str | os.PathLike[str], waiting: list[LandedFile], he
 
 def refuse_incompatible(plan: StreamPlan, layout: Layout) -> None:
     """Raise RuntimeError, saying what to move aside, when the checkpoint was written for a
-    layout of the stream's tables this plan cannot resume from."""
+    layout of the stream's tables this plan cannot resume from. (What a spec's edit changes, an
+    accepted-rows table or a sink moved among them, is judged per flow by ``spark_jobs.changes``.)"""
     _refuse_old_layout(plan, layout)
     _refuse_written_output_layout(plan, layout)
-    previous = previous_plan(layout)
-    _refuse_moved_accepted_rows(plan, layout, previous)
-    _refuse_changed_sinks(plan, layout, previous)
 
 
 def previous_plan(layout: Layout) -> dict:
@@ -493,64 +491,3 @@ def _refuse_written_output_layout(plan: StreamPlan, layout: Layout) -> None:
         raise RuntimeError(
             f"stream {plan.stream}: its accepted rows now live in the sink of output {written.name} ({sink}), but the "
             f"accepted-rows table {old} of the earlier layout holds data. {move} Move {old} aside as well.")
-
-
-def _refuse_moved_accepted_rows(plan: StreamPlan, layout: Layout, previous: dict) -> None:
-    """The accepted-rows table must stay where the ingestion's checkpoint wrote it.
-
-    A spec edit can move it: an output the ingestion wrote stops qualifying (or starts
-    to), so the accepted rows would go to another folder while the ingestion resumes
-    from its checkpoint, and the outputs would read a table missing every batch before.
-    The plan the last start wrote (``_control/plan.json``) says where they went."""
-    if plan.ingestion is None:
-        return
-    before = (previous.get("ingestion") or {}).get("accepted")
-    before_format = (previous.get("ingestion") or {}).get("accepted_format", "parquet")
-    resumes = last_batch(plan.ingestion.checkpoint, "commits") is not None
-    if before and before_format != plan.ingestion.accepted_format and resumes:
-        raise RuntimeError(
-            f"stream {plan.stream}: its accepted rows were written to {before} as {before_format} (see "
-            f"{layout.plan_file}), but with this spec they would be a {plan.ingestion.accepted_format} table, while "
-            f"the ingestion resumes from its checkpoint {plan.ingestion.checkpoint}; the outputs would miss every "
-            f"earlier batch. Restore accepted.format, or move aside the checkpoint {layout.checkpoint_root} "
-            f"together with the stream's sinks (including {before}) and quarantine to reprocess from the input.")
-    if before and before != plan.ingestion.accepted and resumes:
-        raise RuntimeError(
-            f"stream {plan.stream}: its accepted rows were written to {before} (see {layout.plan_file}), but with "
-            f"this spec they would go to {plan.ingestion.accepted}, while the ingestion resumes from its checkpoint "
-            f"{plan.ingestion.checkpoint}; the outputs would miss every earlier batch. Restore the spec's pass-through "
-            f"output, or move aside the checkpoint {layout.checkpoint_root} together with the stream's sinks "
-            f"(including {before}) and quarantine to reprocess from the input.")
-
-
-#: what makes a sink the same one: where its rows go (a broker list may change, a password too)
-_SINK_IDENTITY = ("kind", "path", "partition_by", "table", "topic")
-
-
-def _sink_label(sink: dict) -> str:
-    where = sink.get("path") or sink.get("table") or sink.get("topic") or ""
-    parts = f", partitioned by {', '.join(sink['partition_by'])}" if sink.get("partition_by") else ""
-    return f"{sink.get('kind')} {where}{parts}".strip()
-
-
-def _refuse_changed_sinks(plan: StreamPlan, layout: Layout, previous: dict) -> None:
-    """An output must keep the sink its checkpoint wrote to.
-
-    A spec edit can give an output another sink (a Delta table instead of Parquet files,
-    another path or partitioning) while its query resumes from its checkpoint: the new
-    sink would get the later batches only. Refused, naming both sinks; moving the output's
-    checkpoint aside has the output compute everything again from the accepted rows."""
-    before = {o.get("name"): o for o in previous.get("outputs") or [] if isinstance(o, dict)}
-    for output in plan.queried_outputs:
-        old = before.get(output.name)
-        if not old or old.get("checkpoint") != output.checkpoint or not isinstance(old.get("sink"), dict):
-            continue
-        new_sink = {k: getattr(output.sink, k, [] if k == "partition_by" else None) for k in _SINK_IDENTITY}
-        old_sink = {k: old["sink"].get(k, [] if k == "partition_by" else None) for k in _SINK_IDENTITY}
-        if old_sink != new_sink and last_batch(output.checkpoint, "commits") is not None:
-            raise RuntimeError(
-                f"stream {plan.stream}: output {output.name} was written to {_sink_label(old_sink)} (see "
-                f"{layout.plan_file}), but with this spec it goes to {_sink_label(new_sink)}, while its query resumes "
-                f"from its checkpoint {output.checkpoint}: the new sink would miss every earlier batch. Restore the "
-                f"output's sink, or move its checkpoint {output.checkpoint} aside: the output then computes "
-                "everything again from the accepted rows into the new sink.")

@@ -137,6 +137,26 @@ class _Database:
     def now(self) -> Any:
         return datetime.now(UTC).replace(tzinfo=None)
 
+    def swap_tables(self, live: str, staged: str, before: str) -> None:
+        """The ``staged`` table takes ``live``'s name and ``live`` takes ``before``'s, in one
+        transaction (an upgrade's swap): a reader sees the old table or the new one. Done already
+        (no staged table left): nothing."""
+        with self.connect() as conn:
+            if self.describe(conn, staged) is None:
+                return
+            renames = [f"ALTER TABLE {_quote(live)} RENAME TO {_quote(before)}"] if self.describe(conn, live) else []
+            self.run_ddl(conn, [*renames, f"ALTER TABLE {_quote(staged)} RENAME TO {_quote(live)}"])
+
+    def restore_table(self, live: str, before: str, staged: str) -> None:
+        """Undo :meth:`swap_tables` (or an unfinished one), in one transaction: ``before`` is ``live``
+        again, and the other table goes."""
+        with self.connect() as conn:
+            statements = [f"DROP TABLE IF EXISTS {_quote(staged)}"]
+            if self.describe(conn, before) is not None:
+                statements += [f"DROP TABLE IF EXISTS {_quote(live)}",
+                               f"ALTER TABLE {_quote(before)} RENAME TO {_quote(live)}"]
+            self.run_ddl(conn, statements)
+
 
 class _SQLite(_Database):
     dialect = "sqlite"

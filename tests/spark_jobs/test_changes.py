@@ -3,87 +3,18 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from examples import example_spec, include_with
+from edited_streams import HOT, edit, files_under, start, verdicts, window
+from edited_streams import ran as ran  # noqa: F401 - the fixtures
+from edited_streams import stream as stream  # noqa: F401
 
 from spark_jobs import changes, stream_job
-from spark_jobs.plan import compile_plan
-from spark_jobs.runtime.checkpoint import previous_plan, sink_files
+from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.testdata import generate
-
-HOT = {"name": "hot", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/hot"},
-       "query": {"type": "sql", "sql": "SELECT event_id, device_id, temperature FROM accepted WHERE temperature > 25"}}
-
-
-def _spec() -> dict:
-    data = example_spec("sensors")
-    data["outputs"].append(HOT)
-    return data
-
-
-def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:
-    """One bare start of the stream job on what waits (available now), in the tests' session."""
-    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
-    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
-    return stream_job.main(["--spec", str(spec_file), "--data-root", str(data_root), "--trigger", "available-now"])
-
-
-@pytest.fixture(scope="module")
-def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:
-    """The stream run once (two sliding windows closed, a table, a SQL output): its include/ and data
-    root, and a copy of both. The copy is put back in place (the same paths: Spark's file-sink logs
-    name absolute paths) before each test (:func:`stream`)."""
-    root = tmp_path_factory.mktemp("changes")
-    spec_file = include_with(root / "run" / "include", _spec()) / "sensors.yaml"
-    data = root / "run" / "data"
-    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "8",
-                          "--events-per-file", "25", "--seed", "4"]) == 0
-    with pytest.MonkeyPatch.context() as mp:
-        assert start(spark, spec_file, data, mp) == stream_job.EXIT_OK
-    shutil.copytree(root / "run", root / "pristine")
-    return spec_file, data, root
-
-
-@pytest.fixture
-def stream(ran) -> tuple[Path, Path]:
-    """That run as it was, for one test to edit and start again."""
-    spec_file, data, root = ran
-    shutil.rmtree(root / "run")
-    shutil.copytree(root / "pristine", root / "run")
-    return spec_file, data
-
-
-def edit(spec_file: Path, change) -> Path:
-    data = yaml.safe_load(spec_file.read_text())
-    change(data)
-    spec_file.write_text(yaml.safe_dump(data, sort_keys=False))
-    return spec_file
-
-
-def files_under(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` but a driver's own records (its events, its lease's tenure)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-            and "_events" not in p.parts and "lease" not in p.parts}
-
-
-def verdicts(spec_file: Path, data: Path) -> dict[str, changes.Verdict]:
-    spec = load_spec(spec_file)
-    layout = Layout(spec, data, spec_file.parent)
-    found = changes.judge(compile_plan(spec, layout), previous_plan(layout), str(spec_file), spec.event_time.watermark)
-    return {v.flow: v for v in found}
-
-
-def window(data: dict, **query) -> dict:
-    (out,) = [o for o in data["outputs"] if o["name"] == "site_temperature_10m"]
-    out["query"] |= query
-    return out
-
 
 EDITS = {
     "a window edited in place": (lambda d: window(d, window={"duration": "15 minutes", "slide": "5 minutes"}),

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from stream_runs import land, make_spec, reading  # tests/stream_runs.py
 
-from spark_jobs import analysis
+from spark_jobs import analysis, changes
 from spark_jobs.flows import queries as flows
 from spark_jobs.flows.ingestion import IngestBatch, at_once, computed_once
 from spark_jobs.frames import accepted_batch
@@ -22,6 +22,7 @@ from spark_jobs.plan import QUARANTINE_DDL, checkpoint_paths, compile_plan, writ
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     last_batch,
+    previous_plan,
     refuse_incompatible,
     sink_files,
     sink_last_batch,
@@ -297,38 +298,29 @@ def test_a_checkpoint_of_the_per_output_layout_is_refused(spark, tmp_path: Path)
     shutil.rmtree(Path(layout.checkpoint_root, "_quarantine"))
 
 
-def test_a_spec_edit_that_moves_the_accepted_rows_is_refused(spark, tmp_path: Path) -> None:
+def test_a_spec_edit_that_moves_the_accepted_rows_or_gives_an_output_another_sink_is_judged(
+        spark, tmp_path: Path) -> None:
+    """The layout's guards leave such edits to the verdicts (spark_jobs.changes): the accepted rows
+    moved are a reprocess, an output's sink moved a rebuild."""
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
     served_at = compile_plan(layout.spec, layout).accepted
+
+    def judged(outputs: list[dict]) -> dict[str, changes.Verdict]:
+        edited = parse_spec(make_spec(outputs) | {"name": spec.name})
+        edited_layout = Layout(edited, tmp_path / "data", default_spec_dir())
+        refuse_incompatible(compile_plan(edited, edited_layout), edited_layout)  # no layout of an older platform
+        return {v.flow: v for v in changes.judge(compile_plan(edited, edited_layout), previous_plan(layout),
+                                                 "spec.yaml", "10 minutes")}
+
     # the pass-through output is no longer partitioned by date: the ingestion no longer serves it
-    edited = parse_spec(make_spec([WINDOWS, {**PASSTHROUGH, "sink": {"type": "parquet", "path": "sinks/rows"}}]))
-    edited_layout = Layout(edited, tmp_path / "data", default_spec_dir())
-    assert written_by_ingestion(edited) is None and compile_plan(edited_layout.spec, edited_layout).accepted != served_at
-    with pytest.raises(RuntimeError, match=rf"its accepted rows were written to {served_at} .* would go to "
-                                           rf"{compile_plan(edited_layout.spec, edited_layout).accepted}, while the ingestion resumes"):
-        refuse_incompatible(compile_plan(edited, edited_layout), edited_layout)
-    refuse_incompatible(compile_plan(spec, layout), layout)  # the spec as it was starts
-    assert compile_plan(spec, layout).ingestion.accepted == served_at
-
-
-def test_a_spec_edit_that_gives_an_output_another_sink_is_refused_until_its_checkpoint_is_moved(
-        spark, tmp_path: Path) -> None:
-    spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
-    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
-    refuse_incompatible(compile_plan(spec, layout), layout)  # the same spec starts
+    moved = judged([WINDOWS, {**PASSTHROUGH, "sink": {"type": "parquet", "path": "sinks/rows"}}])
+    assert moved["_ingest"].verdict == changes.REPROCESS and served_at in moved["_ingest"].text()
     # the windows go to a Delta table now: with the old checkpoint it would get later batches only
-    edited = parse_spec(make_spec([{**WINDOWS, "sink": {"type": "delta", "path": "tables/windows"}}, PASSTHROUGH]))
-    plan = compile_plan(edited, Layout(edited, tmp_path / "data", default_spec_dir()))
-    checkpoint = plan.checkpoint("windows")
-    with pytest.raises(RuntimeError, match=rf"output windows was written to parquet {layout.data('sinks/windows')} "
-                                           rf".* it goes to delta {layout.data('tables/windows')}, while its query "
-                                           rf"resumes from its checkpoint {checkpoint}"):
-        refuse_incompatible(plan, layout)
-    shutil.move(checkpoint, f"{checkpoint}.old")  # moved aside: the output computes everything again
-    refuse_incompatible(plan, layout)
+    other = judged([{**WINDOWS, "sink": {"type": "delta", "path": "tables/windows"}}, PASSTHROUGH])
+    assert other["windows"].verdict == changes.REBUILD and "sink.kind" in other["windows"].text()
+    assert {v.verdict for v in judged([WINDOWS, PASSTHROUGH]).values()} == {changes.UNCHANGED}
 
 
 def files_per_batch(table: str) -> dict[int, list[str]]:

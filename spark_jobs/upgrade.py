@@ -1,0 +1,480 @@
+"""An upgrade: a stream's spec changed in ways its checkpoint cannot resume, carried out output by
+output, with a savepoint to roll back to.
+
+    python -m spark_jobs.submit upgrade --spec include/streams/<name>.yaml [--data-root R]
+    python -m spark_jobs.submit upgrade --spec ... --rollback
+
+Each flow's verdict (``spark_jobs.changes``) says what it takes:
+
+* *unchanged*, *compatible*, *new*, *retired*: nothing here; the next start runs them (a new
+  output over every accepted row, a retired one's checkpoint archived);
+* *rebuild*: the output is computed again from the accepted rows, as the new plan's query would
+  have written it from the first accepted row: into a *staged* sink beside the live one, under a
+  checkpoint of its own (blue/green). Once caught up, the staged output takes the live one's
+  place in one step: a Delta table by one transaction (the staged rows overwrite the table; the
+  commit records the staged query's last batch, so its next batch follows exactly); a Parquet
+  folder by an exchange of the two folders (its ``_spark_metadata`` log first rewritten to name
+  the live path; see ``runtime.files.exchange``); a database table by two renames in one
+  transaction. The staged checkpoint takes the old one's place the same way. A reader of the
+  sink sees the old complete result until then and the new complete result after, never a mix;
+* *reprocess* and *unknown*: refused (the input read again into new tables, a rehearsal of a
+  Python query: not carried out by an upgrade yet), as is the rebuild of a Kafka output (what a
+  topic received cannot be taken back).
+
+First a **savepoint** (``_control/upgrades/<n>/savepoint/``): the checkpoints of the outputs to
+rebuild and the plan they ran copied, and each one's sink and position recorded. The old sinks
+stay (``.<name>.upgrade-<n>`` beside a Parquet folder, ``<table>__before_<n>``, a Delta table's
+versions), so ``--rollback`` puts those outputs back as the savepoint had them: checkpoints, sinks
+(a Delta table restored to its version in one transaction) and the plan; the other flows go on
+from where they are. The stream's driver must
+not run meanwhile: the upgrade holds its lease. Every step is recorded in the upgrade's
+``upgrade.json``; an upgrade killed at any moment, run again, continues from the last step it
+finished (or ``--rollback`` undoes it). Exit codes: 0 done, 2 refused (the message says why), 1
+failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from spark_jobs import changes
+from spark_jobs.plan import DeltaDataset, KafkaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset
+from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
+from spark_jobs.runtime.clock import iso
+from spark_jobs.runtime.files import exchange, write_atomically
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.spec.models import SpecError, Trigger
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("upgrade")
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
+#: an upgrade's steps, in order; ``rolled_back`` ends one too
+PREPARED, REBUILT, SWAPPED, DONE, ROLLED_BACK = "prepared", "rebuilt", "swapped", "done", "rolled_back"
+
+
+class UpgradeRefused(ValueError):
+    """The upgrade cannot be carried out as asked; nothing was changed."""
+
+
+# ---- where an upgrade keeps things --------------------------------------------------------
+
+
+def upgrades_dir(layout: Layout) -> Path:
+    return layout.lease_dir / "upgrades"
+
+
+def latest(layout: Layout) -> dict[str, Any] | None:
+    """The record of the stream's newest upgrade, or None."""
+    numbers = sorted(int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit())
+    return _read(upgrades_dir(layout) / f"{numbers[-1]:06d}") if numbers else None
+
+
+def _read(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / "upgrade.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _save(record: dict[str, Any], **changes_: Any) -> dict[str, Any]:
+    record.update(changes_, updated_at=time.time())
+    write_atomically(Path(record["folder"]) / "upgrade.json", json.dumps(record, indent=1))
+    return record
+
+
+def staged_sink(sink_path: str, number: int) -> str:
+    """Where an output is rebuilt beside its live sink (hidden from readers of the folder above:
+    Spark and pyarrow skip names that begin with a dot)."""
+    live = Path(sink_path)
+    return str(live.with_name(f".{live.name}.upgrade-{number:06d}"))
+
+
+def staged_table(table: str, number: int) -> str:
+    return f"{table}__upgrade_{number:06d}"
+
+
+def before_table(table: str, number: int) -> str:
+    return f"{table}__before_{number:06d}"
+
+
+# ---- the steps ----------------------------------------------------------------------------
+
+
+def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None) -> dict[str, Any]:
+    """The verdicts, then the savepoint; the upgrade's record. Refused (nothing written) when a
+    verdict is one an upgrade cannot carry out, or when there is nothing to carry out."""
+    previous = previous_plan(layout)
+    verdicts = changes.judge(plan, previous, spec_file, watermark)
+    refused = [v for v in verdicts if v.verdict in (changes.REPROCESS, changes.UNKNOWN)]
+    if refused:
+        raise UpgradeRefused("an upgrade cannot carry these changes out yet (a reprocess reads the input again "
+                             "into new tables, an unknown change needs a rehearsal); restore them in the spec:\n"
+                             + changes.report(refused))
+    rebuild = [v.flow for v in verdicts if v.verdict == changes.REBUILD]
+    for name in rebuild:
+        output = plan.output(name)
+        if isinstance(output.sink, KafkaDataset):
+            raise UpgradeRefused(f"{spec_file}: output {name}: its rebuild would publish every result again to "
+                                 f"topic {output.sink.topic}, whose readers already took the old ones: give the "
+                                 "output a new name (a new output, over every accepted row) or a new topic")
+        if output.written_by_ingestion:
+            raise UpgradeRefused(f"{spec_file}: output {name}: the ingestion writes it, so its change is one of the "
+                                 "accepted rows: a reprocess, not a rebuild")
+    if not rebuild:
+        raise UpgradeRefused("nothing to upgrade: every flow is unchanged, compatible, new or retired, which a "
+                             "start carries out itself:\n" + changes.report(verdicts))
+    numbers = [int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit()]
+    number = max(numbers, default=0) + 1
+    folder = upgrades_dir(layout) / f"{number:06d}"
+    savepoint = folder / "savepoint"
+    savepoint.mkdir(parents=True)
+    checkpoints = {name: c for name in rebuild if (c := (previous.get("checkpoints") or {}).get(name))
+                   and Path(c).exists()}
+    for name, checkpoint in checkpoints.items():
+        shutil.copytree(checkpoint, savepoint / "checkpoints" / name, symlinks=True)
+    if layout.plan_file.exists():
+        shutil.copy2(layout.plan_file, savepoint / "plan.json")
+    outputs = {name: _sink_position(plan.output(name), (previous_output(previous, name) or {}), number)
+               for name in rebuild}
+    record = {"number": number, "folder": str(folder), "stream": plan.stream, "spec_file": spec_file,
+              "spec": Path(spec_file).read_text(encoding="utf-8"), "started_at": time.time(),
+              "verdicts": [{"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts],
+              "rebuild": rebuild, "outputs": outputs, "checkpoints": checkpoints}
+    log.info("upgrade %d of %s: savepoint in %s; outputs to rebuild: %s", number, plan.stream, savepoint,
+             ", ".join(rebuild))
+    return _save(record, phase=PREPARED)
+
+
+def previous_output(previous: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((o for o in previous.get("outputs") or [] if isinstance(o, dict) and o.get("name") == name), None)
+
+
+def _sink_position(output: OutputPlan, old: dict[str, Any], number: int) -> dict[str, Any]:
+    """Where an output's old and new results go, and how far the old sink was: what the swap and a
+    rollback need."""
+    sink, old_sink = output.sink, old.get("sink") or {}
+    found: dict[str, Any] = {"kind": sink.kind, "checkpoint": output.checkpoint, "sink": _without_url(asdict(sink)),
+                             "old_checkpoint": old.get("checkpoint"), "old_sink": _without_url(old_sink)}
+    if isinstance(sink, ParquetDataset | DeltaDataset):
+        found["staged"] = staged_sink(sink.path, number)
+        if isinstance(sink, ParquetDataset) and old_sink.get("path"):
+            found["old_last_batch"] = sink_last_batch(old_sink["path"])
+        if isinstance(sink, DeltaDataset) and old_sink.get("kind") == "delta" and old_sink.get("path"):
+            from spark_jobs.sinks import delta_log
+
+            versions = delta_log.versions(old_sink["path"])
+            found["old_version"] = versions[-1] if versions else None
+    elif isinstance(sink, TableDataset):
+        found["staged"] = staged_table(sink.table, number)
+    return found
+
+
+def _without_url(sink: dict[str, Any]) -> dict[str, Any]:
+    """A sink as the upgrade's record keeps it: a database's URL (which may hold a password) left out."""
+    return {k: v for k, v in sink.items() if k != "url"}
+
+
+def _table_url(layout: Layout, name: str) -> str:
+    """The URL of an output's database, from the spec (and the environment) as they are now."""
+    from spark_jobs.spec.models import TableSink
+
+    output = next((o for o in layout.spec.outputs if o.name == name), None)
+    if output is None or not isinstance(output.sink, TableSink):
+        raise UpgradeRefused(f"output {name} has no table sink in {layout.spec.name}'s spec to roll back")
+    return layout.table_url(output.sink)
+
+
+def staged_plan(plan: StreamPlan, record: dict[str, Any]) -> StreamPlan:
+    """The new plan with each output to rebuild writing to its staged sink under its staged checkpoint."""
+    folder = Path(record["folder"])
+    outputs = []
+    for output in plan.outputs:
+        if output.name in record["rebuild"]:
+            staged = record["outputs"][output.name]["staged"]
+            sink = replace(output.sink, table=staged) if isinstance(output.sink, TableDataset) else (
+                replace(output.sink, path=staged) if isinstance(output.sink, ParquetDataset | DeltaDataset)
+                else output.sink)
+            output = replace(output, checkpoint=str(folder / "staged" / output.name), sink=sink)
+        outputs.append(output)
+    checkpoints = plan.checkpoints | {o.name: o.checkpoint for o in outputs if o.name in record["rebuild"]}
+    return replace(plan, outputs=outputs, checkpoints=checkpoints)
+
+
+def rebuild(spark: SparkSession, plan: StreamPlan, record: dict[str, Any], timeout_seconds: float = 3600) -> None:
+    """Compute each output to rebuild over every accepted row committed so far, into its staged sink
+    (available-now: Spark resumes the staged checkpoint of a killed try)."""
+    from spark_jobs.flows import queries
+
+    staged = staged_plan(plan, record)
+    planned = queries.plan_queries(spark, staged, Trigger(available_now=True), outputs=record["rebuild"])
+    started = queries.start_planned(spark, planned)
+    try:
+        for name, query in started.items():
+            query.awaitTermination(timeout_seconds)
+            if query.isActive:
+                raise RuntimeError(f"output {name}: its rebuild did not finish in {timeout_seconds:.0f}s")
+            if query.exception() is not None:
+                raise RuntimeError(f"output {name}: its rebuild failed: {query.exception()}")
+            log.info("output %s rebuilt into %s", name, record["outputs"][name]["staged"])
+    finally:
+        for query in started.values():
+            query.stop()
+    _save(record, phase=REBUILT)
+
+
+def swap(spark: SparkSession, plan: StreamPlan, record: dict[str, Any]) -> None:
+    """Each rebuilt output takes its live sink's and checkpoint's place (see the module's doc); a
+    step a killed try took already is recognised and not taken again."""
+    staged = staged_plan(plan, record)
+    number = record["number"]
+    for name in record["rebuild"]:
+        output, new = plan.output(name), staged.output(name)
+        assert output.checkpoint is not None and new.checkpoint is not None
+        new_query = query_id(new.checkpoint) if Path(new.checkpoint).exists() else None
+        if new_query is None or query_id(output.checkpoint) == new_query:
+            continue  # swapped by a killed try: the live checkpoint is the staged one
+        if isinstance(output.sink, ParquetDataset):
+            _swap_folder(new.sink.path, output.sink.path, number)
+        elif isinstance(output.sink, DeltaDataset):
+            _swap_delta(spark, plan.stream, new, output, number)
+        elif isinstance(output.sink, TableDataset):
+            _swap_table(output.sink, new.sink.table, number)
+        if Path(output.checkpoint).exists():
+            exchange(new.checkpoint, output.checkpoint)  # the old one stays at the staged place
+        else:
+            Path(output.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(new.checkpoint, output.checkpoint)
+        log.info("output %s: the rebuilt result is live (%s)", name, output.sink.kind)
+    _save(record, phase=SWAPPED)
+
+
+#: a file sink's log names each file by its full path (Hadoop's URI of it)
+_PATH_FIELD = re.compile(r'"path":"([^"]*)"')
+_URI_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def relocate_sink_log(folder: str, was: str, now: str) -> None:
+    """Rewrite the file sink log in ``folder`` (``_spark_metadata``) so that its entries name the
+    folder ``now`` where they named ``was`` (the files stay; their folder is about to move there),
+    each log file replaced in one step. Entries naming ``now`` already are left."""
+    was, now = os.path.abspath(was), os.path.abspath(now)
+    for path in sorted((Path(folder) / "_spark_metadata").iterdir()):
+        if not path.name.removesuffix(".compact").isdigit():
+            continue
+        text = path.read_text(encoding="utf-8")
+
+        def move(match: re.Match[str], path: Path = path) -> str:
+            uri = urlsplit(match.group(1))
+            local = unquote(uri.path)
+            if local.startswith(was + "/"):
+                moved = urlunsplit(uri._replace(path=quote(now + local[len(was):], safe=_URI_SAFE)))
+                return f'"path":"{moved}"'
+            if local.startswith(now + "/"):
+                return match.group(0)
+            raise RuntimeError(f"{path}: an entry names {match.group(1)}, under neither {was} nor {now}")
+
+        rewritten = _PATH_FIELD.sub(move, text)
+        if rewritten != text:
+            write_atomically(path, rewritten)
+
+
+def _marker(folder: str) -> Path:
+    """A file in a swapped Parquet folder naming the upgrade that put it there (Spark and pyarrow
+    skip names that begin with an underscore)."""
+    return Path(folder) / "_upgrade"
+
+
+def swapped_in_by(folder: str) -> int | None:
+    try:
+        return int(_marker(folder).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _swap_folder(staged: str, live: str, number: int) -> None:
+    """A Parquet sink: the staged folder, its log rewritten to name the live path, exchanged with the
+    live folder in one step (the staged place then holds the old result)."""
+    if swapped_in_by(live) == number:
+        return  # exchanged by a killed try
+    relocate_sink_log(staged, staged, live)
+    write_atomically(_marker(staged), str(number))
+    if Path(live).exists():
+        exchange(staged, live)
+    else:
+        Path(live).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, live)
+    log.info("Parquet sink %s exchanged with its rebuilt result", live)
+
+
+def _swap_delta(spark: SparkSession, stream: str, staged: OutputPlan, live: OutputPlan, number: int) -> None:
+    """A Delta sink: its rows overwritten by the staged table's in one commit, which records the
+    staged query's last batch (so its next batch follows, exactly once)."""
+    from spark_jobs.sinks import delta as delta_sink
+    from spark_jobs.sinks import delta_log
+
+    assert isinstance(live.sink, DeltaDataset)
+    writer_of = delta_sink.DeltaWriter(stream, staged)
+    last = delta_log.last_batch(staged.sink.path, None)
+    metadata = json.dumps(json.loads(delta_sink.commit_metadata(stream, live.name, writer_of.query_id(),
+                                                                -1 if last is None else last))
+                          | {"upgrade": number}, sort_keys=True)
+    if Path(live.sink.path, "_delta_log").exists() and delta_sink.version_of_commit(spark, live.sink.path, metadata):
+        return  # committed by a killed try
+    writer = (spark.read.format("delta").load(staged.sink.path).write.format("delta").mode("overwrite")
+              .option("overwriteSchema", "true").option("userMetadata", metadata))
+    if last is not None:
+        writer = writer.option("txnAppId", writer_of.app_id()).option("txnVersion", last)
+    if live.sink.partition_by:
+        writer = writer.partitionBy(*live.sink.partition_by)
+    delta_sink.retry_conflicts(f"the upgrade of {live.name}", lambda: writer.save(live.sink.path))
+    shutil.rmtree(staged.sink.path, ignore_errors=True)
+    log.info("Delta sink %s overwritten by its rebuilt result in one commit", live.sink.path)
+
+
+def _swap_table(sink: TableDataset, staged: str, number: int) -> None:
+    from spark_jobs.sinks.table import open_database
+
+    open_database(sink.url).swap_tables(sink.table, staged, before_table(sink.table, number))
+    log.info("table %s replaced by its rebuilt result in one transaction", sink.table)
+
+
+def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
+    """Record the plan the checkpoints now hold: the last start's, with each rebuilt output's
+    entry the new plan's, so the next start finds them unchanged."""
+    previous = previous_plan(layout)
+    new = json.loads(plan.to_json())
+    rebuilt = {o["name"]: o for o in new["outputs"] if o["name"] in record["rebuild"]}
+    previous["outputs"] = [rebuilt.get(o.get("name"), o) for o in previous.get("outputs") or []]
+    previous["checkpoints"] = (previous.get("checkpoints") or {}) | {
+        n: new["checkpoints"][n] for n in rebuilt if n in new["checkpoints"]}
+    write_atomically(layout.plan_file, json.dumps(previous, indent=1) + "\n")
+    _save(record, phase=DONE, finished_at=time.time())
+    log.info("upgrade %d of %s done: the next start runs the new plan", record["number"], plan.stream)
+
+
+def rollback(spark: SparkSession, layout: Layout, record: dict[str, Any]) -> None:
+    """Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
+    folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
+    and the plan; the staged results go. The other flows' checkpoints and sinks stay as they are."""
+    folder, number = Path(record["folder"]), record["number"]
+    for name in record["rebuild"]:
+        place = record["outputs"][name]
+        live, staged, old_sink = place.get("sink") or {}, place.get("staged"), place.get("old_sink") or {}
+        moved = {k: live.get(k) for k in ("kind", "path", "table")} != {k: old_sink.get(k) for k in
+                                                                        ("kind", "path", "table")}
+        if place["kind"] == "parquet":
+            if swapped_in_by(live["path"]) == number:
+                if moved or not Path(staged).exists():
+                    shutil.rmtree(live["path"])  # a new place: nothing was there before
+                else:
+                    exchange(staged, live["path"])  # the old folder back
+            shutil.rmtree(staged, ignore_errors=True)
+        elif place["kind"] == "delta":
+            if not moved and place.get("old_version") is not None:
+                from delta.tables import DeltaTable
+
+                DeltaTable.forPath(spark, live["path"]).restoreToVersion(place["old_version"])
+            elif moved:
+                shutil.rmtree(live["path"], ignore_errors=True)
+            shutil.rmtree(staged, ignore_errors=True)
+        elif place["kind"] == "table":
+            from spark_jobs.sinks.table import open_database
+
+            open_database(_table_url(layout, name)).restore_table(live["table"], before_table(live["table"], number),
+                                                                  staged)
+        # its checkpoint as the savepoint has it; the other flows' go on from where they are (their
+        # sinks hold their batches since: a checkpoint put back would plan those batches anew)
+        checkpoint, kept = place["checkpoint"], folder / "savepoint" / "checkpoints" / name
+        if Path(checkpoint).exists():
+            shutil.rmtree(checkpoint)
+        if kept.exists() and checkpoint == record["checkpoints"].get(name):
+            shutil.copytree(kept, checkpoint, symlinks=True)
+    shutil.rmtree(folder / "staged", ignore_errors=True)
+    if (folder / "savepoint" / "plan.json").exists():
+        shutil.copy2(folder / "savepoint" / "plan.json", layout.plan_file)
+    _save(record, phase=ROLLED_BACK, finished_at=time.time())
+    log.info("upgrade %d of %s rolled back to its savepoint", number, record["stream"])
+
+
+# ---- the whole upgrade, by hand or from its DAG -------------------------------------------
+
+
+def run(spark: SparkSession, spec_file: str, data_root: str | None, *, roll_back: bool = False) -> dict[str, Any]:
+    """Carry out (or continue) the stream's upgrade to the spec in ``spec_file``, or roll the newest
+    back; the upgrade's record."""
+    from spark_jobs.analysis import analyze
+    from spark_jobs.runtime.lease import DriverLease
+
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
+    with DriverLease(layout.lease_dir, stream=spec.name):  # no driver of the stream runs meanwhile
+        record = latest(layout)
+        if roll_back:
+            if record is None or record.get("phase") == ROLLED_BACK:
+                raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
+            rollback(spark, layout, record)
+            return record
+        plan = analyze(spark, spec, layout, spec_file)
+        if record is None or record.get("phase") in (DONE, ROLLED_BACK) or record.get("spec") != Path(
+                spec_file).read_text(encoding="utf-8"):
+            if record is not None and record.get("phase") not in (DONE, ROLLED_BACK):
+                raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
+                                     f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
+            record = prepare(plan, layout, spec_file, spec.event_time.watermark if spec.event_time else None)
+        if record["phase"] == PREPARED:
+            rebuild(spark, plan, record)
+        if record["phase"] == REBUILT:
+            swap(spark, plan, record)
+        if record["phase"] == SWAPPED:
+            finish(plan, layout, record)
+        return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec", required=True, help="the stream's spec file (YAML), as changed")
+    p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
+    p.add_argument("--rollback", action="store_true", help="roll the newest upgrade back to its savepoint")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from spark_jobs.runtime.lease import LeaseHeld
+    from spark_jobs.runtime.session import build_session
+
+    spark = None
+    try:
+        spark = build_session("upgrade")
+        record = run(spark, args.spec, args.data_root, roll_back=args.rollback)
+    except (UpgradeRefused, SpecError) as exc:
+        log.error("%s", exc)
+        return EXIT_REFUSED
+    except LeaseHeld as exc:
+        log.error("the stream's driver runs (%s): stop it first; an upgrade never runs beside it", exc)
+        return EXIT_REFUSED
+    except Exception:
+        log.exception("the upgrade failed; its record (_control/upgrades/) says the last step it finished. The "
+                      "live sinks change only in its swap: run it again to go on, or roll it back (--rollback)")
+        return EXIT_FAILED
+    finally:
+        if spark is not None:
+            spark.stop()
+    log.info("upgrade %d: %s at %s", record["number"], record["phase"], iso(time.time()))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Upgrades (spark_jobs.upgrade): an edited output rebuilt from the accepted rows beside its live
+sink and swapped in one step, killed and continued, rolled back to its savepoint."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from edited_streams import EVENT_INTERVAL_MS, edit, files_under, start, verdicts, window
+from edited_streams import ran as ran  # noqa: F401 - the fixtures
+from edited_streams import stream as stream  # noqa: F401
+
+from spark_jobs import changes, frames, stream_job, upgrade
+from spark_jobs.analysis import resolve_plan
+from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch, previous_plan, sink_files
+from spark_jobs.runtime.clock import from_ms
+from spark_jobs.sinks.table import open_database
+from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.loading import load_spec
+from spark_jobs.testdata import generate
+
+WINDOW = "site_temperature_10m"
+TABLE = "device_status"
+FIFTEEN = {"duration": "15 minutes", "slide": "5 minutes"}
+
+
+def run_upgrade(spark, spec_file: Path, data: Path, monkeypatch, *args: str) -> int:
+    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    return upgrade.main(["--spec", str(spec_file), "--data-root", str(data), *args])
+
+
+def layout_of(spec_file: Path, data: Path) -> Layout:
+    return Layout(load_spec(spec_file), data, spec_file.parent)
+
+
+def sink_rows(path: str) -> list[dict]:
+    """A Parquet sink's rows as a reader that honours its log reads them (pyarrow, no Spark)."""
+    files = sorted(sink_files(path))
+    return [row for f in files for row in pq.read_table(f.removeprefix("file:")).to_pylist()]
+
+
+def window_rows(rows: list[dict]) -> set[tuple]:
+    return {(r["window_start"], r["window_end"], r["site"], r["readings"], round(r["avg_temperature"], 6),
+             r["max_temperature"]) for r in rows}
+
+
+def expected_windows(spark, spec_file: Path, data: Path) -> set[tuple]:
+    """The window output's query over every accepted row, as a batch: the windows its live checkpoint's
+    last watermark closed."""
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data, spec_file.parent)
+    plan = resolve_plan(spark, spec, layout)
+    output = plan.output(WINDOW)
+    checkpoint = output.checkpoint
+    watermark = from_ms(batch_watermark_ms(checkpoint, last_batch(checkpoint, "commits"))).replace(tzinfo=None)
+    rows = frames.output_frame(frames.accepted_batch(spark, plan.ingestion), plan, output).collect()
+    return window_rows([r.asDict() for r in rows if r["window_end"] <= watermark])
+
+
+def durations(rows: list[dict]) -> set[timedelta]:
+    return {r["window_end"] - r["window_start"] for r in rows}
+
+
+def table_rows(layout: Layout, table: str) -> list[tuple]:
+    database = open_database(f"sqlite:///{layout.data_root / 'tables.db'}")
+    with database.connect() as conn:
+        return sorted(conn.execute(f'SELECT * FROM "{table}"').fetchall())
+
+
+def test_a_window_edited_in_place_is_rebuilt_beside_its_sink_swapped_in_one_step_and_resumed(
+        spark, stream, monkeypatch) -> None:
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    live = layout.data(f"sinks/sensors/{WINDOW}")
+    old = sink_rows(live)
+    assert durations(old) == {timedelta(minutes=10)}
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.REBUILD
+
+    seen: list[tuple[set, int]] = []  # what a reader polling the live sink saw: window sizes, row count
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                rows = sink_rows(live)
+            except FileNotFoundError:  # a read in flight at the exchange fails, as any reader's may: read again
+                continue
+            seen.append((durations(rows), len(rows)))
+
+    reader = threading.Thread(target=poll, daemon=True)
+    reader.start()
+    try:
+        assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    finally:
+        done.set()
+        reader.join(30)
+    record = upgrade.latest(layout)
+    assert record["phase"] == upgrade.DONE and record["rebuild"] == [WINDOW]
+    new = sink_rows(live)
+    assert window_rows(new) == expected_windows(spark, spec_file, data) and durations(new) == {timedelta(minutes=15)}
+    # never a mix: each read saw the old complete result or the new one
+    assert {(frozenset(d), n) for d, n in seen} <= {(frozenset({timedelta(minutes=10)}), len(old)),
+                                                    (frozenset({timedelta(minutes=15)}), len(new))}, seen
+    assert seen[0][1] == len(old)
+    # the old result kept beside it, its log naming the live path (where a rollback puts it back)
+    staged = Path(record["outputs"][WINDOW]["staged"])
+    kept = [row for f in sink_files(staged) for row in pq.read_table(staged / Path(f).name).to_pylist()]
+    assert window_rows(kept) == window_rows(old) and all(live in f for f in sink_files(staged))
+    # the plan the checkpoints hold is recorded: the stream starts, and goes on with the new windows
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.UNCHANGED
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "3",
+                          "--events-per-file", "25", "--seed", "9", "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    after = sink_rows(live)
+    assert len(after) > len(new) and durations(after) == {timedelta(minutes=15)}
+    assert window_rows(after) == expected_windows(spark, spec_file, data)
+
+
+def test_a_grouping_key_added_to_the_update_table_is_rebuilt_and_swapped_in_one_transaction(
+        spark, stream, monkeypatch) -> None:
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    table = "sensors_device_status"
+    old = table_rows(layout, table)
+
+    def regroup(d: dict) -> None:
+        (out,) = [o for o in d["outputs"] if o["name"] == TABLE]
+        out["query"]["group_by"] = ["device_id", "event_date"]
+
+    edit(spec_file, regroup)
+    assert verdicts(spec_file, data)[TABLE].verdict == changes.REBUILD
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC  # as a bare start refuses it
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    spec = load_spec(spec_file)
+    plan = resolve_plan(spark, spec, layout)
+    expected = frames.output_frame(frames.accepted_batch(spark, plan.ingestion), plan, plan.output(TABLE))
+    database = open_database(f"sqlite:///{layout.data_root / 'tables.db'}")
+    with database.connect() as conn:
+        got = conn.execute(f'SELECT device_id, event_date, readings FROM "{table}"').fetchall()
+    assert sorted(got) == sorted((r["device_id"], r["event_date"].isoformat(), r["readings"])
+                                 for r in expected.collect())  # its query over every accepted row
+    with database.connect() as conn:
+        assert database.describe(conn, table)[1] == ["device_id", "event_date"]
+    assert table_rows(layout, upgrade.before_table(table, 1)) == old  # the old table kept under another name
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+
+
+def test_a_rollback_puts_every_checkpoint_sink_table_and_the_plan_back(spark, stream, monkeypatch) -> None:
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    checkpoints = Path(layout.checkpoint_root)
+    sinks = Path(layout.data("sinks/sensors"))
+    before = {"checkpoints": {p.name: files_under(p) for p in checkpoints.iterdir() if not p.name.startswith("_")},
+              "sinks": files_under(sinks), "plan": layout.plan_file.read_bytes(),
+              "table": table_rows(layout, "sensors_device_status")}
+    original = spec_file.read_text()
+    edit(spec_file, lambda d: (window(d, window=FIFTEEN), [o["query"].update(group_by=["device_id", "event_date"])
+                                                           for o in d["outputs"] if o["name"] == TABLE]))
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert upgrade.latest(layout)["rebuild"] == [WINDOW, TABLE]
+    assert files_under(sinks) != before["sinks"]
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
+    assert upgrade.latest(layout)["phase"] == upgrade.ROLLED_BACK
+    assert {p.name: files_under(p) for p in checkpoints.iterdir() if not p.name.startswith("_")} == before["checkpoints"]
+    assert files_under(sinks) == before["sinks"]  # byte for byte, the old folders back in place
+    assert layout.plan_file.read_bytes() == before["plan"]
+    assert table_rows(layout, "sensors_device_status") == before["table"]
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC  # the edited spec: refused again
+    spec_file.write_text(original)
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+
+
+@pytest.mark.parametrize("moment", ["after the rebuild", "after the sink's exchange", "before the plan is recorded"])
+def test_an_upgrade_killed_at_any_step_is_finished_by_the_next_run(spark, stream, monkeypatch, moment: str) -> None:
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))
+
+    class Killed(BaseException):
+        pass
+
+    def kill(*_: object, **__: object) -> None:
+        raise Killed(moment)
+
+    with monkeypatch.context() as m:
+        if moment == "after the rebuild":
+            m.setattr(upgrade, "swap", kill)
+        elif moment == "after the sink's exchange":
+            calls = []
+            real = upgrade.exchange
+
+            def exchange_once(a, b):  # the sink's exchange, then a kill instead of the checkpoint's
+                calls.append(a)
+                if len(calls) > 1:
+                    kill()
+                return real(a, b)
+
+            m.setattr(upgrade, "exchange", exchange_once)
+        else:
+            m.setattr(upgrade, "finish", kill)
+        with pytest.raises(Killed):
+            run_upgrade(spark, spec_file, data, m)
+    assert upgrade.latest(layout)["phase"] != upgrade.DONE
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC  # no driver beside an unfinished one
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert upgrade.latest(layout)["phase"] == upgrade.DONE and upgrade.latest(layout)["number"] == 1
+    live = layout.data(f"sinks/sensors/{WINDOW}")
+    assert window_rows(sink_rows(live)) == expected_windows(spark, spec_file, data)
+    assert durations(sink_rows(live)) == {timedelta(minutes=15)}
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+
+
+def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spark, stream, monkeypatch, caplog) -> None:
+    from spark_jobs.runtime.lease import DriverLease
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    before = files_under(data)
+    with caplog.at_level("ERROR", logger="upgrade"):
+        assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
+    assert "nothing to upgrade" in caplog.text
+    edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
+    before = files_under(data)
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="upgrade"):
+        assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
+    assert "ingestion: reprocess" in caplog.text and "deduplicate.key" in caplog.text
+    assert files_under(data) == before and upgrade.latest(layout) is None
+    edit(spec_file, lambda d: (d["deduplicate"].update(key=["event_id"]), window(d, window=FIFTEEN)))
+    with DriverLease(layout.lease_dir, stream="sensors"):  # a driver runs
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="upgrade"):
+            assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
+    assert "stop it first" in caplog.text and upgrade.latest(layout) is None
+    assert previous_plan(layout)  # untouched
