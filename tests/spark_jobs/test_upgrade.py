@@ -238,3 +238,32 @@ def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spar
             assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
     assert "stop it first" in caplog.text and upgrade.latest(layout) is None
     assert previous_plan(layout)  # untouched
+
+
+def test_a_window_moved_to_a_delta_table_then_edited_there_is_rebuilt_and_rolled_back_in_one_commit_each(
+        spark, stream, monkeypatch) -> None:
+    from deltalake import DeltaTable
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    table = layout.data("tables/sensors/site_temperature")
+
+    def delta_rows() -> list[dict]:
+        return [r.asDict() for r in spark.read.format("delta").load(table).collect()]
+
+    edit(spec_file, lambda d: window(d) and [o.update(sink={"type": "delta", "path": "tables/sensors/site_temperature"})
+                                             for o in d["outputs"] if o["name"] == WINDOW])
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK  # a new place: the table is created
+    assert window_rows(delta_rows()) == expected_windows(spark, spec_file, data)
+    assert durations(delta_rows()) == {timedelta(minutes=10)}
+    version = DeltaTable(table).version()
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))  # then its window, in place
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.REBUILD
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert DeltaTable(table).version() == version + 1  # one commit: the old rows, then the new ones
+    assert window_rows(delta_rows()) == expected_windows(spark, spec_file, data)
+    assert durations(delta_rows()) == {timedelta(minutes=15)}
+    assert not Path(upgrade.latest(layout)["outputs"][WINDOW]["staged"]).exists()  # the staged table went
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # and it resumes from the rebuilt one
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
+    assert durations(delta_rows()) == {timedelta(minutes=10)} and DeltaTable(table).version() == version + 2
