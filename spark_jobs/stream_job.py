@@ -156,8 +156,9 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         except KafkaUnavailable as exc:  # the broker or a topic is not there (yet): a failure to restart from
             code = _start_failed(spec, layout, events, exc)
             return code
-        unfinished = upgrade.latest(layout)
-        if unfinished is not None and unfinished.get("phase") not in (upgrade.DONE, upgrade.ROLLED_BACK):
+        unfinished = upgrade.unfinished(layout)
+        held = upgrade.held_outputs(unfinished, args.spec)  # rebuilt beside their sinks while the others run
+        if unfinished is not None and held is None:
             message = (f"upgrade {unfinished['number']} of the stream is unfinished ({unfinished['phase']}): run it "
                        "again to finish it, or roll it back (python -m spark_jobs.submit upgrade --rollback)")
             log.error("stream %s: %s; nothing started", spec.name, message)
@@ -165,9 +166,10 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
                           "error": message})
             code = EXIT_BAD_SPEC
             return code
+        held = held or []
         previous = previous_plan(layout)
         verdicts = changes.judge(plan, previous, args.spec, spec.event_time.watermark if spec.event_time else None)
-        refused = changes.blocking(verdicts)
+        refused = [v for v in changes.blocking(verdicts) if v.flow not in held]
         if refused:  # resumed under its checkpoint, a sink would mix old and new results
             log.error("stream %s: the spec changed in ways its checkpoint cannot honestly resume; nothing started. "
                       "Restore the spec, or carry the change out as docs/changes.md says. Per flow:\n%s", spec.name,
@@ -196,19 +198,26 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         for archived in changes.retire(verdicts, previous, layout, now):
             log.info("a removed output's checkpoint archived in %s (its sink is kept)", archived)
         changes.keep(layout, args.spec, plan, now)
-        plan.write(layout.plan_file)
+        upgrade.write_running_plan(layout, plan, previous, held)
         ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
+        if held:
+            log.info("upgrade %d: outputs %s are held while they are rebuilt; they start once it swapped them in",
+                     unfinished["number"], ", ".join(held))
+            events.write({"event": "outputs_held", "stream": spec.name, "outputs": held,
+                          "upgrade": unfinished["number"]})
+        release = upgrade.Release(layout, unfinished, [p for p in planned if p.name in held], spark, events)
+        runnable = [p for p in planned if p.name not in held]
         for only in phases:
             try:
                 if standby is not None:
-                    started_queries = queries.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
+                    started_queries = queries.start_ingestion_first(spark, runnable, TAKEOVER_FIRST_BATCH_SECONDS)
                 else:
-                    started_queries = queries.start_planned(spark, planned, only)
+                    started_queries = queries.start_planned(spark, runnable, only)
             except Exception as exc:  # reported, then exit non-zero
                 code = _start_failed(spec, layout, events, exc)
                 return code
             code, cause, stopped = supervise_queries(plan, layout, started_queries, stop_requested, events, lease,
-                                                     args.grace_seconds)
+                                                     args.grace_seconds, release=release)
             if code != EXIT_OK or stopped:
                 break
     finally:

@@ -36,6 +36,7 @@ failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -84,6 +85,65 @@ def latest(layout: Layout) -> dict[str, Any] | None:
     return _read(upgrades_dir(layout) / f"{numbers[-1]:06d}") if numbers else None
 
 
+def unfinished(layout: Layout) -> dict[str, Any] | None:
+    """The stream's newest upgrade if it has not ended (done or rolled back), else None."""
+    record = latest(layout)
+    return record if record is not None and record.get("phase") not in (DONE, ROLLED_BACK) else None
+
+
+def held_outputs(record: dict[str, Any] | None, spec_file: str | os.PathLike[str]) -> list[str] | None:
+    """What a driver starting during the unfinished upgrade ``record`` holds back: the outputs it
+    rebuilds, if it is an online one (``--online``) to this very spec; None if the driver may not
+    start at all (an offline upgrade, or one to another spec); empty without an upgrade."""
+    if record is None:
+        return []
+    if not record.get("online") or record.get("spec") != Path(spec_file).read_text(encoding="utf-8"):
+        return None
+    return list(record["rebuild"])
+
+
+def write_running_plan(layout: Layout, plan: StreamPlan, previous: dict[str, Any], held: list[str]) -> None:
+    """The plan a starting driver runs, as ``_control/plan.json``: the held outputs' entries stay the
+    last start's (their checkpoints still hold the old plan's state) until the upgrade swaps them in."""
+    if not held:
+        plan.write(layout.plan_file)
+        return
+    running = json.loads(plan.to_json())
+    running["outputs"] = [previous_output(previous, o["name"]) or o if o["name"] in held else o
+                          for o in running["outputs"]]
+    write_atomically(layout.plan_file, json.dumps(running, indent=1) + "\n")
+
+
+class Release:
+    """A driver's held outputs (:func:`held_outputs`), started once their upgrade is done: called at
+    each look of the driver's loop, it returns the queries it started (none until then)."""
+
+    def __init__(self, layout: Layout, record: dict[str, Any] | None, planned: list[Any], spark: SparkSession,
+                 events: Any):
+        self.layout, self.record, self.planned, self.spark, self.events = layout, record, planned, spark, events
+        self._said = False
+
+    def __call__(self) -> dict[str, Any]:
+        if not self.planned or self.record is None:
+            return {}
+        now = _read(Path(self.record["folder"])) or {}
+        if now.get("phase") == ROLLED_BACK and not self._said:
+            self._said = True
+            log.warning("upgrade %d was rolled back: outputs %s stay held; restart the stream to run its plan",
+                        self.record["number"], ", ".join(p.name for p in self.planned))
+        if now.get("phase") != DONE:
+            return {}
+        from spark_jobs.flows import queries
+
+        started = queries.start_planned(self.spark, self.planned)
+        log.info("upgrade %d done: outputs %s started from their rebuilt results", self.record["number"],
+                 ", ".join(started))
+        self.events.write({"event": "outputs_released", "stream": self.record["stream"], "outputs": sorted(started),
+                           "upgrade": self.record["number"]})
+        self.planned = []
+        return started
+
+
 def _read(folder: Path) -> dict[str, Any] | None:
     try:
         return json.loads((folder / "upgrade.json").read_text(encoding="utf-8"))
@@ -115,7 +175,8 @@ def before_table(table: str, number: int) -> str:
 # ---- the steps ----------------------------------------------------------------------------
 
 
-def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None) -> dict[str, Any]:
+def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None,
+            online: bool = False) -> dict[str, Any]:
     """The verdicts, then the savepoint; the upgrade's record. Refused (nothing written) when a
     verdict is one an upgrade cannot carry out, or when there is nothing to carry out."""
     previous = previous_plan(layout)
@@ -154,7 +215,7 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
     record = {"number": number, "folder": str(folder), "stream": plan.stream, "spec_file": spec_file,
               "spec": Path(spec_file).read_text(encoding="utf-8"), "started_at": time.time(),
               "verdicts": [{"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts],
-              "rebuild": rebuild, "outputs": outputs, "checkpoints": checkpoints}
+              "rebuild": rebuild, "outputs": outputs, "checkpoints": checkpoints, "online": online}
     log.info("upgrade %d of %s: savepoint in %s; outputs to rebuild: %s", number, plan.stream, savepoint,
              ", ".join(rebuild))
     return _save(record, phase=PREPARED)
@@ -414,35 +475,69 @@ def rollback(spark: SparkSession, layout: Layout, record: dict[str, Any]) -> Non
 # ---- the whole upgrade, by hand or from its DAG -------------------------------------------
 
 
-def run(spark: SparkSession, spec_file: str, data_root: str | None, *, roll_back: bool = False) -> dict[str, Any]:
+#: the steps one can run on their own (``--step``); ``all`` runs them in order, holding the lease
+STEPS = ("all", "prepare", "rebuild", "swap")
+
+
+def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str = "all", online: bool = False,
+        roll_back: bool = False) -> dict[str, Any]:
     """Carry out (or continue) the stream's upgrade to the spec in ``spec_file``, or roll the newest
-    back; the upgrade's record."""
+    back; the upgrade's record.
+
+    ``step``: ``all`` (the default) prepares, rebuilds, swaps and records the plan, holding the
+    stream's lease throughout (no driver runs meanwhile); ``prepare`` only takes the savepoint
+    (``online``: a driver started afterwards runs every flow but the outputs to rebuild, which it
+    starts once the upgrade is done); ``rebuild`` and ``swap`` (which records the plan too) go on
+    with a prepared upgrade, beside the running driver if it is online."""
     from spark_jobs.analysis import analyze
     from spark_jobs.runtime.lease import DriverLease
 
     spec = load_spec(spec_file)
     layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
-    with DriverLease(layout.lease_dir, stream=spec.name):  # no driver of the stream runs meanwhile
-        record = latest(layout)
-        if roll_back:
-            if record is None or record.get("phase") == ROLLED_BACK:
-                raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
-            rollback(spark, layout, record)
-            return record
-        plan = analyze(spark, spec, layout, spec_file)
-        if record is None or record.get("phase") in (DONE, ROLLED_BACK) or record.get("spec") != Path(
-                spec_file).read_text(encoding="utf-8"):
-            if record is not None and record.get("phase") not in (DONE, ROLLED_BACK):
-                raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
-                                     f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
-            record = prepare(plan, layout, spec_file, spec.event_time.watermark if spec.event_time else None)
-        if record["phase"] == PREPARED:
-            rebuild(spark, plan, record)
-        if record["phase"] == REBUILT:
-            swap(spark, plan, record)
-        if record["phase"] == SWAPPED:
-            finish(plan, layout, record)
+    text = Path(spec_file).read_text(encoding="utf-8")
+    lease = DriverLease(layout.lease_dir, stream=spec.name)  # no driver of the stream runs meanwhile
+    record = unfinished(layout)
+    if roll_back:
+        newest = latest(layout)
+        if newest is None or newest.get("phase") == ROLLED_BACK:
+            raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
+        with lease:
+            rollback(spark, layout, newest)
+        return newest
+    if record is not None and record.get("spec") != text:
+        raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
+                             f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
+    if step in ("all", "prepare"):
+        with lease:
+            plan = analyze(spark, spec, layout, spec_file)
+            if record is None:
+                record = prepare(plan, layout, spec_file, spec.event_time.watermark if spec.event_time else None,
+                                 online=online and step == "prepare")
+            if step == "all":
+                _carry_out(spark, plan, layout, record, through=SWAPPED)
         return record
+    if record is None:
+        raise UpgradeRefused(f"stream {spec.name} has no unfinished upgrade to this spec: prepare one first "
+                             "(--step prepare)")
+    if step == "swap" and record["phase"] == PREPARED:
+        raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} has not rebuilt its outputs yet "
+                             "(--step rebuild)")
+    with (contextlib.nullcontext() if record.get("online") else lease):
+        plan = analyze(spark, spec, layout, spec_file)
+        _carry_out(spark, plan, layout, record, through=REBUILT if step == "rebuild" else SWAPPED)
+    return record
+
+
+def _carry_out(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any], through: str) -> None:
+    """The steps of a prepared upgrade not taken yet, up to the one that ends in ``through``."""
+    if record["phase"] == PREPARED:
+        rebuild(spark, plan, record)
+    if through == REBUILT:
+        return
+    if record["phase"] == REBUILT:
+        swap(spark, plan, record)
+    if record["phase"] == SWAPPED:
+        finish(plan, layout, record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", required=True, help="the stream's spec file (YAML), as changed")
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--rollback", action="store_true", help="roll the newest upgrade back to its savepoint")
+    p.add_argument("--step", choices=STEPS, default="all", help="one step only (see spark_jobs.upgrade.run)")
+    p.add_argument("--online", action="store_true",
+                   help="with --step prepare: the stream runs during the rebuild, its outputs to rebuild held")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from spark_jobs.runtime.lease import LeaseHeld
@@ -458,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = None
     try:
         spark = build_session("upgrade")
-        record = run(spark, args.spec, args.data_root, roll_back=args.rollback)
+        record = run(spark, args.spec, args.data_root, step=args.step, online=args.online, roll_back=args.rollback)
     except (UpgradeRefused, SpecError) as exc:
         log.error("%s", exc)
         return EXIT_REFUSED

@@ -36,7 +36,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -144,14 +144,19 @@ def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] 
 
 def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, StreamingQuery],
                       stop_requested: threading.Event, events: EventLog, lease: DriverLease,
-                      grace_seconds: float = GRACE_SECONDS) -> tuple[int, str, bool]:
+                      grace_seconds: float = GRACE_SECONDS,
+                      release: Callable[[], dict[str, StreamingQuery]] | None = None) -> tuple[int, str, bool]:
     """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
     driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
-    immediate stop halts the driver. ``plan``: the one the driver started with (its checkpoints)."""
+    immediate stop halts the driver. ``plan``: the one the driver started with (its checkpoints).
+    ``release``: asked at each look for queries held back until now (an upgrade's outputs, once
+    swapped in), which join the others."""
     marker, stream = layout.stop_marker, plan.stream
     code, cause, stopped = EXIT_OK, "", False
     try:
         while True:
+            if release is not None:
+                queries.update(release())
             failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
             if failed:
                 for name, exc in failed:

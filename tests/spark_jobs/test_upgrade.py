@@ -15,7 +15,16 @@ from edited_streams import stream as stream  # noqa: F401
 
 from spark_jobs import changes, frames, stream_job, upgrade
 from spark_jobs.analysis import resolve_plan
-from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch, previous_plan, sink_files
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import (
+    batch_watermark_ms,
+    landing_backlog,
+    last_batch,
+    previous_plan,
+    read_query_checkpoint,
+    sink_files,
+    unread_accepted_files,
+)
 from spark_jobs.runtime.clock import from_ms
 from spark_jobs.sinks.table import open_database
 from spark_jobs.spec.layout import Layout
@@ -267,3 +276,75 @@ def test_a_window_moved_to_a_delta_table_then_edited_there_is_rebuilt_and_rolled
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # and it resumes from the rebuilt one
     assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
     assert durations(delta_rows()) == {timedelta(minutes=10)} and DeltaTable(table).version() == version + 2
+
+
+def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then_starts_it(
+        spark, stream, monkeypatch) -> None:
+    """Prepared online, the stream runs during the rebuild and the swap: its other outputs commit, the
+    window output is held, then started from its rebuilt result once the upgrade is done."""
+    import time
+
+    from spark_jobs.runtime.progress import read_events
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--step", "prepare", "--online") == upgrade.EXIT_OK
+    assert upgrade.latest(layout)["online"] and upgrade.latest(layout)["phase"] == upgrade.PREPARED
+    began = time.time()
+    hot = Path(layout.checkpoint_root) / "hot"
+    steps: dict[str, object] = {}
+
+    def events(kind: str) -> list[dict]:
+        return [e for e in read_events(layout.events_file) if e.get("event") == kind and e.get("logged_at", 0) > began]
+
+    def wait(condition, what: str, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert time.monotonic() < deadline, f"not within {seconds}s: {what}"
+            time.sleep(0.2)
+
+    def operate() -> None:  # what the upgrade DAG does once the stream runs again
+        try:
+            wait(lambda: events("outputs_held"), "the driver holds the window output")
+            commits = last_batch(hot, "commits")
+            assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "3",
+                                  "--events-per-file", "25", "--seed", "9",
+                                  "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+            wait(lambda: last_batch(hot, "commits") != commits, "an unchanged output commits during the upgrade")
+            steps["rebuild"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "rebuild"])
+            steps["hot during"] = last_batch(hot, "commits") != commits
+            steps["swap"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "swap"])
+            wait(lambda: events("outputs_released"), "the window output started")
+            checkpoint = layout_of(spec_file, data).checkpoint_root + f"/{WINDOW}"
+            released = last_batch(checkpoint, "commits")
+            assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "2",
+                                  "--events-per-file", "25", "--seed", "10",
+                                  "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+            wait(lambda: last_batch(checkpoint, "commits") != released, "the window output commits after its release")
+            plan = compile_plan(layout.spec, layout)
+
+            def read_all() -> bool:  # every landed file ingested, every accepted file read by the window output
+                ingested = read_query_checkpoint(plan.checkpoint("_ingest")).processed_files
+                return (not landing_backlog(layout.landing, ingested)[0]
+                        and unread_accepted_files(plan, read_query_checkpoint(checkpoint)) == 0)
+
+            wait(read_all, "the window output read every row the ingestion accepted")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            steps["error"] = exc
+        finally:
+            layout.stop_marker.write_text('{"mode": "graceful"}')
+
+    operator = threading.Thread(target=operate, daemon=True)
+    operator.start()
+    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    code = stream_job.main(["--spec", str(spec_file), "--data-root", str(data), "--processing-time", "1 second"])
+    operator.join(30)
+    assert "error" not in steps, steps.get("error")
+    assert code == stream_job.EXIT_OK and steps == {"rebuild": 0, "hot during": True, "swap": 0}
+    assert upgrade.latest(layout)["phase"] == upgrade.DONE
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.UNCHANGED
+    live = sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))
+    assert durations(live) == {timedelta(minutes=15)}
+    assert window_rows(live) == expected_windows(spark, spec_file, data)
