@@ -151,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         log.error("%s", exc)
         return 2
-    from spark_jobs.runtime.session import build_session
+    from spark_jobs.runtime.session import build_session, yield_cpu
 
+    yield_cpu()  # the stream whose state this reads runs on the same cores: it goes first
     spark = build_session(f"state:{spec.name}", spec, extra=READ_ONLY)
     try:
         result = inspect(spark, compile_plan(spec, layout), layout)

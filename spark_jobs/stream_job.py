@@ -94,8 +94,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spark_jobs import upgrade
+
     try:
         spec, layout = load(args.spec, args.data_root)
+        pinned = upgrade.pinned_spec(layout, args.spec)
+        if pinned is not None:  # a rollback's: the spec the stream ran before the upgrade it undid
+            log.warning("stream %s runs the spec a rollback pinned (%s), not %s: upgrade the stream to the file's "
+                        "spec, or restore the file", spec.name, pinned, args.spec)
+            spec, layout = load(pinned, args.data_root, spec_dir=layout.spec_dir)
+            args.spec = str(pinned)
     except DriverRefused as exc:
         return exc.code
     if spec.application is not None:

@@ -1,8 +1,11 @@
 """An upgrade: a stream's spec changed in ways its checkpoint cannot resume, carried out output by
 output, with a savepoint to roll back to.
 
-    python -m spark_jobs.submit upgrade --spec include/streams/<name>.yaml [--data-root R]
-    python -m spark_jobs.submit upgrade --spec ... --rollback
+    python -m spark_jobs.submit upgrade --spec include/streams/<name>.yaml [-- --data-root R]
+    python -m spark_jobs.submit upgrade --spec ... -- --step prepare --online   (then --step rebuild, --step swap)
+    python -m spark_jobs.submit upgrade --spec ... -- --rollback
+
+(the steps one by one are what the DAG ``stream_<name>_upgrade`` runs; docs/changes.md)
 
 Each flow's verdict (``spark_jobs.changes``) says what it takes:
 
@@ -26,8 +29,10 @@ rebuild and the plan they ran copied, and each one's sink and position recorded.
 stay (``.<name>.upgrade-<n>`` beside a Parquet folder, ``<table>__before_<n>``, a Delta table's
 versions), so ``--rollback`` puts those outputs back as the savepoint had them: checkpoints, sinks
 (a Delta table restored to its version in one transaction) and the plan; the other flows go on
-from where they are. The stream's driver must
-not run meanwhile: the upgrade holds its lease. Every step is recorded in the upgrade's
+from where they are. A rollback pins the spec the stream ran before (:func:`pinned_spec`).
+Without ``--online`` the stream's driver must not run meanwhile: the upgrade holds its lease;
+online, a driver started after the savepoint holds the outputs to rebuild (:func:`held_outputs`)
+and starts them once the swap is done (:class:`Release`). Every step is recorded in the upgrade's
 ``upgrade.json``; an upgrade killed at any moment, run again, continues from the last step it
 finished (or ``--rollback`` undoes it). Exit codes: 0 done, 2 refused (the message says why), 1
 failure.
@@ -83,6 +88,12 @@ def latest(layout: Layout) -> dict[str, Any] | None:
     """The record of the stream's newest upgrade, or None."""
     numbers = sorted(int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit())
     return _read(upgrades_dir(layout) / f"{numbers[-1]:06d}") if numbers else None
+
+
+def history(layout: Layout) -> list[dict[str, Any]]:
+    """The stream's upgrades, the newest first."""
+    numbers = sorted((int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit()), reverse=True)
+    return [r for n in numbers if (r := _read(upgrades_dir(layout) / f"{n:06d}")) is not None]
 
 
 def unfinished(layout: Layout) -> dict[str, Any] | None:
@@ -157,6 +168,40 @@ def _save(record: dict[str, Any], **changes_: Any) -> dict[str, Any]:
     return record
 
 
+def pin_file(layout: Layout) -> Path:
+    """The spec a rollback pinned the stream to: the one it ran before the upgrade it undid."""
+    return layout.lease_dir / "pinned" / f"{layout.spec.name}.yaml"
+
+
+def pinned_spec(layout: Layout, spec_file: str | os.PathLike[str]) -> Path | None:
+    """The spec a driver runs instead of ``spec_file``, if a rollback pinned one and the file still
+    says otherwise; a pin the file agrees with again (the edit undone) is removed."""
+    pin = pin_file(layout)
+    try:
+        pinned = pin.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    if pinned == Path(spec_file).read_text(encoding="utf-8"):
+        unpin(layout)
+        return None
+    return pin
+
+
+def unpin(layout: Layout) -> None:
+    pin_file(layout).unlink(missing_ok=True)
+
+
+def _pin_previous(layout: Layout, record: dict[str, Any]) -> Path | None:
+    """Pin the spec the stream last started with before ``record``'s upgrade (its plans' history)."""
+    before = [p for p in changes.plans(layout) if (p.get("started_at") or 0) < record["started_at"]]
+    if not before:
+        return None
+    kept = json.loads((layout.plans_dir / f"{before[0]['number']:06d}.json").read_text(encoding="utf-8"))
+    if kept.get("spec") is None or kept["spec"] == record["spec"]:
+        return None
+    return write_atomically(pin_file(layout), kept["spec"])
+
+
 def staged_sink(sink_path: str, number: int) -> str:
     """Where an output is rebuilt beside its live sink (hidden from readers of the folder above:
     Spark and pyarrow skip names that begin with a dot)."""
@@ -175,11 +220,11 @@ def before_table(table: str, number: int) -> str:
 # ---- the steps ----------------------------------------------------------------------------
 
 
-def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None,
-            online: bool = False) -> dict[str, Any]:
-    """The verdicts, then the savepoint; the upgrade's record. Refused (nothing written) when a
-    verdict is one an upgrade cannot carry out, or when there is nothing to carry out."""
-    previous = previous_plan(layout)
+def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
+          watermark: str | None) -> tuple[list[changes.Verdict], list[str]]:
+    """The verdicts of an upgrade from the plan ``previous`` to ``plan``, and the outputs it would
+    rebuild; refused (:class:`UpgradeRefused`, saying why) when a verdict is one an upgrade cannot
+    carry out, or when there is nothing to carry out. No Spark: the upgrade DAG checks first."""
     verdicts = changes.judge(plan, previous, spec_file, watermark)
     refused = [v for v in verdicts if v.verdict in (changes.REPROCESS, changes.UNKNOWN)]
     if refused:
@@ -199,6 +244,16 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
     if not rebuild:
         raise UpgradeRefused("nothing to upgrade: every flow is unchanged, compatible, new or retired, which a "
                              "start carries out itself:\n" + changes.report(verdicts))
+    return verdicts, rebuild
+
+
+def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None,
+            online: bool = False) -> dict[str, Any]:
+    """The verdicts (:func:`check`), then the savepoint; the upgrade's record. A pinned spec (a
+    rollback's) gives way: this upgrade is to the spec file as it is now."""
+    previous = previous_plan(layout)
+    verdicts, rebuild = check(plan, previous, spec_file, watermark)
+    unpin(layout)
     numbers = [int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit()]
     number = max(numbers, default=0) + 1
     folder = upgrades_dir(layout) / f"{number:06d}"
@@ -468,8 +523,10 @@ def rollback(spark: SparkSession, layout: Layout, record: dict[str, Any]) -> Non
     shutil.rmtree(folder / "staged", ignore_errors=True)
     if (folder / "savepoint" / "plan.json").exists():
         shutil.copy2(folder / "savepoint" / "plan.json", layout.plan_file)
-    _save(record, phase=ROLLED_BACK, finished_at=time.time())
-    log.info("upgrade %d of %s rolled back to its savepoint", number, record["stream"])
+    pinned = _pin_previous(layout, record)
+    _save(record, phase=ROLLED_BACK, finished_at=time.time(), pinned=str(pinned) if pinned else None)
+    log.info("upgrade %d of %s rolled back to its savepoint%s", number, record["stream"],
+             f"; its drivers run the spec it ran before ({pinned}) until the spec file changes again" if pinned else "")
 
 
 # ---- the whole upgrade, by hand or from its DAG -------------------------------------------
@@ -480,7 +537,7 @@ STEPS = ("all", "prepare", "rebuild", "swap")
 
 
 def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str = "all", online: bool = False,
-        roll_back: bool = False) -> dict[str, Any]:
+        roll_back: bool = False, number: int | None = None) -> dict[str, Any]:
     """Carry out (or continue) the stream's upgrade to the spec in ``spec_file``, or roll the newest
     back; the upgrade's record.
 
@@ -501,6 +558,9 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         newest = latest(layout)
         if newest is None or newest.get("phase") == ROLLED_BACK:
             raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
+        if number is not None and newest["number"] != number:
+            raise UpgradeRefused(f"upgrade {number} of {spec.name} is not its newest ({newest['number']}): only the "
+                                 "newest is rolled back")
         with lease:
             rollback(spark, layout, newest)
         return newest
@@ -545,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", required=True, help="the stream's spec file (YAML), as changed")
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--rollback", action="store_true", help="roll the newest upgrade back to its savepoint")
+    p.add_argument("--number", type=int, default=None, help="with --rollback: only if it is this upgrade")
     p.add_argument("--step", choices=STEPS, default="all", help="one step only (see spark_jobs.upgrade.run)")
     p.add_argument("--online", action="store_true",
                    help="with --step prepare: the stream runs during the rebuild, its outputs to rebuild held")
@@ -556,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = None
     try:
         spark = build_session("upgrade")
-        record = run(spark, args.spec, args.data_root, step=args.step, online=args.online, roll_back=args.rollback)
+        record = run(spark, args.spec, args.data_root, step=args.step, online=args.online, roll_back=args.rollback,
+                     number=args.number)
     except (UpgradeRefused, SpecError) as exc:
         log.error("%s", exc)
         return EXIT_REFUSED

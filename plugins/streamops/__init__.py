@@ -8,7 +8,7 @@ Great Expectations at module level, so DAG parsing stays fast.
 STREAMS_URL = "/streams"
 
 #: The DAGs of a stream, by role ("" is the one that deploys and supervises it).
-DAG_ROLES = ("", "stop", "restart", "backfill", "quality", "maintenance", "state")
+DAG_ROLES = ("", "stop", "restart", "backfill", "quality", "maintenance", "state", "upgrade", "rollback")
 
 
 def dag_id(stream: str, role: str = "") -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs import submit
 from spark_jobs.plan import StreamPlan, compile_plan
@@ -54,6 +55,7 @@ from streamops.operators.quality import RUN_ID_PATTERN, ValidateStreamOperator
 from streamops.operators.standby import StreamStandbyOperator
 from streamops.operators.state import InspectStateOperator
 from streamops.operators.supervise import StreamSupervisorOperator
+from streamops.operators.upgrade import UpgradeStepOperator, WatchUpgradeOperator
 from streamops.sensors.stream_health import StreamHealthSensor
 
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017 - fixed, never "now"
@@ -162,6 +164,86 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
     dags[restart_dag.dag_id] = restart_dag
     if spec.application is None:  # an application's own queries: nothing of the platform's to backfill or validate
         dags |= _data_dags(spec, plan, spec_dir, paths, tags)
+        dags |= _change_dags(spec, plan, paths, tags, run_dag.dag_id)
+    return dags
+
+
+def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags: list[str],
+                 run_dag_id: str) -> dict[str, DAG]:
+    """The upgrade of a stream to its spec file's change, and the rollback of its newest upgrade
+    (spark_jobs.upgrade, docs/changes.md)."""
+    dags: dict[str, DAG] = {}
+    spark = {"conn_id": spec.spark.connection, "jars": _jars(), "conf": _conf()}
+    once = {**_default_args(spec), "retries": 0}
+
+    def restart(prefix: str, trigger_rule: str = "all_success") -> tuple[Any, Any]:
+        """Resume the stream and start its DAG, then wait until it runs: (first task, last task)."""
+        resume = ResumeStreamOperator(task_id=f"{prefix}resume", stream=spec.name, trigger_rule=trigger_rule, **paths)
+        start = TriggerDagRunOperator(task_id=f"{prefix}start", trigger_dag_id=run_dag_id, logical_date=None,
+                                      wait_for_completion=False)
+        running = StreamHealthSensor(task_id=f"{prefix}running", stream=spec.name, statuses=list(RUNNING),
+                                     timeout=15 * 60, **paths)
+        resume >> start >> running
+        return resume, running
+
+    upgrade_doc = (f"{_doc(spec, plan, 'upgrade to its changed spec')}\n\nCarries out the spec file's change "
+                   "flow by flow (docs/changes.md): checks the verdicts first (nothing runs if an upgrade cannot "
+                   "carry them out); stops the stream between batches; takes a savepoint; starts the stream again "
+                   "with its outputs to rebuild held, so the others keep committing; rebuilds those beside their "
+                   "live sinks from the accepted rows; swaps each in, in one step; watches the stream. If a step "
+                   "after the savepoint fails, the stream is stopped, rolled back to the savepoint and the spec it "
+                   "ran before, and started again.")
+    with DAG(dag_id(spec.name, "upgrade"), doc_md=upgrade_doc, schedule=None, start_date=START, catchup=False,
+             max_active_runs=1, tags=[*tags, "upgrade"], default_args=once) as upgrade_dag:
+
+        @task
+        def check() -> dict[str, Any]:
+            """The verdicts of the spec file's change against the stream's last plan and state."""
+            from spark_jobs import upgrade
+            from spark_jobs.runtime.checkpoint import previous_plan
+            from streamops.hooks.stream import StreamHook
+
+            hook = StreamHook(spec.name, paths["spec_dir"], paths["data_root"])
+            spec_file = str(Path(paths["spec_dir"]) / f"{spec.name}.yaml")
+            try:
+                verdicts, rebuild = upgrade.check(hook.plan, previous_plan(hook.layout), spec_file,
+                                                  hook.spec.event_time.watermark if hook.spec.event_time else None)
+            except upgrade.UpgradeRefused as exc:
+                raise AirflowFailException(str(exc)) from None
+            for v in verdicts:
+                print(v.text())
+            return {"rebuild": rebuild, "verdicts": {v.flow: v.verdict for v in verdicts}}
+
+        stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
+        prepare = UpgradeStepOperator(task_id="prepare", stream=spec.name, step="prepare", online=True, **spark,
+                                      **paths)
+        resume, running = restart("")
+        rebuild = UpgradeStepOperator(task_id="rebuild", stream=spec.name, step="rebuild", **spark, **paths)
+        swap = UpgradeStepOperator(task_id="swap", stream=spec.name, step="swap", **spark, **paths)
+        watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, **paths)
+        check() >> stop >> prepare >> resume
+        running >> rebuild >> swap >> watch
+        # the way back, from any failure once the savepoint was taken (never from a refused check or prepare)
+        back = StopStreamOperator(task_id="rollback_stop", stream=spec.name, mode="graceful", trigger_rule="one_failed",
+                                  **paths)
+        undo = UpgradeStepOperator(task_id="rollback", stream=spec.name, step="rollback",
+                                   number="{{ (ti.xcom_pull(task_ids='prepare') or {}).get('number', '') }}", **spark,
+                                   **paths)
+        back_resume, _ = restart("rollback_", trigger_rule="none_failed_min_one_success")
+        [running, rebuild, swap, watch] >> back >> undo >> back_resume
+    dags[upgrade_dag.dag_id] = upgrade_dag
+
+    rollback_doc = (f"{_doc(spec, plan, 'roll its newest upgrade back')}\n\nStops the stream between batches, "
+                    "puts each output the newest upgrade rebuilt back as its savepoint had it (checkpoint, sink) "
+                    "and pins the spec the stream ran before (its drivers run it until the spec file changes "
+                    "again), then starts the stream.")
+    with DAG(dag_id(spec.name, "rollback"), doc_md=rollback_doc, schedule=None, start_date=START, catchup=False,
+             max_active_runs=1, tags=[*tags, "upgrade"], default_args=once) as rollback_dag:
+        stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
+        undo = UpgradeStepOperator(task_id="rollback", stream=spec.name, step="rollback", **spark, **paths)
+        resume, _ = restart("")
+        stop >> undo >> resume
+    dags[rollback_dag.dag_id] = rollback_dag
     return dags
 
 

@@ -118,6 +118,8 @@ class Snapshot:
     #: a Kafka source: how many records one trigger takes (its limit, else what the last took)
     records_per_trigger: int = 0
     notes: list[str] = field(default_factory=list)
+    #: the outputs an online upgrade rebuilds, held back by the driver (not stalled): its number
+    held: dict[str, int] = field(default_factory=dict)
     #: why the source cannot be read on from the checkpoint (Kafka records deleted unread)
     blocked: list[str] = field(default_factory=list)
     #: the source's broker does not answer (what the probe said); None if it does, or not Kafka
@@ -228,8 +230,11 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         then = int(earlier[-1].last) if earlier else None
         if kafka.get("backlog_records") is not None:
             trend[INGEST_QUERY] = (then, kafka["backlog_records"])
+    held = _held_by_upgrade(layout)
+    kafka["notes"] = [*kafka.get("notes", []), *(f"output {name} is held while upgrade {number} rebuilds it"
+                                                 for name, number in held.items())]
     return Snapshot(
-        launching_since=None if alive else _launching_since(layout),
+        held=held, launching_since=None if alive else _launching_since(layout),
         stream=spec.name, taken_at=taken_at, driver_alive=alive,
         driver_pid=holder.pid if holder and alive else None, driver_host=holder.host if holder and alive else None,
         driver_started_at=(holder.started_at if holder and alive else driver_started), queries=queries,
@@ -238,6 +243,14 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
         query_started_at=query_started, blocked=kafka.pop("blocked", []) + changed, **kafka,
     )
+
+
+def _held_by_upgrade(layout: Layout) -> dict[str, int]:
+    """The outputs an online upgrade under way rebuilds, which its driver holds back: the upgrade's number of each."""
+    from spark_jobs import upgrade
+
+    record = upgrade.unfinished(layout)
+    return {name: record["number"] for name in record["rebuild"]} if record and record.get("online") else {}
 
 
 def _refused_change(spec: StreamSpec, layout: Layout, plan: StreamPlan) -> list[str]:
@@ -386,8 +399,8 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
 
 def _waiting(snap: Snapshot) -> dict[str, QueryCheckpoint]:
     """The queries with input waiting: files they have not taken, or a batch in flight."""
-    return {name: q for name, q in snap.queries.items()
-            if q.batch_in_flight or snap.backlog_trend.get(name, (None, 0))[1] > 0}
+    return {name: q for name, q in snap.queries.items() if name not in snap.held
+            and (q.batch_in_flight or snap.backlog_trend.get(name, (None, 0))[1] > 0)}
 
 
 def _lagging(snap: Snapshot) -> str | None:

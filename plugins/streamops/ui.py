@@ -250,6 +250,9 @@ ACTIONS = {
     "validate": ("quality", "validate the units closed since the last validation"),
     "maintain": ("maintenance", "compact and vacuum the stream's Delta tables"),
     "inspect": ("state", "read what the state holds (open windows, deduplication keys) at the last committed batch"),
+    "upgrade": ("upgrade", "carry the spec's pending change out: the changed outputs rebuilt beside their sinks "
+                           "while the others run, each swapped in in one step, rolled back on failure"),
+    "rollback": ("rollback", "roll the newest upgrade back to its savepoint and the spec the stream ran before"),
 }
 #: The actions of a stream that is an application of the user's own: its DAGs (dag_factory)
 APPLICATION_ACTIONS = ("start", "stop", "restart")

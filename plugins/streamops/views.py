@@ -365,5 +365,14 @@ def plans(spec: StreamSpec, layout: Layout) -> dict[str, Any]:
         if any(v.verdict != changes.UNCHANGED for v in verdicts):
             pending = [{"flow": _label(v.flow), "verdict": v.verdict, "runnable": v.runnable, "reasons": v.reasons}
                        for v in verdicts]
-    return {"started": started, "pending": pending}
+    from spark_jobs import upgrade
+
+    upgrades = []
+    for record in upgrade.history(layout)[:PLANS_SHOWN]:
+        upgrades.append({"number": record.get("number"), "phase": record.get("phase"),
+                         "rebuild": record.get("rebuild") or [], "online": bool(record.get("online")),
+                         "started": iso(record["started_at"]) if record.get("started_at") else None,
+                         "finished": iso(record["finished_at"]) if record.get("finished_at") else None})
+    pinned = upgrade.pin_file(layout).exists()
+    return {"started": started, "pending": pending, "upgrades": upgrades, "pinned": pinned}
 

@@ -258,9 +258,10 @@ class DriverRefused(Exception):
 
 
 def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
-         application: bool = False) -> tuple[StreamSpec, Layout]:
-    """A driver's stream: its spec and layout. Refused with exit code 2 for an invalid spec (or,
-    with ``application``, one that is not an application's)."""
+         application: bool = False, spec_dir: str | os.PathLike[str] | None = None) -> tuple[StreamSpec, Layout]:
+    """A driver's stream: its spec and layout (``spec_dir``: the specs' folder, if not the file's).
+    Refused with exit code 2 for an invalid spec (or, with ``application``, one that is not an
+    application's)."""
     try:
         spec = load_spec(spec_path)
     except SpecError as exc:
@@ -269,7 +270,7 @@ def load(spec_path: str | os.PathLike[str], data_root: str | None = None,
     if application and spec.application is None:
         log.error("%s: stream %s is not an application (it has no application:)", spec_path, spec.name)
         raise DriverRefused(EXIT_BAD_SPEC)
-    return spec, Layout(spec, data_root, spec_dir=Path(spec_path).resolve().parent)
+    return spec, Layout(spec, data_root, spec_dir=Path(spec_dir or Path(spec_path).resolve().parent))
 
 
 def report_loss(lease: DriverLease, events: EventLog, stream: str) -> None:

@@ -124,6 +124,38 @@ def submit_args() -> list[str]:
     return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
 
 
+#: the niceness of a job that must not slow the stream it looks at (the lowest priority there is)
+BACKGROUND_NICENESS = 19
+
+
+def yield_cpu(niceness: int = BACKGROUND_NICENESS) -> int:
+    """Lower the CPU priority of this job: every thread of this process and, when spark-submit
+    started it, of its driver's JVM (the parent; a Linux niceness is a thread's, and threads
+    started later inherit their starter's). A job beside a running stream on the same cores (the
+    state job) then takes only the CPU the stream leaves. Returns the threads lowered (0 where
+    the system has no ``/proc``)."""
+    pids = [os.getpid()]
+    try:
+        parent = os.getppid()
+        if Path(f"/proc/{parent}/comm").read_text().strip() == "java":
+            pids.append(parent)
+    except OSError:
+        pass
+    lowered = 0
+    for pid in pids:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
+                lowered += 1
+            except OSError:  # a thread that ended meanwhile
+                continue
+    return lowered
+
+
 def build_session(app_name: str, spec: StreamSpec | None = None, master: str | None = None,
                   extra: Mapping[str, Any] | None = None) -> SparkSession:
     """A SparkSession with the platform's settings, then ``extra`` (the job's own), then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -241,3 +242,26 @@ def test_every_stream_of_the_platform_s_own_gets_a_state_dag_run_after_a_schedul
         restart = bag.dags[f"stream_{name}_restart"]
         assert restart.get_task("inspect_state").trigger_dag_id == f"stream_{name}_state"
         assert restart.get_task("inspect_state").upstream_task_ids == {"running"}
+
+
+def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_after_its_savepoint_only(bag) -> None:
+    from streamops.operators.upgrade import UpgradeStepOperator, WatchUpgradeOperator
+
+    for name in ("sensors", "clicks"):
+        dag = bag.dags[f"stream_{name}_upgrade"]
+        assert dag.schedule is None and dag.max_active_runs == 1 and "docs/changes.md" in dag.doc_md
+        order = ["check", "stop", "prepare", "resume", "start", "running", "rebuild", "swap", "watch"]
+        for before, after in itertools.pairwise(order):
+            assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
+        steps = {t.task_id: t.step for t in dag.tasks if isinstance(t, UpgradeStepOperator)}
+        assert steps == {"prepare": "prepare", "rebuild": "rebuild", "swap": "swap", "rollback": "rollback"}
+        assert dag.get_task("prepare").online and isinstance(dag.get_task("watch"), WatchUpgradeOperator)
+        back = dag.get_task("rollback_stop")
+        assert back.trigger_rule == "one_failed" and back.upstream_task_ids == {"running", "rebuild", "swap", "watch"}
+        assert "xcom_pull(task_ids='prepare')" in dag.get_task("rollback").number  # only what this run prepared
+        assert dag.get_task("rollback_resume").trigger_rule == "none_failed_min_one_success"
+        assert dag.get_task("rollback_start").trigger_dag_id == f"stream_{name}"
+        assert all(t.retries == 0 for t in dag.tasks)
+        rollback = bag.dags[f"stream_{name}_rollback"]
+        assert [rollback.get_task(t).downstream_task_ids for t in ("stop", "rollback")] == [{"rollback"}, {"resume"}]
+        assert rollback.get_task("rollback").number is None  # the newest

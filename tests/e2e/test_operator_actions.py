@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -58,6 +58,7 @@ from spark_jobs.runtime.lease import (
     holder_alive,
     read_holder,
 )
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
@@ -496,3 +497,95 @@ def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(p
     assert alert["To"] == ALERT_TO and alert["From"] == ALERT_FROM
     text = body(alert)
     assert budget_spent in text and missing in text and "exit code 1" in text, text
+
+
+# ---- 4. upgrade -------------------------------------------------------------------------------
+
+
+def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_outputs_commit(platform: Platform,
+                                                                                             spark) -> None:
+    """The spec's window edited under the running stream: the upgrade DAG checks, stops, takes its
+    savepoint, runs the stream again with the window output held, rebuilds it beside its sink, swaps
+    it in and watches. A reader polling the window sink never sees two window sizes; the other
+    outputs commit during the rebuild; afterwards every output equals its query over the accepted
+    rows, and never two drivers ran at once."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from spark_jobs import upgrade
+    from spark_jobs.runtime.checkpoint import sink_files
+
+    p = platform
+    spec, layout = p.stream("sensors")
+
+    def feed(seed: int) -> None:  # 4 files of 40 events 15 s of event time apart: the watermark moves 40 minutes
+        assert generate.main(["--spec", str(p.spec_path("sensors")), "--data-root", str(p.data_root), "--files", "4",
+                              "--events-per-file", "40", "--seed", str(seed), "--event-interval-ms", "15000"]) == 0
+
+    feed(41)
+    run = p.trigger("stream_sensors")
+    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    live = layout.data("sinks/sensors/site_temperature_10m")
+
+    def sizes() -> tuple[set, int] | None:  # the window sizes and rows a reader of the sink sees now
+        try:
+            rows = [r for f in sink_files(live) for r in pq.read_table(f.removeprefix("file:")).to_pylist()]
+        except FileNotFoundError:  # a read in flight at the exchange: read again
+            return None
+        return {r["window_end"] - r["window_start"] for r in rows}, len(rows)
+
+    assert sizes()[0] == {timedelta(minutes=10)}  # windows closed, of the spec's size
+    data = yaml.safe_load(p.spec_path("sensors").read_text())
+    (window,) = [o for o in data["outputs"] if o["name"] == "site_temperature_10m"]
+    window["query"]["window"] = {"duration": "15 minutes", "slide": "5 minutes"}
+    p.spec_path("sensors").write_text(yaml.safe_dump(data, sort_keys=False))
+    seen: list[tuple[frozenset, int]] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            if (now := sizes()) is not None:
+                seen.append((frozenset(now[0]), now[1]))
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=poll, daemon=True)
+    reader.start()
+    upgrade_run = p.trigger("stream_sensors_upgrade")
+    wait_for(lambda: p.task_state("stream_sensors_upgrade", "rebuild", upgrade_run) == "running",
+             "the rebuild to start", timeout=420, every=1)
+    ingested = last_batch(f"{layout.checkpoint_root}/{INGEST_QUERY}", "commits")
+    table_batch = last_batch(f"{layout.checkpoint_root}/device_status", "commits")
+    feed(42)  # input during the rebuild: the unchanged flows take it meanwhile
+    wait_for(lambda: p.state("stream_sensors_upgrade", upgrade_run) in ("success", "failed"), "the upgrade to end",
+             timeout=600, every=2)
+    done.set()
+    reader.join(10)
+    assert p.state("stream_sensors_upgrade", upgrade_run) == "success", "\n".join(
+        p.task_log("stream_sensors_upgrade", t, upgrade_run)[-3000:] for t in ("check", "prepare", "rebuild", "swap",
+                                                                              "watch"))
+    record = upgrade.latest(layout)
+    assert record["phase"] == upgrade.DONE and record["rebuild"] == ["site_temperature_10m"] and record["online"]
+    events = [e for e in read_events(layout.events_file) if e.get("logged_at", 0) >= record["started_at"]]
+    held = next(e["logged_at"] for e in events if e.get("event") == "outputs_held")
+    released = next(e["logged_at"] for e in events if e.get("event") == "outputs_released")
+    # the unchanged flows committed while the window output was held (their freshness during the upgrade)
+    during = [e for e in events if e.get("event") == "progress" and held < e["logged_at"] < released
+              and e.get("input_rows")]
+    assert {e["query"] for e in during} >= {INGEST_QUERY, "device_status"}, during
+    assert last_batch(f"{layout.checkpoint_root}/{INGEST_QUERY}", "commits") > ingested
+    assert last_batch(f"{layout.checkpoint_root}/device_status", "commits") > table_batch
+    # never a mix: every read saw one window size
+    assert seen and all(len(s) == 1 for s, _ in seen), sorted(set(seen))[:10]
+    assert len({s for s, _ in seen}) == 2  # the old size, then the new
+
+    spec, layout = p.stream("sensors")
+    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
+    wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
+             timeout=240, every=2)
+    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
+             timeout=120, every=2)
+    agreement = verify.agreement(spark, spec, layout)
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    one_driver_at_a_time(layout)

@@ -179,9 +179,14 @@ def test_a_rollback_puts_every_checkpoint_sink_table_and_the_plan_back(spark, st
     assert files_under(sinks) == before["sinks"]  # byte for byte, the old folders back in place
     assert layout.plan_file.read_bytes() == before["plan"]
     assert table_rows(layout, "sensors_device_status") == before["table"]
-    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC  # the edited spec: refused again
-    spec_file.write_text(original)
+    # the stream runs the spec it ran before, pinned, while the file still says otherwise
+    assert upgrade.pin_file(layout).read_text() == original
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    assert durations(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == {timedelta(minutes=10)}
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.REBUILD  # the file's change still waits
+    spec_file.write_text(original)  # the edit undone: the pin goes
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    assert not upgrade.pin_file(layout).exists()
 
 
 @pytest.mark.parametrize("moment", ["after the rebuild", "after the sink's exchange", "before the plan is recorded"])

@@ -197,3 +197,14 @@ def test_spark_writes_no_checkpoint_file_once_its_driver_lost_the_lease(spark, t
             query.stop()
         fence_lease(spark, None, None)
         lease.release()  # this process holds no lease any more (spark_jobs.runtime.lease.fence)
+
+
+def test_a_job_that_yields_the_cpu_lowers_every_thread_of_its_own() -> None:
+    import subprocess
+    import sys
+
+    script = ("import os, threading, time; from spark_jobs.runtime.session import yield_cpu\n"
+              "t = threading.Thread(target=time.sleep, args=(1,)); t.start()\n"
+              "print(yield_cpu(), os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, t.native_id))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) >= 2 and out[1:] == ["19", "19"]  # the main thread and the other one

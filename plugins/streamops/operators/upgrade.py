@@ -1,0 +1,141 @@
+"""The operators of a stream's upgrade DAG: one step of the upgrade (a Spark job of its own), and
+the watch of the stream once its rebuilt outputs run again."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from spark_jobs import upgrade
+from spark_jobs.runtime.progress import read_events
+from spark_jobs.spec.layout import default_spec_dir
+from streamops.health import RUNNING
+from streamops.hooks.stream import StreamHook
+from streamops.operators import job_path
+
+UPGRADE_JOB = job_path("upgrade.py")
+
+
+class UpgradeStepOperator(SparkSubmitOperator):
+    """Run one step of a stream's upgrade to its spec as the file says it now
+    (``spark_jobs/upgrade.py``, with ``spark-submit``; where: the Spark connection).
+
+    ``prepare`` (the stream stopped: verdicts and savepoint; ``online``: the stream may run again
+    with its outputs to rebuild held), ``rebuild`` (beside the live sinks), ``swap`` (each rebuilt
+    output in its live sink's place, the plan recorded), ``all`` (the three, the stream stopped) or
+    ``rollback`` (the newest upgrade undone, the stream stopped). A refusal (nothing to upgrade, a
+    change an upgrade cannot carry out, a driver running) or a failure fails the task without a
+    retry; the job's log says why. Returns the upgrade's record, without the spec's text (XCom).
+
+    :param stream: the stream's name. (templated)
+    :param step: ``prepare``, ``rebuild``, ``swap``, ``all`` or ``rollback``.
+    :param online: with ``prepare``: the stream runs during the rebuild and the swap.
+    :param number: with ``rollback``: only this upgrade, if it is the newest (templated; empty:
+        none was prepared, and there is nothing to roll back; None: the newest).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "stream", "number")
+
+    def __init__(self, *, stream: str, step: str, online: bool = False, number: str | None = None,
+                 spec_dir: str | None = None, data_root: str | None = None, **kwargs: Any) -> None:
+        if step not in (*upgrade.STEPS, "rollback"):
+            raise ValueError(f"step must be one of {(*upgrade.STEPS, 'rollback')}, not {step!r}")
+        kwargs.setdefault("application", UPGRADE_JOB)
+        kwargs.setdefault("name", f"upgrade:{stream}")
+        super().__init__(**kwargs)
+        self.stream, self.step, self.online, self.spec_dir, self.data_root = stream, step, online, spec_dir, data_root
+        self.number = number
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml"]
+        if self.step == "rollback" and self.number is not None:
+            if not str(self.number).strip():
+                self.log.info("stream %s: no upgrade was prepared: nothing to roll back", self.stream)
+                return {}
+            args += ["--number", str(int(self.number))]
+        args += ["--rollback"] if self.step == "rollback" else ["--step", self.step]
+        args += ["--online"] if self.online and self.step == "prepare" else []
+        self.application_args = args + (["--data-root", self.data_root] if self.data_root else [])
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            raise AirflowFailException(f"the upgrade's {self.step} of stream {self.stream} was refused or failed "
+                                       f"(its log above says why): {exc}") from None
+        record = upgrade.latest(StreamHook(self.stream, self.spec_dir, self.data_root).layout) or {}
+        for verdict in record.get("verdicts", []):
+            self.log.info("%s: %s %s", verdict["flow"], verdict["verdict"], "; ".join(verdict["reasons"]))
+        self.log.info("upgrade %s of %s: %s", record.get("number"), self.stream, record.get("phase"))
+        return {k: v for k, v in record.items() if k != "spec"}
+
+
+class WatchUpgradeOperator(BaseOperator):
+    """Watch a stream after its upgrade swapped the rebuilt outputs in: the driver must start each
+    of them (its ``outputs_released`` event, then each query's start) and the stream must stay
+    running, with no driver or query failing, for ``watch_seconds``. Fails otherwise, which sends
+    the DAG to its rollback.
+
+    :param stream: the stream's name. (templated)
+    :param watch_seconds: how long the stream must run well after the release; default 60.
+    :param timeout_seconds: how long to wait for the release; default 600.
+    """
+
+    template_fields: Sequence[str] = ("stream",)
+
+    def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
+                 watch_seconds: float = 60.0, timeout_seconds: float = 600.0, poll_seconds: float = 2.0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream, self.spec_dir, self.data_root = stream, spec_dir, data_root
+        self.watch_seconds, self.timeout_seconds, self.poll_seconds = watch_seconds, timeout_seconds, poll_seconds
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        record = upgrade.latest(hook.layout)
+        if record is None or record.get("phase") != upgrade.DONE:
+            raise AirflowFailException(f"stream {self.stream} has no finished upgrade to watch: {record and record.get('phase')}")
+        rebuilt, since = set(record["rebuild"]), record["started_at"]
+        deadline = time.monotonic() + self.timeout_seconds
+        released_at = None
+        while released_at is None:
+            events = [e for e in read_events(hook.layout.events_file) if e.get("logged_at", 0) >= since]
+            released = [e for e in events if e.get("event") == "outputs_released" and e.get("upgrade") == record["number"]]
+            started = {e.get("query") for e in events if e.get("event") == "started"}
+            if released and rebuilt <= started:
+                released_at = released[-1]["logged_at"]
+                break
+            self._check(events, record)
+            if time.monotonic() > deadline:
+                raise AirflowFailException(f"stream {self.stream}: the rebuilt outputs {sorted(rebuilt)} did not start "
+                                           f"within {self.timeout_seconds:.0f}s of the swap")
+            time.sleep(self.poll_seconds)
+        self.log.info("stream %s: the rebuilt outputs %s run again; watching it for %.0fs", self.stream,
+                      ", ".join(sorted(rebuilt)), self.watch_seconds)
+        until = time.monotonic() + self.watch_seconds
+        while True:
+            events = [e for e in read_events(hook.layout.events_file) if e.get("logged_at", 0) >= since]
+            self._check(events, record)
+            health = hook.health()
+            if health.status not in RUNNING:
+                raise AirflowFailException(f"stream {self.stream} is {health.status} after its upgrade: {health.reason}")
+            if time.monotonic() >= until:
+                break
+            time.sleep(self.poll_seconds)
+        commits = {e.get("query"): e.get("batch_id") for e in events
+                   if e.get("event") == "progress" and e.get("query") in rebuilt and e.get("logged_at", 0) >= released_at}
+        self.log.info("stream %s ran well for %.0fs after its upgrade (%s); last batches of the rebuilt outputs: %s",
+                      self.stream, self.watch_seconds, health.status, commits or "none yet (no new input)")
+        return {"stream": self.stream, "upgrade": record["number"], "status": str(health.status), "batches": commits}
+
+    def _check(self, events: list[dict[str, Any]], record: dict[str, Any]) -> None:
+        failed = [e for e in events if e.get("event") == "driver_failed"
+                  or (e.get("event") == "terminated" and e.get("exception"))]
+        if failed:
+            raise AirflowFailException(f"stream {self.stream} failed after upgrade {record['number']}: "
+                                       f"{str(failed[-1].get('error') or failed[-1].get('exception'))[:500]}")
