@@ -17,7 +17,9 @@ Before any query starts, the plan is judged against the plan of the last start a
 checkpoint holds, flow by flow (``spark_jobs.changes``): a change the checkpoint cannot honestly
 resume (a window edited in place, a grouping key added, a sink moved, ...) is refused with exit 2
 and the verdicts, and nothing is written. A start that runs keeps its plan (``_control/plans/``)
-and archives the checkpoints of outputs removed from the spec.
+and archives the checkpoints of outputs removed from the spec. During an online upgrade
+(``spark_jobs.upgrade``) the outputs it rebuilds are held, and started once it swapped them in;
+after a rollback the driver runs the spec it pinned (the one the stream ran before).
 
 Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments, or a change
 the checkpoint cannot resume,
@@ -168,7 +170,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         held = upgrade.held_outputs(unfinished, args.spec)  # rebuilt beside their sinks while the others run
         if unfinished is not None and held is None:
             message = (f"upgrade {unfinished['number']} of the stream is unfinished ({unfinished['phase']}): run it "
-                       "again to finish it, or roll it back (python -m spark_jobs.submit upgrade --rollback)")
+                       "again to finish it, or roll it back (docs/changes.md)")
             log.error("stream %s: %s; nothing started", spec.name, message)
             events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
                           "error": message})

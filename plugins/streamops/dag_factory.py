@@ -126,8 +126,10 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
         if spec.supervision.standby_queue is not None:  # its warm standby, on the workers of another queue
             StreamStandbyOperator(task_id="standby", supervisor_task_id="supervise", queue=spec.supervision.standby_queue,
                                   **submit, **paths)
+        # the deploy confirmed: the stream seen running (or stopped on purpose before: skipped, so that the
+        # next run of this DAG, which a restart or an upgrade triggers, does not wait behind this one)
         StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
-                           **paths)
+                           ends_when_stopped=True, **paths)
     dags[run_dag.dag_id] = run_dag
 
     stop_params = {"mode": Param("graceful", enum=["graceful", "immediate"],

@@ -523,6 +523,10 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
                               "--events-per-file", "40", "--seed", str(seed), "--event-interval-ms", "15000"]) == 0
 
     feed(41)
+    wait_for(lambda: "stream_sensors_upgrade" in p.airflow.dag_ids(), "the DAG processor to parse the upgrade DAG",
+             timeout=180, every=2)
+    for dag in ("stream_sensors", "stream_sensors_stop", "stream_sensors_upgrade"):  # as deploy and the page do
+        p.airflow.cli("dags", "unpause", dag)
     run = p.trigger("stream_sensors")
     wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
     live = layout.data("sinks/sensors/site_temperature_10m")
@@ -551,8 +555,14 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     reader = threading.Thread(target=poll, daemon=True)
     reader.start()
     upgrade_run = p.trigger("stream_sensors_upgrade")
-    wait_for(lambda: p.task_state("stream_sensors_upgrade", "rebuild", upgrade_run) == "running",
-             "the rebuild to start", timeout=420, every=1)
+    try:
+        wait_for(lambda: p.task_state("stream_sensors_upgrade", "rebuild", upgrade_run) == "running",
+                 "the rebuild to start", timeout=420, every=1)
+    except AssertionError:
+        states = {t: p.task_state("stream_sensors_upgrade", t, upgrade_run) for t in ("check", "stop", "prepare",
+                                                                                     "resume", "start", "running")}
+        raise AssertionError(f"the rebuild did not start: {states}; runs of stream_sensors: "
+                             f"{p.airflow.runs('stream_sensors')}") from None
     ingested = last_batch(f"{layout.checkpoint_root}/{INGEST_QUERY}", "commits")
     table_batch = last_batch(f"{layout.checkpoint_root}/device_status", "commits")
     feed(42)  # input during the rebuild: the unchanged flows take it meanwhile

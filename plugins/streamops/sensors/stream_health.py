@@ -7,11 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowSkipException
 
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
-from streamops.triggers.stream_health import StreamHealthTrigger
+from streamops.triggers.stream_health import StreamHealthTrigger, stopped
 
 
 class StreamHealthSensor(BaseSensorOperator):
@@ -31,7 +31,7 @@ class StreamHealthSensor(BaseSensorOperator):
 
     def __init__(self, *, stream: str, statuses: Sequence[str], fail_on: Sequence[str] = (Status.CORRUPT, Status.BLOCKED),
                  spec_dir: str | None = None, data_root: str | None = None, deferrable: bool = True,
-                 **kwargs: Any) -> None:
+                 ends_when_stopped: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("poke_interval", 10)
         super().__init__(**kwargs)
         self.stream = stream
@@ -40,15 +40,20 @@ class StreamHealthSensor(BaseSensorOperator):
         self.spec_dir = spec_dir
         self.data_root = data_root
         self.deferrable = deferrable
+        self.ends_when_stopped = ends_when_stopped
 
     def _health(self) -> dict[str, Any]:
-        health = StreamHook(self.stream, self.spec_dir, self.data_root).health()
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        health = hook.health()
         self.log.info("%s", health.summary())
         for note in health.notes:
             self.log.info("note: %s", note)
-        return health.to_dict()
+        return health.to_dict() | {"held_by": hook.held_by()}
 
     def _decide(self, health: dict[str, Any]) -> bool:
+        if self.ends_when_stopped and stopped(health):  # e.g. a deploy stopped before it was seen running
+            raise AirflowSkipException(f"stream {self.stream} was stopped on purpose ({health['held_by']}) "
+                                       "before it was seen running")
         if health["status"] in self.fail_on:
             problems = "; ".join(health.get("problems") or []) or health["reason"]
             raise AirflowException(f"stream {self.stream} is {health['status']}: {problems}")
@@ -66,7 +71,7 @@ class StreamHealthSensor(BaseSensorOperator):
             return health
         self.defer(
             trigger=StreamHealthTrigger(self.stream, self.statuses + self.fail_on, float(self.poke_interval),
-                                        self.spec_dir, self.data_root),
+                                        self.spec_dir, self.data_root, self.ends_when_stopped),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,
         )
