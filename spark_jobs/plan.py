@@ -520,7 +520,15 @@ class StreamPlan:
         return names | {o.query_name: o.name for o in self.queried_outputs}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, default=_jsonable, sort_keys=False)
+        """The plan as JSON, as the stream's control files keep it: a database URL's password left
+        out (those files are read by the pages; the password is the environment's or the spec's)."""
+        from spark_jobs.sinks.table import redact
+
+        data = asdict(self)
+        for output in data["outputs"]:
+            if output["sink"].get("kind") == "table" and output["sink"].get("url"):
+                output["sink"]["url"] = redact(output["sink"]["url"])
+        return json.dumps(data, indent=1, default=_jsonable, sort_keys=False)
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the plan as JSON (atomically) to ``path``."""

@@ -219,3 +219,16 @@ def test_an_application_s_plan_names_its_queries_and_their_checkpoints(tmp_path:
     assert plan.application.file == str((SPEC_DIR.parent / "applications" / "rate_counts.py").resolve())
     with pytest.raises(KeyError, match=r"stream 'counts' has no query 'other'; it has \['counts', 'totals'\]"):
         plan.checkpoint("other")
+
+
+def test_the_plan_s_json_keeps_no_database_password(tmp_path: Path, clicks_plan, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from spark_jobs.plan import TableDataset
+
+    secret = "postgresql://streams:hunter2-s3cret@db.example:5432/streams"
+    outputs = [replace(o, sink=TableDataset(secret, o.sink.table)) if isinstance(o.sink, TableDataset) else o
+               for o in clicks_plan.outputs]
+    assert any(isinstance(o.sink, TableDataset) for o in outputs)
+    text = replace(clicks_plan, outputs=outputs).write(tmp_path / "plan.json").read_text()
+    assert "hunter2" not in text and "postgresql://streams:***@db.example:5432/streams" in text
