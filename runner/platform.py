@@ -19,8 +19,7 @@ from runner.airflow import AirflowServices
 from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
 from runner.summary import summarize
-from spark_jobs.sinks.table import redact
-from spark_jobs.spec.layout import Layout
+from spark_jobs.spec.layout import Layout, redact
 from spark_jobs.spec.models import KafkaSource, StreamSpec
 from streamops import dag_id, tenure
 

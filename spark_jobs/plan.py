@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.runtime.files import write_atomically
+from spark_jobs.spec.layout import redact
 from spark_jobs.spec.models import (
     ACCEPTED_TABLE,
     CODE_QUERIES,
@@ -522,8 +523,6 @@ class StreamPlan:
     def to_json(self) -> str:
         """The plan as JSON, as the stream's control files keep it: a database URL's password left
         out (those files are read by the pages; the password is the environment's or the spec's)."""
-        from spark_jobs.sinks.table import redact
-
         data = asdict(self)
         for output in data["outputs"]:
             if output["sink"].get("kind") == "table" and output["sink"].get("url"):

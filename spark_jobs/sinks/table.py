@@ -31,8 +31,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
+from spark_jobs.spec.layout import redact
 from spark_jobs.spec.models import (
     NAME_PATTERN,
     SPARK_TYPES,
@@ -79,28 +79,6 @@ assert all(set(types) == set(SPARK_TYPES) for types in SQL_TYPES.values())
 
 class TableSinkError(ValueError):
     """Bad configuration or data for a table sink; the message names the table."""
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to log)."""
-    if "://" not in url:  # a libpq key=value string
-        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
-    query = "&".join(
-        f"{piece.split('=', 1)[0]}=***" if piece.split("=", 1)[0].lower() == "password" else piece
-        for piece in parts.query.split("&")
-    )
-    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if parts.query else "")
-            + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
 def _quote(name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from spark_jobs.spec.models import TRANSFORMS_DIR, FileSource, StreamSpec, TableSink
 
@@ -145,3 +146,25 @@ class Layout:
             if not os.path.isabs(rel):
                 url = f"sqlite:///{(self.data_root / rel).resolve()}"
         return url
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to log)."""
+    if "://" not in url:  # a libpq key=value string
+        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", url, flags=re.IGNORECASE)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = "&".join(
+        f"{piece.split('=', 1)[0]}=***" if piece.split("=", 1)[0].lower() == "password" else piece
+        for piece in parts.query.split("&")
+    )
+    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if parts.query else "")
+            + (f"#{parts.fragment}" if parts.fragment else ""))

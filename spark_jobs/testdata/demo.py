@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from spark_jobs.runtime.session import connector_jars, submit_args
-from spark_jobs.sinks.table import redact
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
     default_spec_dir,
+    redact,
 )
 from spark_jobs.spec.loading import load_specs
 from spark_jobs.spec.models import KafkaSource
