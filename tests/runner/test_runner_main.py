@@ -68,7 +68,8 @@ def test_data_written_by_other_specs_is_refused_before_anything_starts(tmp_path:
     (commits / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
     code = main(["up", "--port", str(free_port()), "--data-root", str(data)])
     err = capsys.readouterr().err
-    assert code == 2 and "output views_per_minute was written to parquet" in err and "goes to delta" in err
+    assert code == 2 and "stream clicks: its spec changed in ways its checkpoint" in err
+    assert "output views_per_minute: rebuild" in err and 'sink.kind: the sink moved from parquet to delta' in err
     assert f"error: {data} holds data that these specs cannot resume from; `./platform up --fresh` discards it" in err
     assert not (data / "airflow").exists() and not (data / "logs").exists()
 
