@@ -32,7 +32,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from spark_jobs import submit
 from spark_jobs.plan import StreamPlan, compile_plan
@@ -225,14 +225,21 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
         watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, **paths)
         check() >> stop >> prepare >> resume
         running >> rebuild >> swap >> watch
-        # the way back, from any failure once the savepoint was taken (never from a refused check or prepare)
-        back = StopStreamOperator(task_id="rollback_stop", stream=spec.name, mode="graceful", trigger_rule="one_failed",
-                                  **paths)
+        # the way back, from any failure once the stream was stopped: stopped again, this run's upgrade (if it
+        # prepared one) rolled back, started again. A refused check stopped nothing: then nothing happens
+
+        @task(trigger_rule="one_failed")
+        def stopped(ti: Any = None) -> None:
+            """Go back only if this run stopped the stream."""
+            if ti.xcom_pull(task_ids="stop") is None:
+                raise AirflowSkipException("this run stopped nothing (its check refused the change): nothing to undo")
+
+        back = StopStreamOperator(task_id="rollback_stop", stream=spec.name, mode="graceful", **paths)
         undo = UpgradeStepOperator(task_id="rollback", stream=spec.name, step="rollback",
                                    number="{{ (ti.xcom_pull(task_ids='prepare') or {}).get('number', '') }}", **spark,
                                    **paths)
         back_resume, _ = restart("rollback_", trigger_rule="none_failed_min_one_success")
-        [running, rebuild, swap, watch] >> back >> undo >> back_resume
+        [running, rebuild, swap, watch] >> stopped() >> back >> undo >> back_resume
     dags[upgrade_dag.dag_id] = upgrade_dag
 
     rollback_doc = (f"{_doc(spec, plan, 'roll its newest upgrade back')}\n\nStops the stream between batches, "

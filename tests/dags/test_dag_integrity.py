@@ -245,6 +245,8 @@ def test_every_stream_of_the_platform_s_own_gets_a_state_dag_run_after_a_schedul
 
 
 def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_after_its_savepoint_only(bag) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from streamops.operators.upgrade import UpgradeStepOperator, WatchUpgradeOperator
 
     for name in ("sensors", "clicks"):
@@ -256,8 +258,22 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
         steps = {t.task_id: t.step for t in dag.tasks if isinstance(t, UpgradeStepOperator)}
         assert steps == {"prepare": "prepare", "rebuild": "rebuild", "swap": "swap", "rollback": "rollback"}
         assert dag.get_task("prepare").online and isinstance(dag.get_task("watch"), WatchUpgradeOperator)
-        back = dag.get_task("rollback_stop")
-        assert back.trigger_rule == "one_failed" and back.upstream_task_ids == {"running", "rebuild", "swap", "watch"}
+        gate = dag.get_task("stopped")  # only a run that stopped the stream goes back
+        assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {"running", "rebuild", "swap", "watch"}
+        assert dag.get_task("rollback_stop").upstream_task_ids == {"stopped"}
+        assert dag.get_task("rollback_stop").trigger_rule == "all_success"
+
+        class Ti:  # what the stop task returned to XCom: None if it never ran (the check refused)
+            def __init__(self, stopped: dict | None) -> None:
+                self.stopped = stopped
+
+            def xcom_pull(self, task_ids: str) -> dict | None:
+                assert task_ids == "stop"
+                return self.stopped
+
+        with pytest.raises(AirflowSkipException):
+            gate.python_callable(ti=Ti(None))
+        gate.python_callable(ti=Ti({"stream": name, "stopped": True}))
         assert "xcom_pull(task_ids='prepare')" in dag.get_task("rollback").number  # only what this run prepared
         assert dag.get_task("rollback_resume").trigger_rule == "none_failed_min_one_success"
         assert dag.get_task("rollback_start").trigger_dag_id == f"stream_{name}"
