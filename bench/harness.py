@@ -216,19 +216,27 @@ def spark_submit(args: list[str], log: Path, timeout: float, jars: list[str] | N
     with open(log, "w") as out:
         started = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env())
-        sampler = PeakRss(proc.pid)
-        sampler.start()
-        try:
-            code = proc.wait(timeout)
-        except BaseException:
-            kill_tree(proc.pid)
-            proc.wait()
-            raise
-        finally:
-            memory = sampler.stop()
-            kill_pids(sampler.seen)  # nothing of it outlives it (a Python worker left behind)
+        code, memory = wait_measured(proc, timeout)
         wall = time.time() - started
     return {"exit_code": code, "wall_s": wall, "started_at": started, **memory}
+
+
+def wait_measured(proc: subprocess.Popen, timeout: float, every: float = 0.2) -> tuple[int, dict[str, float]]:
+    """Wait for a spark-submit this process started, sampling its peak memory every ``every`` s:
+    its exit code and :class:`PeakRss`'s figures. Its whole tree is killed if the wait fails, and
+    nothing of it outlives it (a Python worker left behind)."""
+    sampler = PeakRss(proc.pid, every=every)
+    sampler.start()
+    try:
+        code = proc.wait(timeout)
+    except BaseException:
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        memory = sampler.stop()
+        kill_pids(sampler.seen)
+    return code, memory
 
 
 # ---- the working folder -------------------------------------------------------------------------------

@@ -53,14 +53,13 @@ import yaml
 
 from bench.harness import (
     MASTER,
-    PeakRss,
     child_env,
     clean_up,
     cpu_seconds,
     end_everything,
     epoch,
-    kill_pids,
     kill_tree,
+    wait_measured,
     working_folder,
 )
 from bench.report import Progress, machine, results_path, spread, write_results
@@ -138,17 +137,7 @@ class Reader:
         started = time.time()
         proc = start(submit("state", self.spec_path, ["--result", str(result), "--data-root", str(self.data_root)]),
                      log)
-        sampler = PeakRss(proc.pid, every=2.0)  # a light sampler: it also records the tree, to end what outlives it
-        sampler.start()
-        try:
-            code = proc.wait(READ_TIMEOUT_S)
-        except BaseException:
-            kill_tree(proc.pid)
-            proc.wait()
-            raise
-        finally:
-            memory = sampler.stop()
-            kill_pids(sampler.seen)
+        code, memory = wait_measured(proc, READ_TIMEOUT_S, every=2.0)  # a light sampler beside the stream
         ended = time.time()
         if code != 0:
             raise RuntimeError(f"state read {self.count} exited {code}; {log}:\n{tail(log)}")

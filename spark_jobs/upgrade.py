@@ -84,16 +84,20 @@ def upgrades_dir(layout: Layout) -> Path:
     return layout.lease_dir / "upgrades"
 
 
+def _numbers(layout: Layout) -> list[int]:
+    """The numbers of the stream's upgrades, the newest last."""
+    return sorted(int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit())
+
+
 def latest(layout: Layout) -> dict[str, Any] | None:
     """The record of the stream's newest upgrade, or None."""
-    numbers = sorted(int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit())
+    numbers = _numbers(layout)
     return _read(upgrades_dir(layout) / f"{numbers[-1]:06d}") if numbers else None
 
 
 def history(layout: Layout) -> list[dict[str, Any]]:
     """The stream's upgrades, the newest first."""
-    numbers = sorted((int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit()), reverse=True)
-    return [r for n in numbers if (r := _read(upgrades_dir(layout) / f"{n:06d}")) is not None]
+    return [r for n in reversed(_numbers(layout)) if (r := _read(upgrades_dir(layout) / f"{n:06d}")) is not None]
 
 
 def unfinished(layout: Layout) -> dict[str, Any] | None:
@@ -254,8 +258,7 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
     previous = previous_plan(layout)
     verdicts, rebuild = check(plan, previous, spec_file, watermark)
     unpin(layout)
-    numbers = [int(p.name) for p in upgrades_dir(layout).glob("*") if p.name.isdigit()]
-    number = max(numbers, default=0) + 1
+    number = max(_numbers(layout), default=0) + 1
     folder = upgrades_dir(layout) / f"{number:06d}"
     savepoint = folder / "savepoint"
     savepoint.mkdir(parents=True)

@@ -4,6 +4,7 @@ and started again: what the tests of changes and upgrades share."""
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,27 @@ def _spec() -> dict:
     return data
 
 
+def in_session(spark, monkeypatch) -> None:
+    """Jobs run in the tests' session, which outlives them."""
+    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+
+
 def start(spark, spec_file: Path, data_root: Path, monkeypatch) -> int:
     """One bare start of the stream job on what waits (available now), in the tests' session."""
-    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
-    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    in_session(spark, monkeypatch)
     return stream_job.main(["--spec", str(spec_file), "--data-root", str(data_root), "--trigger", "available-now"])
+
+
+def run_beside(spark, spec_file: Path, data_root: Path, monkeypatch, operate, join_seconds: float = 30) -> int:
+    """The stream job at a 1-second trigger in the tests' session, while ``operate`` runs on a thread
+    of its own (it ends the job, as an operator would: the stop marker); the job's exit code."""
+    operator = threading.Thread(target=operate, daemon=True)
+    operator.start()
+    in_session(spark, monkeypatch)
+    code = stream_job.main(["--spec", str(spec_file), "--data-root", str(data_root), "--processing-time", "1 second"])
+    operator.join(join_seconds)
+    return code
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from edited_streams import HOT, edit, files_under, start, verdicts, window
+from edited_streams import HOT, edit, files_under, run_beside, start, verdicts, window
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
 
@@ -147,7 +147,6 @@ def test_the_check_prints_the_verdicts_against_the_stream_s_data_root(spark, str
 
 
 def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark, stream, monkeypatch) -> None:
-    import threading
     import time
 
     import spark_jobs.plan
@@ -174,12 +173,7 @@ def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark,
             time.sleep(0.2)
 
     began = time.time()
-    stopper = threading.Thread(target=stop_once_started, daemon=True)
-    stopper.start()
-    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
-    monkeypatch.setattr(spark, "stop", lambda: None)
-    code = stream_job.main(["--spec", str(spec_file), "--data-root", str(data), "--processing-time", "1 second"])
-    stopper.join(5)
+    code = run_beside(spark, spec_file, data, monkeypatch, stop_once_started, join_seconds=5)
     assert code == stream_job.EXIT_OK and not layout.stop_marker.exists()  # stopped between batches, on request
     assert len(built) == 1  # the plan the analysis made served the start and the stop
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from edited_streams import EVENT_INTERVAL_MS, edit, files_under, start, verdicts, window
+from edited_streams import EVENT_INTERVAL_MS, edit, files_under, in_session, run_beside, start, verdicts, window
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
 
@@ -37,8 +37,7 @@ FIFTEEN = {"duration": "15 minutes", "slide": "5 minutes"}
 
 
 def run_upgrade(spark, spec_file: Path, data: Path, monkeypatch, *args: str) -> int:
-    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
-    monkeypatch.setattr(spark, "stop", lambda: None)  # the shared session outlives the job
+    in_session(spark, monkeypatch)
     return upgrade.main(["--spec", str(spec_file), "--data-root", str(data), *args])
 
 
@@ -340,12 +339,7 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
         finally:
             layout.stop_marker.write_text('{"mode": "graceful"}')
 
-    operator = threading.Thread(target=operate, daemon=True)
-    operator.start()
-    monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
-    monkeypatch.setattr(spark, "stop", lambda: None)
-    code = stream_job.main(["--spec", str(spec_file), "--data-root", str(data), "--processing-time", "1 second"])
-    operator.join(30)
+    code = run_beside(spark, spec_file, data, monkeypatch, operate)
     assert "error" not in steps, steps.get("error")
     assert code == stream_job.EXIT_OK and steps == {"rebuild": 0, "hot during": True, "swap": 0}
     assert upgrade.latest(layout)["phase"] == upgrade.DONE
