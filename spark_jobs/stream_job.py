@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spec", required=True, help="path of the stream spec (YAML)")
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--trigger", choices=["spec", "available-now"], default="spec",
-                   help="available-now: process what is waiting, then exit (catch-up)")
+                   help="available-now: process what is waiting, then exit (catch-up; a scheduled stream's runs "
+                        "always are)")
     p.add_argument("--processing-time", default=None, metavar="DURATION",
                    help="override the spec's trigger with a processing-time interval, e.g. '1 second'")
     p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
@@ -125,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
         lease.release()
 
 
-def _trigger(args: argparse.Namespace) -> Trigger | None:
-    if args.trigger == "available-now":
+def _trigger(args: argparse.Namespace, spec) -> Trigger | None:
+    """The trigger the arguments ask for; None: the spec's (a scheduled stream's runs are available-now)."""
+    if args.trigger == "available-now" or (spec.execution.scheduled and not args.processing_time):
         return Trigger(available_now=True)
     if args.processing_time:
         return Trigger(processing_time=args.processing_time)
@@ -147,7 +149,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file, history=History(layout.history_file), tags={"host": host_id()})
     report_loss(lease, events, spec.name)
-    trigger = _trigger(args)
+    trigger = _trigger(args, spec)
     # available-now: the ingestion takes what waits, then the outputs take what it committed;
     # otherwise every query runs at once
     phases: list = [None]
@@ -201,7 +203,8 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             standby.remove()  # a standby no more
         fence_lease(spark, lease.records_dir, lease.epoch)  # Spark's own checkpoint writes, from now on
         events.tags["epoch"] = lease.epoch
-        events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "trigger": args.trigger,
+        events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(),
+                      "trigger": "available-now" if (trigger or spec.trigger).available_now else args.trigger,
                       "standby": args.standby})
         started = True
         now = time.time()

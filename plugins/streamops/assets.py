@@ -1,4 +1,5 @@
-"""Every sink of every stream is an Airflow asset, and its stream's quality DAG is scheduled on them.
+"""Every sink of every stream is an Airflow asset, and its stream's quality DAG is scheduled on them;
+a scheduled stream's input is one too, and its DAG runs on it (:func:`run_schedule`).
 
 An asset's URI says where the sink is: ``file://`` and the folder of a Parquet sink, the
 database and table of a table sink (never its credentials). Each asset is watched by a
@@ -10,15 +11,18 @@ with ``on_new_output: false`` the clock alone does.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
+from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, DeltaTriggerTimetable
 
 from spark_jobs.plan import FilesDataset, StreamPlan, TableDataset
 from spark_jobs.quality.rules import QualityRules
+from spark_jobs.spec.models import StreamSpec, duration_seconds
 from streamops import dag_id
+from streamops.triggers.input_waiting import InputWaitingTrigger
 from streamops.triggers.sink_units import SinkUnitsTrigger
 
 
@@ -55,3 +59,28 @@ def quality_schedule(rules: QualityRules, assets: list[Asset]) -> Any:
     if on_assets is None:
         return rules.schedule
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(rules.schedule, timezone="UTC"), assets=on_assets)
+
+
+def input_asset(spec: StreamSpec, paths: dict[str, Any]) -> Asset:
+    """A scheduled stream's input, watched by the trigger that fires when input waits for a run."""
+    name = f"{dag_id(spec.name)}.input"
+    poll = duration_seconds(spec.execution.input_poll)
+    return Asset(name=name, group="stream inputs", extra={"stream": spec.name},
+                 watchers=[AssetWatcher(name=f"{name}.waiting",
+                                        trigger=InputWaitingTrigger(stream=spec.name, poll_seconds=poll, **paths))])
+
+
+def run_schedule(spec: StreamSpec, paths: dict[str, Any]) -> Any:
+    """When the stream DAG runs: a continuous stream when deployed (None); a scheduled one on its
+    ``execution.schedule`` (cron, preset or interval), on its input asset (``on_input``), or both."""
+    execution = spec.execution
+    if not execution.scheduled:
+        return None
+    clock = None
+    if execution.schedule is not None:
+        clock = (DeltaTriggerTimetable(timedelta(seconds=duration_seconds(execution.schedule))) if execution.interval
+                 else CronTriggerTimetable(execution.schedule, timezone="UTC"))
+    if not execution.on_input:
+        return clock
+    on_input = input_asset(spec, paths)
+    return on_input if clock is None else AssetOrTimeSchedule(timetable=clock, assets=AssetAny(on_input))

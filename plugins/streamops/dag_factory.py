@@ -3,7 +3,9 @@
 For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 
 * ``stream_<name>``: deploy and supervise: runs the stream with spark-submit and keeps it
-  running (restarts with backoff, stall detection, corrupt checkpoints fail loudly).
+  running (restarts with backoff, stall detection, corrupt checkpoints fail loudly). A
+  scheduled stream (``execution.mode: scheduled``): one available-now run per DAG run, on its
+  schedule and when input arrives; a run with nothing waiting starts no driver.
 * ``stream_<name>_stop``: stop it from the UI, graceful or immediate; it stays stopped.
 * ``stream_<name>_restart``: stop gracefully, then resume from the checkpoint; on the
   spec's ``supervision.scheduled_restart`` cron, or by hand.
@@ -46,7 +48,7 @@ from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import DURATION_PATTERN, StreamSpec
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
-from streamops.assets import quality_schedule, sink_assets
+from streamops.assets import quality_schedule, run_schedule, sink_assets
 from streamops.health import RUNNING
 from streamops.operators.backfill import BackfillOperator
 from streamops.operators.control import ResumeStreamOperator, StopStreamOperator
@@ -68,6 +70,7 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
     app = spec.application
     sup = spec.supervision
     standby = ("" if not sup.standby else f"; warm standby: {'beside the driver' if sup.standby_queue is None else f'queue `{sup.standby_queue}`'}")
+    standby += f"; execution: {spec.execution.describe()}"
     table = (f"Application `{app.path}` {' '.join(app.args)}, queries {', '.join(f'`{q}`' for q in app.queries)}"
              if app is not None else f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}")
     return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n{table}\n\n"
@@ -118,7 +121,9 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
     tags = ["stream", spec.name]
     dags: dict[str, DAG] = {}
 
-    with DAG(dag_id(spec.name), doc_md=_doc(spec, plan, "deploy and supervise"), schedule=None, start_date=START,
+    what = ("deploy and supervise" if not spec.execution.scheduled
+            else f"run {spec.execution.describe()}: each run takes what waits, then ends")
+    with DAG(dag_id(spec.name), doc_md=_doc(spec, plan, what), schedule=run_schedule(spec, paths), start_date=START,
              catchup=False, max_active_runs=1, tags=tags, default_args=_default_args(spec)) as run_dag:
         submit = {"stream": spec.name, "conn_id": spec.spark.connection, "conf": _conf(spec), "jars": _jars(),
                   "driver_memory": spec.spark.driver_memory, "executor_memory": spec.spark.executor_memory}
@@ -127,9 +132,11 @@ def stream_dags(name: str, spec_dir: str | Path | None = None, data_root: str | 
             StreamStandbyOperator(task_id="standby", supervisor_task_id="supervise", queue=spec.supervision.standby_queue,
                                   **submit, **paths)
         # the deploy confirmed: the stream seen running (or stopped on purpose before: skipped, so that the
-        # next run of this DAG, which a restart or an upgrade triggers, does not wait behind this one)
-        StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60, retries=0,
-                           ends_when_stopped=True, **paths)
+        # next run of this DAG, which a restart or an upgrade triggers, does not wait behind this one). A
+        # scheduled run's supervisor ends when its run did: its success is the confirmation
+        if not spec.execution.scheduled:
+            StreamHealthSensor(task_id="running", stream=spec.name, statuses=list(RUNNING), timeout=15 * 60,
+                               retries=0, ends_when_stopped=True, **paths)
     dags[run_dag.dag_id] = run_dag
 
     stop_params = {"mode": Param("graceful", enum=["graceful", "immediate"],

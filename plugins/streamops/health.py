@@ -37,10 +37,12 @@ from spark_jobs.runtime.checkpoint import (
     file_name,
     landed_files,
     landing_backlog,
+    planned_at,
     processed_files,
     read_query_checkpoint,
     sink_files,
     unread_accepted_files,
+    waiting_files,
 )
 from spark_jobs.runtime.clock import ago
 from spark_jobs.runtime.files import write_atomically
@@ -126,6 +128,16 @@ class Snapshot:
     unreachable: str | None = None
     #: a Kafka source's figures taken from the supervisor's last measurement: when it was made
     backlog_measured_at: float | None = None
+    #: a scheduled stream (``execution.mode: scheduled``): how long input may wait for a run, in seconds
+    freshness_seconds: float | None = None
+    #: since when the oldest input that waits has waited, at the latest (None: nothing waits, or unknown)
+    waiting_since: float | None = None
+    #: when the newest driver started (its ``driver_started`` event), and the trigger it ran
+    last_run_started_at: float | None = None
+
+    @property
+    def scheduled(self) -> bool:
+        return self.freshness_seconds is not None
 
     @property
     def kafka(self) -> bool:
@@ -193,10 +205,13 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
     backlog = (0, 0)
     trend: dict[str, tuple[int | None, int]] = {}
     ingestion = queries.get(INGEST_QUERY)
+    oldest_file = None
     if isinstance(spec.source, FileSource) and ingestion is not None:
         # the ingestion's backlog: landed files it has not taken
         landed = landed_files(layout.landing)
-        backlog = landing_backlog(landed, ingestion.processed_files)
+        waiting_now = waiting_files(landed, ingestion.processed_files)
+        backlog = (len(waiting_now), sum(f.size for f in waiting_now))
+        oldest_file = waiting_now[0].mtime if waiting_now else None
         trend[INGEST_QUERY] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
     if ingestion is not None:
         # an output's backlog: accepted files the ingestion committed and the output has not taken
@@ -231,6 +246,7 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         if kafka.get("backlog_records") is not None:
             trend[INGEST_QUERY] = (then, kafka["backlog_records"])
     held = _held_by_upgrade(layout)
+    waiting_since = _waiting_since(queries, trend, oldest_file, driver_started) if spec.execution.scheduled else None
     kafka["notes"] = [*kafka.get("notes", []), *(f"output {name} is held while upgrade {number} rebuilds it"
                                                  for name, number in held.items())]
     return Snapshot(
@@ -241,8 +257,28 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         backlog_files=backlog[0], backlog_bytes=backlog[1],
         max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
-        query_started_at=query_started, blocked=kafka.pop("blocked", []) + changed, **kafka,
+        query_started_at=query_started, blocked=kafka.pop("blocked", []) + changed,
+        freshness_seconds=duration_seconds(spec.execution.freshness) if spec.execution.scheduled else None,
+        waiting_since=waiting_since, last_run_started_at=driver_started, **kafka,
     )
+
+
+def _waiting_since(queries: dict[str, QueryCheckpoint], trend: dict[str, tuple[int | None, int]],
+                   oldest_file: float | None, driver_started: float | None) -> float | None:
+    """Since when the oldest input that waits has waited, at the latest: a landed file since it
+    landed; any other (records on a topic, accepted rows an output has not read) since its query's
+    last batch was planned, which took all there was then (the newest driver's start if none was)."""
+    since = []
+    for name, q in queries.items():
+        if trend.get(name, (None, 0))[1] <= 0 and not q.batch_in_flight:
+            continue
+        if name == INGEST_QUERY and oldest_file is not None:
+            since.append(oldest_file)
+        else:  # a batch in flight (a run ended in it) holds input that came after the batch before it was planned
+            last = q.last_planned - 1 if q.batch_in_flight and q.last_planned is not None else q.last_planned
+            since.append(planned_at(q.path, last) or driver_started)
+    known = [t for t in since if t is not None]
+    return min(known) if known else None
 
 
 def _held_by_upgrade(layout: Layout) -> dict[str, int]:
@@ -361,6 +397,8 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
         if snap.launching_since is not None and snap.taken_at - snap.launching_since <= stall_window_seconds:
             return Status.STARTING, (f"its supervisor began to start a driver {snap.taken_at - snap.launching_since:.0f}s "
                                      "ago; it has not taken the lease yet")
+        if snap.scheduled:
+            return _between_runs(snap)
         return Status.DEAD, "no live driver holds the checkpoint"
     started = snap.driver_started_at or snap.taken_at
     if snap.unreachable is not None:
@@ -395,6 +433,21 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     if not waiting:
         return Status.IDLE, "no input is waiting"
     return Status.HEALTHY, "committing batches"
+
+
+def _between_runs(snap: Snapshot) -> tuple[Status, str]:
+    """A scheduled stream between its runs holds no driver: idle if nothing waits, lagging once
+    input waited longer than its freshness, healthy meanwhile."""
+    assert snap.freshness_seconds is not None
+    last = f"; the last run started {ago(snap.taken_at - snap.last_run_started_at)}" if snap.last_run_started_at else ""
+    if not _waiting(snap):
+        return Status.IDLE, f"scheduled: no input waits for a run{last}"
+    waited = None if snap.waiting_since is None else max(0.0, snap.taken_at - snap.waiting_since)
+    if waited is not None and waited > snap.freshness_seconds:
+        return Status.LAGGING, (f"scheduled: input ({snap.backlog_text}) has waited {waited:.0f}s for a run, more "
+                                f"than its freshness ({snap.freshness_seconds:.0f}s){last}")
+    return Status.HEALTHY, (f"scheduled: {snap.backlog_text} wait{'' if waited is None else f' ({waited:.0f}s)'} "
+                            f"for the next run, within its freshness ({snap.freshness_seconds:.0f}s){last}")
 
 
 def _waiting(snap: Snapshot) -> dict[str, QueryCheckpoint]:

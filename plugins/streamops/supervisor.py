@@ -110,6 +110,8 @@ class _Watch:
     archived_at: float
     stopping_since: float | None = None
     reason: str = "driver exited"
+    #: stopping to switch the stream to scheduled runs (its spec's ``execution.mode``)
+    switching: bool = False
 
 
 @dataclass
@@ -128,13 +130,15 @@ class Supervisor:
     :param stop_grace: how long a driver this supervisor asked to stop (it stalled, or its lease
         lapsed) has before it is killed.
     :param archive_every: how often committed input is archived while the stream runs.
+    :param switch_grace: how long a driver stopped to switch the stream to scheduled runs has to
+        finish its batch before it is killed.
     :param clock: the wall clock (the restart budget's times); ``monotonic``: the clock of waits.
     """
 
-    def __init__(self, stream: str, *, stop_grace: float = 5.0, archive_every: float = 60.0,
+    def __init__(self, stream: str, *, stop_grace: float = 5.0, archive_every: float = 60.0, switch_grace: float = 120.0,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream
-        self.stop_grace, self.archive_every = stop_grace, archive_every
+        self.stop_grace, self.archive_every, self.switch_grace = stop_grace, archive_every, switch_grace
         self.clock, self.monotonic = clock, monotonic
         #: the driver this task runs, and its standby (``supervision.standby``)
         self.active: Driver | None = None
@@ -261,6 +265,10 @@ class Supervisor:
                 f"stream {self.stream}: its driver found the spec invalid and started nothing; a restart would "
                 f"fail alike, so the stream stays stopped. Fix the spec, then trigger this DAG again.\n{invalid}"))
         finished = code == 0 and not forced and self.available_now
+        if self._watch.switching and held_by is None:
+            self.budget.record_end(self.clock(), code, self._watch.reason, forced=forced, requested=True)
+            return Decision(Act.END, f"stream {self.stream} stopped to switch to scheduled runs (exit {code}); its "
+                                     "DAG's scheduled runs take it on from its checkpoint", end_standby=True)
         if held_by is not None:
             reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped by {held_by})"
         elif code == 0 and not forced and not finished:
@@ -312,10 +320,23 @@ class Supervisor:
                                       "while the driver still runs; stopping it", "warning", why=f"{by}: lease lapsed")
         return None
 
+    def switch(self, scheduled: bool | None) -> Decision | None:
+        """The spec file now says the stream runs scheduled (``scheduled``; None: the file cannot be
+        read now) while this task runs its driver continuously: STOP the driver between batches
+        (its standby first), and the task ends once it stopped (:meth:`run_ended`). Said once."""
+        w = self._watch
+        if not scheduled or self.available_now or w.stopping_since is not None or self.epoch is None:
+            return None
+        w.stopping_since, w.reason, w.switching = self.monotonic(), "stopped to switch to scheduled runs", True
+        return Decision(Act.STOP, f"stream {self.stream}: its spec now runs it scheduled (execution.mode); stopping "
+                                  "its driver between batches, then this task ends", "warning",
+                        why=f"its supervisor ({self.tenure_name}): switch to scheduled runs", end_standby=True)
+
     def overdue(self) -> bool:
         """Has the driver asked to stop had its grace period? Then it is killed (once)."""
         w = self._watch
-        if w.stopping_since is None or self.monotonic() - w.stopping_since <= self.stop_grace:
+        grace = self.switch_grace if w.switching else self.stop_grace
+        if w.stopping_since is None or self.monotonic() - w.stopping_since <= grace:
             return False
         w.stopping_since = float("inf")
         return True

@@ -369,6 +369,16 @@ def batch_planned_by(checkpoint: str | os.PathLike[str], when: float) -> int | N
     return -1 if not ids or ids[0] == 0 else None
 
 
+def planned_at(checkpoint: str | os.PathLike[str], batch: int | None) -> float | None:
+    """When ``batch`` was planned (its offsets entry written); None if unknown."""
+    if batch is None:
+        return None
+    try:
+        return os.path.getmtime(Path(checkpoint) / "offsets" / str(batch))
+    except OSError:
+        return None
+
+
 def file_name(path: str) -> str:
     """Input files are known by name: the landing directory is flat, and URIs differ in encoding."""
     return unquote(path.rstrip("/").rsplit("/", 1)[-1])

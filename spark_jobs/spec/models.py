@@ -664,6 +664,76 @@ class Supervision(Strict):
     standby_queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
 
 
+#: Airflow's schedule presets an execution schedule may name
+SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly")
+
+
+class Execution(Strict):
+    """How the stream's driver runs (docs/operating.md, "Execution modes").
+
+    * ``continuous`` (the default): one long-running driver, at the spec's ``trigger``.
+    * ``scheduled``: available-now runs from the same checkpoint, each taking what waits and
+      exiting, on ``schedule`` (a cron expression, an Airflow preset, or an interval such as
+      ``10 minutes``) and, with ``on_input``, as soon as input waits (a landed file, records on
+      the topic). Between runs no driver is held; the stream is ``lagging`` once input waited
+      longer than ``freshness``.
+    """
+
+    mode: Literal["continuous", "scheduled"] = "continuous"
+    schedule: str | None = Field(default=None, description="cron, an Airflow preset, or an interval ('10 minutes')")
+    on_input: bool = False
+    freshness: Duration | None = None
+    #: how often ``on_input`` looks for waiting input
+    input_poll: Duration = "10 seconds"
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is None or v in SCHEDULE_PRESETS or DURATION_PATTERN.match(v):
+            return v
+        if len(v.split()) != 5:
+            raise ValueError(f"{v!r} is not a cron expression (five fields), one of {', '.join(SCHEDULE_PRESETS)}, "
+                             "or an interval such as '10 minutes'")
+        try:
+            from croniter import croniter  # Airflow's own cron parser, where Airflow reads the spec
+        except ImportError:
+            return v
+        if not croniter.is_valid(v):
+            raise ValueError(f"{v!r} is not a valid cron expression")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_mode(self) -> Execution:
+        if self.mode == "continuous":
+            given = [f for f in ("schedule", "freshness") if getattr(self, f) is not None] + (["on_input"] if self.on_input else [])
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for mode scheduled (a continuous driver runs all the time)")
+            return self
+        if self.schedule is None and not self.on_input:
+            raise ValueError("a scheduled stream runs on a schedule, on_input, or both: set at least one")
+        if self.freshness is None:
+            raise ValueError("a scheduled stream declares its freshness: how long input may wait for a run (e.g. "
+                             "'15 minutes')")
+        return self
+
+    @property
+    def scheduled(self) -> bool:
+        return self.mode == "scheduled"
+
+    @property
+    def interval(self) -> bool:
+        """Is ``schedule`` an interval (rather than a cron expression or a preset)?"""
+        return self.schedule is not None and DURATION_PATTERN.match(self.schedule) is not None
+
+    def describe(self) -> str:
+        if not self.scheduled:
+            return "continuous"
+        when = " and ".join(filter(None, [
+            (f"every {self.schedule.strip()}" if self.interval else f"on `{self.schedule}`") if self.schedule else "",
+            "when input arrives" if self.on_input else ""]))
+        return f"scheduled ({when}; freshness {self.freshness})"
+
+
 class Maintenance(Strict):
     """Upkeep of the stream's Delta tables by its ``stream_<name>_maintenance`` DAG, while the
     stream runs: compaction (OPTIMIZE), then VACUUM of the files that no version within
@@ -707,6 +777,7 @@ class StreamSpec(Strict):
     trigger: Trigger = Field(default_factory=lambda: Trigger(processing_time="10 seconds"))
     checkpoint: DataPath
     supervision: Supervision = Field(default_factory=Supervision)
+    execution: Execution = Field(default_factory=Execution)
     maintenance: Maintenance = Field(default_factory=Maintenance)
     spark: Spark = Field(default_factory=Spark)
 
@@ -731,6 +802,11 @@ class StreamSpec(Strict):
         if given:
             raise ValueError(f"an application stream runs the application's own queries: remove {', '.join(given)}")
         return self
+
+    @property
+    def available_now(self) -> bool:
+        """Does each run of its driver take what waits and exit (``trigger.available_now``, or scheduled runs)?"""
+        return self.trigger.available_now or self.execution.scheduled
 
     def output(self, name: str) -> Output:
         for o in self.outputs:

@@ -56,6 +56,11 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
     if spec.supervision.standby and spec.trigger.available_now:
         add(("supervision.standby", "an available-now stream ends by itself after each run; it has nothing for a "
                                     "standby to take over"))
+    if spec.supervision.standby and spec.execution.scheduled:
+        add(("supervision.standby", "a scheduled stream holds no driver between its runs, so no warm standby either; "
+                                    "remove standby, or run it continuous"))
+    if spec.execution.scheduled and spec.application is not None:
+        add(("execution.mode", "an application runs its own queries at their own triggers: only continuous"))
     if spec.supervision.standby_queue is not None and not spec.supervision.standby:
         add(("supervision.standby_queue", "names where the standby runs, but supervision.standby is not true"))
     if spec.supervision.standby_queue is not None and spec.supervision.standby_queue == spec.supervision.queue:

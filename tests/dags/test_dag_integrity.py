@@ -215,6 +215,42 @@ def test_a_standby_queue_puts_the_standby_task_on_other_workers_beside_the_super
     assert "warm standby: queue `standby-b`" in dag.doc_md
 
 
+def test_a_scheduled_stream_runs_on_its_clock_and_when_input_waits(tmp_path: Path, monkeypatch) -> None:
+    """``execution.mode: scheduled``: the stream DAG runs on the schedule's clock or on its input
+    asset, whose watcher fires when input waits; no deploy sensor (a run ends with its driver)."""
+    from datetime import timedelta
+
+    from airflow.sdk import AssetAny
+
+    from streamops.triggers.input_waiting import InputWaitingTrigger
+
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    example = sensors.read_text()
+    assert type(dagbag(DAGS).dags["stream_sensors"].timetable).__name__ == "NullTimetable"  # continuous: when deployed
+    sensors.write_text(example + "\nexecution: {mode: scheduled, schedule: 10 minutes, on_input: true, "
+                                 "freshness: 15 minutes, input_poll: 5 seconds}\n")
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    bag = dagbag(DAGS)
+    assert not bag.import_errors
+    dag = bag.dags["stream_sensors"]
+    assert dag.task_ids == ["supervise"] and dag.max_active_runs == 1 and not dag.catchup
+    assert dag.timetable.timetable.delta == timedelta(minutes=10)  # every 10 minutes, or on input
+    assert "scheduled (every 10 minutes and when input arrives; freshness 15 minutes)" in dag.doc_md
+    (asset,) = dag.timetable.asset_condition.objects if isinstance(dag.timetable.asset_condition, AssetAny) else [
+        dag.timetable.asset_condition]
+    assert asset.name == "stream_sensors.input"
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, InputWaitingTrigger)
+    assert (watcher.trigger.stream, watcher.trigger.poll_seconds) == ("sensors", 5.0)
+    sensors.write_text(example + "\nexecution: {mode: scheduled, on_input: true, freshness: 15 minutes}\n")
+    on_input = dagbag(DAGS).dags["stream_sensors"].timetable  # on input alone
+    assert not hasattr(on_input, "timetable") and on_input.asset_condition.name == "stream_sensors.input"
+    sensors.write_text(example + "\nexecution: {mode: scheduled, schedule: '*/5 * * * *', freshness: 15 minutes}\n")
+    assert dagbag(DAGS).dags["stream_sensors"].timetable.expression == "*/5 * * * *"  # on the clock alone
+
+
 def test_parsing_is_cheap() -> None:
     """No heavy imports at parse time; the measured parse time is printed."""
     script = textwrap.dedent(f"""

@@ -27,7 +27,7 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.spec.models import SpecError, StreamSpec
 from streamops.health import Health, assess
 
 
@@ -59,6 +59,14 @@ class StreamHook(BaseHook):
     def plan(self) -> StreamPlan:
         """The stream's plan (``spark_jobs.plan``): its queries, checkpoints and tables."""
         return compile_plan(self.spec, self.layout)
+
+    def scheduled_in_file(self) -> bool | None:
+        """Does the spec file say now that the stream runs scheduled (``execution.mode``)? None if
+        it cannot be read or is invalid now (a driver keeps running what it runs)."""
+        try:
+            return load_spec(self.spec_dir / f"{self.stream}.yaml").execution.scheduled
+        except SpecError:
+            return None
 
     def health(self, now: float | None = None) -> Health:
         return assess(self.spec, self.layout, now, plan=self.plan)

@@ -7,11 +7,11 @@ import time
 from typing import Any
 
 from airflow.sdk import Context
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from spark_jobs.runtime.lease import read_holder, release_dead
 from streamops import tenure
-from streamops.health import Health
+from streamops.health import Health, Status
 from streamops.hooks.stream import StreamHook
 from streamops.operators.driver import StreamDriverOperator
 from streamops.restarts import RestartBudget
@@ -66,7 +66,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
         self.stalled_grace_seconds = stalled_grace_seconds
         self.archive_every_seconds = archive_every_seconds
         self.supervisor = Supervisor(self.stream, stop_grace=min(self.grace_seconds, stalled_grace_seconds),
-                                     archive_every=archive_every_seconds)
+                                     archive_every=archive_every_seconds, switch_grace=self.grace_seconds)
 
     active = _supervisor_state("active", "the driver this task runs (a Launch)")
     standby = _supervisor_state("standby", "its warm standby (``supervision.standby``)")
@@ -76,11 +76,13 @@ class StreamSupervisorOperator(StreamDriverOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         hook, sup = self.stream_hook, self.supervisor
         ti = context.get("ti")
+        if hook.spec.execution.scheduled:
+            self._skip_if_nothing_to_run(context)
         sup.begin(tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
                                                       f"try {getattr(ti, 'try_number', '?')}"),
                   RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart),
                   events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
-                  available_now=hook.spec.trigger.available_now)
+                  available_now=hook.spec.available_now)
         hook.release_hold()
         self._driver_env(hook)
         app = hook.spec.application
@@ -131,6 +133,21 @@ class StreamSupervisorOperator(StreamDriverOperator):
         finally:
             if sup.standby is not None:
                 sup.standby.kill()
+
+    def _skip_if_nothing_to_run(self, context: Context) -> None:
+        """A scheduled stream's run that its schedule or its input started (not an operator's deploy)
+        launches no driver while the stream is stopped on purpose, or when no input waits."""
+        run = context.get("dag_run")
+        if str(getattr(run, "run_type", "manual")).lower().endswith("manual"):
+            return  # a deploy: it releases the hold, and runs whatever waits
+        hook = self.stream_hook
+        if (held_by := hook.held_by()) is not None:
+            raise AirflowSkipException(f"stream {self.stream} was stopped on purpose ({held_by}); no run")
+        if hook.driver_alive():
+            return  # a run left by an earlier try: adopted
+        health = hook.health()
+        if health.status == Status.IDLE:
+            raise AirflowSkipException(f"stream {self.stream}: no input waits ({health.reason}); no driver started")
 
     def _superseded(self) -> bool:
         """Is a newer try of this task the stream's supervisor now (this try's worker was cut off,
@@ -193,6 +210,10 @@ class StreamSupervisorOperator(StreamDriverOperator):
             if self._superseded():
                 return "this try was superseded", False
             self._say(sup.lease_taken(read_holder(hook.layout.lease_dir)))
+            if (switch := sup.switch(hook.scheduled_in_file())) is not None:
+                self._say(switch)
+                self._end_standby()
+                hook.request_stop(sup.epoch, switch.why)
             health = hook.health()
             hook.record_backlog(health)
             self._keep_standby(health)

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from spark_jobs.runtime.files import write_atomically
+from streamops.triggers import file_state, read_json
 
 
 class SinkUnitsTrigger(BaseEventTrigger):
@@ -56,7 +55,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         now = time.time() if now is None else now
         hook, layout, rules, target = self._sink()
         state_file = layout.quality_dir / "announced.json"
-        state = _read(state_file)
+        state = read_json(state_file)
         mine = state.get(self.output)
         if mine is not None and now - mine.get("at", 0) < duration_seconds(rules.min_interval):
             return None
@@ -81,7 +80,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
 
         hook = StreamHook(self.stream, self.spec_dir, self.data_root)
         files = (hook.spec_dir / f"{self.stream}.yaml", rules_path(hook.spec_dir, self.stream))
-        state = tuple(_stat(f) for f in files)
+        state = tuple(file_state(f) for f in files)
         if self._loaded is not None and self._loaded[1] == state:
             return self._loaded[0]
         spec = hook.spec
@@ -107,19 +106,3 @@ class SinkUnitsTrigger(BaseEventTrigger):
                 self.log.info("stream %s: units of %s closed: %s", self.stream, self.output, payload)
                 yield TriggerEvent(payload)
             await asyncio.sleep(self.poll_seconds)
-
-
-def _stat(path: Path) -> tuple[int, int, int] | None:
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_mtime_ns, found.st_size, found.st_ino
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

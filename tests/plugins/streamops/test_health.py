@@ -380,3 +380,41 @@ def test_a_kafka_stream_lags_when_its_records_behind_grow(then: int | None, now:
     assert found == status, reason
     if status == Status.LAGGING:
         assert "record(s)" in reason
+
+
+def scheduled(spec, freshness: str = "5 minutes"):
+    """The spec run scheduled (``execution.mode: scheduled``), on input, with ``freshness``."""
+    return spec.model_copy(update={"execution": type(spec.execution)(mode="scheduled", on_input=True,
+                                                                      freshness=freshness)})
+
+
+def test_a_scheduled_stream_between_runs_is_idle_healthy_then_lagging_by_its_freshness(stream) -> None:
+    """No driver between a scheduled stream's runs is no death: idle while nothing waits; healthy
+    while the oldest waiting file has waited less than its freshness; lagging after."""
+    spec, layout = stream
+    spec = scheduled(spec)
+    health = assess(spec, layout)
+    assert health.status == Status.IDLE and "scheduled" in health.reason, health.summary()
+    land_files(layout, 2)
+    landed = max(p.stat().st_mtime for p in Path(layout.landing).glob("part-9*.json"))
+    health = assess(spec, layout, now=landed + 60)
+    assert health.status == Status.HEALTHY and "within its freshness" in health.reason, health.summary()
+    assert health.backlog_files == 2
+    oldest = min(p.stat().st_mtime for p in Path(layout.landing).glob("part-9*.json"))
+    lagging = assess(spec, layout, now=oldest + 301)
+    assert lagging.status == Status.LAGGING and "more than its freshness (300s)" in lagging.reason, lagging.summary()
+    # the same stream continuous, without a driver: dead
+    assert assess(stream[0], layout, now=landed + 60).status == Status.DEAD
+
+
+def test_a_scheduled_outputs_unread_rows_wait_since_its_last_batch_was_planned(stream) -> None:
+    """Accepted rows an output has not read (a run ended between the ingestion's commit and the
+    output's): waiting since that output's last batch was planned, which took all there was then."""
+    spec, layout = stream
+    spec = scheduled(spec, "1 minute")
+    window = checkpoints(layout)["site_temperature_10m"]
+    last = last_batch(window, "commits")
+    (Path(window) / "commits" / str(last)).unlink()  # its last batch in flight again
+    planned = os.path.getmtime(Path(window) / "offsets" / str(last - 1))
+    assert assess(spec, layout, now=planned + 30).status == Status.HEALTHY
+    assert assess(spec, layout, now=planned + 61).status == Status.LAGGING

@@ -290,6 +290,44 @@ def test_only_an_operator_or_a_finished_available_now_run_ends_a_stream(tmp_path
         assert sup.budget.runs()[-1].reason == reason
 
 
+def test_a_spec_switched_to_scheduled_runs_stops_the_continuous_driver_between_batches_and_ends(
+        tmp_path: Path, clock: Clock) -> None:
+    """The spec file now runs the stream scheduled: its continuous driver is asked to stop between
+    batches (with the whole graceful grace, not a stalled driver's), once; the run ends the task, as
+    asked for, never restarted. A run that is available-now already, or a file that says nothing
+    new, changes nothing."""
+    sup = supervisor(tmp_path, clock)
+    sup.switch_grace = 30
+    sup.next_run(health(Status.DEAD), None, False, None)
+    driver = FakeDriver("sensors-1")
+    sup.started(driver)
+    sup.watch()
+    assert sup.switch(True) is None  # no epoch of its own driver yet: nothing to stop
+    sup.lease_taken(FakeHolder("sensors-1", epoch=2))
+    assert sup.switch(False) is None and sup.switch(None) is None  # continuous still, or unreadable now
+    switch = sup.switch(True)
+    assert (switch.act, switch.end_standby) == (Act.STOP, True)
+    assert switch.why == "its supervisor (stream_sensors run r try 1): switch to scheduled runs"
+    assert sup.switch(True) is None and sup.observe(health(Status.STALLED), lambda epoch: False) is None  # once
+    clock.advance(29)
+    assert not sup.overdue()  # a stalled driver's 5 s would be over: a switch waits for the batch
+    clock.advance(2)
+    assert sup.overdue()
+    driver.running = False
+    code, reason = sup.exited(sup.watched()[0], (0, ""))
+    ended = sup.run_ended(code, reason, True, None)
+    assert ended.act is Act.END and "switch to scheduled runs" in ended.say, ended
+    last = sup.budget.last_run()
+    assert last.requested and last.reason == "stopped to switch to scheduled runs"
+    assert sup.budget.consecutive_failures() == 0
+    scheduled_run = supervisor(tmp_path / "scheduled", clock, available_now=True)
+    scheduled_run.next_run(health(Status.DEAD), None, False, None)
+    scheduled_run.started(FakeDriver("sensors-2"))
+    scheduled_run.watch()
+    scheduled_run.lease_taken(FakeHolder("sensors-2", epoch=3))
+    assert scheduled_run.switch(True) is None  # it takes what waits and ends by itself
+
+
 def test_the_standby_takes_over_when_the_driver_dies(tmp_path: Path, clock: Clock) -> None:
     sup = supervisor(tmp_path, clock)
     beside = Supervision(standby=True)

@@ -312,3 +312,29 @@ def test_an_application_stream_declares_its_file_and_queries_instead_of_a_source
                           ({"path": "app.py", "queries": []}, "at least 1"),
                           ({"path": "app.py", "queries": ["Bad-Name"]}, "is not a safe query name")]:
         assert any(fragment in m for _, m in problems({**app, "application": bad})), bad
+
+
+def test_a_scheduled_stream_says_when_it_runs_and_how_fresh_it_stays(sensors: dict) -> None:
+    sensors["execution"] = {"mode": "scheduled", "schedule": "*/10 * * * *", "freshness": "15 minutes"}
+    spec = parse_spec(sensors)
+    assert spec.available_now and spec.execution.describe() == "scheduled (on `*/10 * * * *`; freshness 15 minutes)"
+    sensors["execution"] = {"mode": "scheduled", "schedule": "2 minutes", "on_input": True, "freshness": "5 minutes"}
+    spec = parse_spec(sensors)
+    assert spec.execution.interval and "every 2 minutes and when input arrives" in spec.execution.describe()
+    sensors["execution"] = {"mode": "scheduled", "schedule": "*/10 * * *", "freshness": "15 minutes"}
+    assert_problem(sensors, "execution.schedule", "is not a cron expression (five fields)")
+    sensors["execution"] = {"mode": "scheduled", "schedule": "61 * * * *", "freshness": "15 minutes"}
+    assert_problem(sensors, "execution.schedule", "is not a valid cron expression")
+    sensors["execution"] = {"mode": "scheduled", "freshness": "15 minutes"}
+    assert_problem(sensors, "execution", "runs on a schedule, on_input, or both")
+    sensors["execution"] = {"mode": "scheduled", "on_input": True}
+    assert_problem(sensors, "execution", "declares its freshness")
+    sensors["execution"] = {"mode": "continuous", "schedule": "@hourly"}
+    assert_problem(sensors, "execution", "schedule: only for mode scheduled")
+    sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}
+    sensors["supervision"] = {"standby": True}
+    assert_problem(sensors, "supervision.standby", "holds no driver between its runs")
+    assert not parse_spec({**sensors, "execution": {}, "supervision": {}}).available_now
+    app = {"name": "app", "application": {"path": "applications/app.py", "queries": ["q"]}, "checkpoint": "c/app",
+           "execution": {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}}
+    assert_problem(app, "execution.mode", "an application runs its own queries")

@@ -1,0 +1,93 @@
+"""The watcher of a scheduled stream's input, over a real stream's checkpoint: it asks for a run
+when input waits, once until a driver has started since (or the freshness passed), never while a
+driver runs or the stream is stopped on purpose, and remembers across triggerer restarts that
+it asked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+from spark_jobs.runtime.lease import DriverLease
+from spark_jobs.spec.layout import default_spec_dir
+from streamops.hooks.stream import StreamHook
+from streamops.triggers.input_waiting import SIGNAL_FILE, InputWaitingTrigger
+
+
+def scheduled_specs(tmp_path: Path, **execution) -> Path:
+    """include/streams with the sensors stream scheduled on its input (freshness 5 minutes)."""
+    specs = tmp_path / "include" / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    spec = yaml.safe_load(sensors.read_text())
+    spec["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes", **execution}
+    sensors.write_text(yaml.safe_dump(spec))
+    return specs
+
+
+def land(data_root: Path, name: str) -> None:
+    (data_root / "landing" / "sensors" / name).write_text(json.dumps({"event_id": name}) + "\n")
+
+
+def test_waiting_input_asks_for_one_run_until_a_driver_started(data_root: Path, tmp_path: Path) -> None:
+    specs = scheduled_specs(tmp_path)
+    trigger = InputWaitingTrigger("sensors", spec_dir=str(specs), data_root=str(data_root))
+    hook = StreamHook("sensors", str(specs), str(data_root))
+    assert trigger.check() is None  # the run took everything: nothing waits
+    land(data_root, "part-90001.json")
+    asked = trigger.check()
+    assert asked is not None and asked["waiting"] == "1 file(s)" and asked["stream"] == "sensors", asked
+    assert json.loads((hook.layout.lease_dir / SIGNAL_FILE).read_text())["at"] == asked["signalled_at"]
+    land(data_root, "part-90002.json")
+    again = InputWaitingTrigger("sensors", spec_dir=str(specs), data_root=str(data_root))  # a restarted triggerer
+    assert again.check() is None  # asked already, and no run has begun since
+    signal_file = hook.layout.lease_dir / SIGNAL_FILE
+    signal_file.write_text(json.dumps({"at": time.time() - 301}))  # the freshness passed without a run: again
+    assert again.check() is not None
+    # a driver runs: nothing to ask for while it does; once one started since the last ask, input asks again
+    lease = DriverLease(hook.layout.lease_dir, stream="sensors").acquire()
+    try:
+        assert trigger.check() is None
+    finally:
+        lease.release()
+    assert trigger.check() is not None
+
+
+def test_a_stream_stopped_on_purpose_or_no_longer_on_input_asks_for_nothing(data_root: Path, tmp_path: Path) -> None:
+    specs = scheduled_specs(tmp_path)
+    land(data_root, "part-90001.json")
+    hook = StreamHook("sensors", str(specs), str(data_root))
+    hook.hold("stream_sensors_stop run manual__1 (graceful)")
+    trigger = InputWaitingTrigger("sensors", spec_dir=str(specs), data_root=str(data_root))
+    assert trigger.check() is None
+    hook.release_hold()
+    scheduled_specs(tmp_path / "again", schedule="@hourly", on_input=False)
+    shutil.copy(tmp_path / "again" / "include" / "streams" / "sensors.yaml", specs / "sensors.yaml")
+    assert trigger.check() is None  # the spec changed: its clock alone runs it now
+    scheduled_specs(tmp_path / "third")
+    shutil.copy(tmp_path / "third" / "include" / "streams" / "sensors.yaml", specs / "sensors.yaml")
+    assert trigger.check() is not None
+
+
+def test_the_watcher_runs_in_the_triggerers_loop_and_serializes(data_root: Path, tmp_path: Path) -> None:
+    specs = scheduled_specs(tmp_path)
+    trigger = InputWaitingTrigger("sensors", poll_seconds=0.1, spec_dir=str(specs), data_root=str(data_root))
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "streamops.triggers.input_waiting.InputWaitingTrigger"
+    assert InputWaitingTrigger(**kwargs).poll_seconds == 0.1
+
+    async def first_event():
+        events = trigger.run()
+        try:
+            return await asyncio.wait_for(anext(events), timeout=30)
+        finally:
+            await events.aclose()
+
+    land(data_root, "part-90001.json")
+    event = asyncio.run(first_event())
+    assert event.payload["waiting"] == "1 file(s)"
