@@ -150,6 +150,7 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
     except ValueError as exc:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = layout.hold_marker.exists()
+    status["execution"] = spec.execution.describe()
     status["standby"] = [{"host": s.host, "pid": s.pid, "state": s.state, "since": s.since}
                          for s in standbys(layout.lease_dir)] if spec.supervision.standby else None
     try:

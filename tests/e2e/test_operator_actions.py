@@ -179,37 +179,49 @@ class Platform:
             (self.airflow.home / "logs").glob(f"dag_id={dag_id}/{runs}/task_id={task_id}/attempt=*.log")))
 
 
+def sensors_named(name: str) -> dict:
+    """The sensors stream (a 2-second trigger, two files per batch) under another name and paths."""
+    spec = example_spec("sensors")
+    spec.update(name=name, checkpoint=f"checkpoints/{name}", trigger={"processing_time": "2 seconds"})
+    spec["source"].update(path=f"landing/{name}", archive_path=f"archive/{name}", max_files_per_trigger=2)
+    spec["quarantine"]["path"] = f"quarantine/{name}"
+    for output in spec["outputs"]:
+        if "path" in output["sink"]:
+            output["sink"]["path"] = output["sink"]["path"].replace("sensors", name)
+        else:
+            output["sink"]["table"] = f"{name}_device_status"
+    return spec
+
+
+#: the streams besides sensors: one whose every start fails, one switched between execution modes
+OTHER_STREAMS = ("doomed", "quiet")
+
+
 def operator_specs(include: Path) -> Path:
-    """include/ with the sensors stream (a 2-second trigger, two files per batch) and `doomed`: the
+    """include/ with the sensors stream (a 2-second trigger, two files per batch), `doomed`: the
     sensors stream under another name and paths, whose reference data does not exist (every start
-    fails) and whose restart budget is one failed run."""
+    fails) and whose restart budget is one failed run, and `quiet`: the same, which runs well."""
     sensors = example_spec("sensors")
     sensors["trigger"] = {"processing_time": "2 seconds"}
     sensors["source"]["max_files_per_trigger"] = 2
-    doomed = example_spec("sensors")
-    doomed.update(name="doomed", checkpoint="checkpoints/doomed", trigger={"processing_time": "2 seconds"})
-    doomed["source"].update(path="landing/doomed", archive_path="archive/doomed")
-    doomed["quarantine"]["path"] = "quarantine/doomed"
+    doomed = sensors_named("doomed")
     doomed["enrich"][0]["path"] = MISSING_REFERENCE
-    for output in doomed["outputs"]:
-        if "path" in output["sink"]:
-            output["sink"]["path"] = output["sink"]["path"].replace("sensors", "doomed")
-        else:
-            output["sink"]["table"] = "doomed_device_status"
     doomed["supervision"] = {"stall_window": "3 minutes",
                              "restart": {"max_attempts": 1, "backoff_initial_seconds": 1, "backoff_max_seconds": 2}}
-    spec_dir = include_with(include, sensors, doomed)
-    shutil.copy(include / "expectations" / "sensors.yaml", include / "expectations" / "doomed.yaml")
+    spec_dir = include_with(include, sensors, doomed, sensors_named("quiet"))
+    for name in OTHER_STREAMS:
+        shutil.copy(include / "expectations" / "sensors.yaml", include / "expectations" / f"{name}.yaml")
     return spec_dir
 
 
 def dags_folder(folder: Path) -> Path:
-    """The project's DAG file of the sensors stream, and one for `doomed` written as the README says."""
+    """The project's DAG file of the sensors stream, and one for each other stream written as the README says."""
     folder.mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "stream_sensors.py", folder / "stream_sensors.py")
-    (folder / "stream_doomed.py").write_text(
-        '"""Airflow DAGs of the `doomed` stream."""\n\nfrom streamops.dag_factory import stream_dags\n\n'
-        'globals().update(stream_dags("doomed"))\n')
+    for name in OTHER_STREAMS:
+        (folder / f"stream_{name}.py").write_text(
+            f'"""Airflow DAGs of the `{name}` stream."""\n\nfrom streamops.dag_factory import stream_dags\n\n'
+            f'globals().update(stream_dags("{name}"))\n')
     return folder
 
 
@@ -599,3 +611,84 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     agreement = verify.agreement(spark, spec, layout)
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     one_driver_at_a_time(layout)
+
+
+# ---- 5. execution modes ----------------------------------------------------------------------
+
+
+def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_and_switches_back(
+        platform: Platform, spark) -> None:
+    """A continuous stream's spec switched to scheduled runs on its input: its supervisor stops the
+    driver between batches and ends; files landing start an available-now run through the input's
+    asset watcher, which a SIGKILL of its driver does not break; between runs no driver is held and
+    the stream is idle. Switched back and deployed, it runs continuously again. Every sink equals
+    the ground truth, the outputs agree, and never two drivers ran at once."""
+    import yaml
+
+    p = platform
+    spec, layout = p.stream("quiet")
+    continuous = p.spec_path("quiet").read_text()
+    ingestion = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+    p.feed("quiet", files=4, seed=51)
+    deploy(p.airflow, "quiet")
+    first = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")), None), "the supervisor run",
+                     timeout=60, every=1)
+    wait_for(lambda: holder_alive(layout.lease_dir) and assess(spec, layout).status == Status.IDLE,
+             "the continuous stream to catch up", timeout=300, every=2)
+
+    # switched to scheduled: the running driver stops between batches, and its supervisor ends
+    data = yaml.safe_load(continuous)
+    data["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "3 minutes", "input_poll": "2 seconds"}
+    p.spec_path("quiet").write_text(yaml.safe_dump(data, sort_keys=False))
+    scheduled, _ = p.stream("quiet")
+    wait_for(lambda: p.state("stream_quiet", first) in ("success", "failed"), "the continuous run to end",
+             timeout=180, every=2)
+    assert p.state("stream_quiet", first) == "success", p.task_log("stream_quiet", "supervise", first)[-3000:]
+    assert "switch to scheduled runs" in p.task_log("stream_quiet", "supervise", first)
+    assert not holder_alive(layout.lease_dir)
+    assert RestartBudget(layout.runs_file, spec.supervision.restart).consecutive_failures() == 0
+
+    # files land: the input's watcher asks for a run; its driver is killed once it committed a batch,
+    # and the run's supervisor starts it again from the checkpoint
+    p.feed("quiet", files=6, seed=52)
+    run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")
+                                 if r["run_type"] == "asset_triggered"), None),
+                   "a run started by the waiting input", timeout=240, every=2)
+    holder = wait_for(lambda: (h := read_holder(layout.lease_dir)) is not None and h.alive() and h,
+                      "the scheduled run's driver", timeout=180, every=0.5)
+    wait_for(lambda: any(c.stat().st_mtime > holder.started_at for c in (Path(ingestion) / "commits").glob("[0-9]*")),
+             "the scheduled run's first commit", timeout=180, every=0.2)
+    os.kill(holder.pid, signal.SIGKILL)
+    wait_for(lambda: p.state("stream_quiet", run) in ("success", "failed"), "the scheduled run to end", timeout=300,
+             every=2)
+    log = p.task_log("stream_quiet", "supervise", run)
+    assert p.state("stream_quiet", run) == "success", log[-3000:]
+    assert "restarting stream quiet" in log or "supervising stream quiet (run 2" in log, log[-3000:]
+    assert not holder_alive(layout.lease_dir)
+    between = assess(scheduled, layout)
+    assert between.status == Status.IDLE and between.reason.startswith("scheduled:"), between.summary()
+    runs = len(p.airflow.runs("stream_quiet"))
+    if wait_until(lambda: len(p.airflow.runs("stream_quiet")) > runs, 12, every=2):
+        newest = p.airflow.runs("stream_quiet")[0]
+        raise AssertionError(f"a run started with nothing waiting: {p.airflow.runs('stream_quiet')}\n"
+                             f"{p.task_log('stream_quiet', 'supervise', newest['run_id'])[-3000:]}\n"
+                             f"{read_events(layout.events_file)[-30:]}")
+
+    # switched back and deployed: continuous again
+    p.spec_path("quiet").write_text(continuous)
+    p.feed("quiet", files=2, seed=53)
+    wait_for(lambda: p.airflow.client.get("dags/stream_quiet").get("timetable_summary") in (None, "None"),
+             "the DAG processor to parse the continuous DAG", timeout=120, every=3)
+    again = p.trigger("stream_quiet")
+    wait_for(lambda: holder_alive(layout.lease_dir) and assess(spec, layout).status == Status.IDLE,
+             "the continuous stream to catch up", timeout=300, every=2)
+    graceful = p.trigger("stream_quiet_stop", {"mode": "graceful"})
+    wait_for(lambda: p.state("stream_quiet", again) in ("success", "failed"), "the supervisor run to end",
+             timeout=240, every=2)
+    assert p.state("stream_quiet_stop", graceful) == "success"
+    one_driver_at_a_time(layout)
+    manifest = json.loads((p.data_root / "generated" / "quiet" / "manifest.json").read_text())
+    report = verify.compare(spark, spec, layout, manifest)
+    assert report.ok, report.describe()
+    agreement = verify.agreement(spark, spec, layout)
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)

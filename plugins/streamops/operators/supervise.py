@@ -16,6 +16,7 @@ from streamops.hooks.stream import StreamHook
 from streamops.operators.driver import StreamDriverOperator
 from streamops.restarts import RestartBudget
 from streamops.supervisor import Act, Supervisor
+from streamops.triggers.input_waiting import run_began, run_ended
 
 
 def _supervisor_state(name: str, doc: str) -> property:
@@ -74,10 +75,19 @@ class StreamSupervisorOperator(StreamDriverOperator):
     supervised_epoch = _supervisor_state("epoch", "the lease epoch of the driver this task runs or adopted")
 
     def execute(self, context: Context) -> dict[str, Any]:
+        hook = self.stream_hook
+        if not hook.spec.execution.scheduled:
+            return self._run(context)
+        run_began(hook.layout.lease_dir)  # the input's watcher asks for no other run meanwhile
+        try:
+            self._skip_if_nothing_to_run(context)
+            return self._run(context)
+        finally:
+            run_ended(hook.layout.lease_dir)
+
+    def _run(self, context: Context) -> dict[str, Any]:
         hook, sup = self.stream_hook, self.supervisor
         ti = context.get("ti")
-        if hook.spec.execution.scheduled:
-            self._skip_if_nothing_to_run(context)
         sup.begin(tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
                                                       f"try {getattr(ti, 'try_number', '?')}"),
                   RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart),

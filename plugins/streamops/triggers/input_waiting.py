@@ -6,10 +6,13 @@ becomes an asset event of the input, and the stream's DAG, scheduled on it, runs
 when a file lands or records arrive on the topic, not only on the clock.
 
 It fires when its stream's health says input waits (files not taken yet, records behind on
-the broker, accepted rows an output has not read) while no driver runs and the stream is not
-stopped on purpose; then not again until a driver has started since (the run took it), or
-the stream's freshness passed without one. When it fired is kept in the stream's control
-folder (``input_signal.json``), so a restarted triggerer neither repeats nor loses it.
+the broker, accepted rows an output has not read) while no driver runs, no run is under way
+and the stream is not stopped on purpose; then not again until a run has begun since (the
+run took it), or the stream's freshness passed without one. When it fired is kept in the
+stream's control folder (``input_signal.json``), and each scheduled run's supervisor records
+when it began and ended (``scheduled_run.json``, :func:`run_began`, :func:`run_ended`), so a
+restarted triggerer neither repeats nor loses a request, and a driver restarted within a run
+(after a crash) asks for no second run.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -27,6 +31,19 @@ from streamops.triggers import file_state, read_json
 
 #: the file, beside the lease, that says when the watcher last asked for a run
 SIGNAL_FILE = "input_signal.json"
+#: the file, beside the lease, that says when the newest scheduled run began and ended
+RUN_FILE = "scheduled_run.json"
+
+
+def run_began(control_dir: Path, now: float | None = None) -> None:
+    """A scheduled run's supervisor begins (before it looks for input)."""
+    write_atomically(control_dir / RUN_FILE, json.dumps({"began": time.time() if now is None else now}))
+
+
+def run_ended(control_dir: Path, now: float | None = None) -> None:
+    """That run ended, whichever way."""
+    run = read_json(control_dir / RUN_FILE)
+    write_atomically(control_dir / RUN_FILE, json.dumps({**run, "ended": time.time() if now is None else now}))
 
 
 class InputWaitingTrigger(BaseEventTrigger):
@@ -46,7 +63,6 @@ class InputWaitingTrigger(BaseEventTrigger):
     def check(self, now: float | None = None) -> dict[str, Any] | None:
         """The payload of the input's next asset event, or None: nothing waits, a run is under way or
         already asked for, the stream is stopped on purpose, or it does not run on input (any more)."""
-        from spark_jobs.runtime.lease import latest
         from spark_jobs.spec.models import duration_seconds
         from streamops.health import Status
 
@@ -55,13 +71,16 @@ class InputWaitingTrigger(BaseEventTrigger):
         execution = hook.spec.execution
         if not (execution.scheduled and execution.on_input) or hook.held_by() is not None or hook.driver_alive():
             return None
-        signal_file = hook.layout.lease_dir / SIGNAL_FILE
-        signalled = read_json(signal_file).get("at")
-        if isinstance(signalled, int | float):
-            last = latest(hook.layout.lease_dir)
-            ran_since = last is not None and last.started_at >= signalled
-            if not ran_since and now - signalled < duration_seconds(execution.freshness):
-                return None  # asked for already: its run has not begun
+        control, freshness = hook.layout.lease_dir, duration_seconds(execution.freshness)
+        signal_file = control / SIGNAL_FILE
+        asked, run = read_json(signal_file).get("at"), read_json(control / RUN_FILE)
+        began, ended = run.get("began"), run.get("ended")
+        # (a run, or an ask, older than the freshness is taken for lost: its task died unseen)
+        if isinstance(began, int | float) and ended is None and now - began < freshness:
+            return None  # a run is under way (between a crashed driver and its restart too)
+        if isinstance(asked, int | float) and not (isinstance(began, int | float) and began >= asked) \
+                and now - asked < freshness:
+            return None  # asked for already: its run has not begun
         health = hook.health(now)
         if health.status in (Status.IDLE, Status.STARTING) or health.problems:
             return None  # nothing waits; a run begins; or a run would fail (its supervisor says why)

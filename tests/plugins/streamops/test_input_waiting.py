@@ -1,6 +1,6 @@
 """The watcher of a scheduled stream's input, over a real stream's checkpoint: it asks for a run
-when input waits, once until a driver has started since (or the freshness passed), never while a
-driver runs or the stream is stopped on purpose, and remembers across triggerer restarts that
+when input waits, once until a run has begun since (or the freshness passed), never while a run
+is under way or the stream is stopped on purpose, and remembers across triggerer restarts that
 it asked."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 from spark_jobs.runtime.lease import DriverLease
 from spark_jobs.spec.layout import default_spec_dir
 from streamops.hooks.stream import StreamHook
-from streamops.triggers.input_waiting import SIGNAL_FILE, InputWaitingTrigger
+from streamops.triggers.input_waiting import SIGNAL_FILE, InputWaitingTrigger, run_began, run_ended
 
 
 def scheduled_specs(tmp_path: Path, **execution) -> Path:
@@ -34,7 +34,7 @@ def land(data_root: Path, name: str) -> None:
     (data_root / "landing" / "sensors" / name).write_text(json.dumps({"event_id": name}) + "\n")
 
 
-def test_waiting_input_asks_for_one_run_until_a_driver_started(data_root: Path, tmp_path: Path) -> None:
+def test_waiting_input_asks_for_one_run_until_a_run_began(data_root: Path, tmp_path: Path) -> None:
     specs = scheduled_specs(tmp_path)
     trigger = InputWaitingTrigger("sensors", spec_dir=str(specs), data_root=str(data_root))
     hook = StreamHook("sensors", str(specs), str(data_root))
@@ -49,12 +49,21 @@ def test_waiting_input_asks_for_one_run_until_a_driver_started(data_root: Path, 
     signal_file = hook.layout.lease_dir / SIGNAL_FILE
     signal_file.write_text(json.dumps({"at": time.time() - 301}))  # the freshness passed without a run: again
     assert again.check() is not None
-    # a driver runs: nothing to ask for while it does; once one started since the last ask, input asks again
+    # a run begins: nothing to ask for while it runs, a driver or not (one restarted after a crash);
+    # once it ended, input that came meanwhile asks again
+    run_began(hook.layout.lease_dir)
+    assert trigger.check() is None
     lease = DriverLease(hook.layout.lease_dir, stream="sensors").acquire()
     try:
         assert trigger.check() is None
     finally:
         lease.release()
+    assert trigger.check() is None  # its driver died: the run restarts it
+    signal_file.write_text(json.dumps({"at": time.time() - 400}))  # asked for; the run it began never ended:
+    run_began(hook.layout.lease_dir, now=time.time() - 350)  # older than the freshness, it is taken for lost
+    assert trigger.check() is not None
+    run_began(hook.layout.lease_dir)
+    run_ended(hook.layout.lease_dir)
     assert trigger.check() is not None
 
 

@@ -334,3 +334,13 @@ def test_the_driver_cell_shows_the_standby_and_its_state() -> None:
                                     "<br><span class='muted'>standby: worker-7, pid 4343: ready</span>")
     assert "standby: none yet" in _driver_cell({**status, "standby": []})  # asked for, not launched yet
     assert "standby" not in _driver_cell({**status, "standby": None})  # not asked for
+
+
+def test_the_driver_cell_says_when_a_scheduled_stream_runs() -> None:
+    from streamops.ui import _driver_cell
+
+    between_runs = {"driver_pid": None, "standby": None,
+                    "execution": "scheduled (when input arrives; freshness 15 minutes)"}
+    assert _driver_cell(between_runs) == ("<span class='muted'>none</span><br><span class='muted'>scheduled (when "
+                                          "input arrives; freshness 15 minutes)</span>")
+    assert _driver_cell({**between_runs, "execution": "continuous"}) == "<span class='muted'>none</span>"
