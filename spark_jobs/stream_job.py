@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--trigger", choices=["spec", "available-now"], default="spec",
                    help="available-now: process what is waiting, then exit (catch-up; a scheduled stream's runs "
-                        "always are)")
+                        "always are, an adaptive stream's when its supervisor says so)")
     p.add_argument("--processing-time", default=None, metavar="DURATION",
                    help="override the spec's trigger with a processing-time interval, e.g. '1 second'")
     p.add_argument("--grace-seconds", type=float, default=GRACE_SECONDS,
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _trigger(args: argparse.Namespace, spec) -> Trigger | None:
     """The trigger the arguments ask for; None: the spec's (a scheduled stream's runs are available-now)."""
-    if args.trigger == "available-now" or (spec.execution.scheduled and not args.processing_time):
+    if args.trigger == "available-now" or (spec.execution.mode == "scheduled" and not args.processing_time):
         return Trigger(available_now=True)
     if args.processing_time:
         return Trigger(processing_time=args.processing_time)

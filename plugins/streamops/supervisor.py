@@ -33,12 +33,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from spark_jobs.runtime.progress import read_events
+from spark_jobs.runtime.progress import read_events, rows_read
+from spark_jobs.spec.models import INGEST_QUERY
 from streamops.health import NO_RESTART, RUNNING, Health, Status
 
 if TYPE_CHECKING:
     from spark_jobs.runtime.lease import Holder
-    from spark_jobs.spec.models import Supervision
+    from spark_jobs.spec.models import Execution, Supervision
     from streamops.restarts import RestartBudget, Run
     from streamops.tenure import Tenure
 
@@ -94,6 +95,8 @@ class Decision:
     end_standby: bool = False
     #: START after a takeover that did not happen: the standby to kill
     driver: Driver | None = None
+    #: an event for the stream's log (an adaptive stream's choice of mode, with what it was based on)
+    event: dict | None = None
 
 
 class StandbyStep(NamedTuple):
@@ -110,7 +113,8 @@ class _Watch:
     archived_at: float
     stopping_since: float | None = None
     reason: str = "driver exited"
-    #: stopping to switch the stream to scheduled runs (its spec's ``execution.mode``)
+    #: stopping to switch the stream to scheduled runs (its spec's ``execution.mode``, or an adaptive
+    #: stream's quiet input)
     switching: bool = False
 
 
@@ -155,6 +159,11 @@ class Supervisor:
         #: the last driver this task ran, once it ended
         self.ended: Driver | None = None
         self.available_now = False
+        #: an adaptive stream's execution (spark_jobs.spec.models.Execution), and when its last run before
+        #: this task's began; None: not adaptive
+        self.adaptive: Execution | None = None
+        self.previous_began: float | None = None
+        self._continuous_since: float | None = None
         self._events_file: Path | None = None
         self._checkpoint_root = ""
         self._left = False
@@ -164,11 +173,18 @@ class Supervisor:
         self._takeover = _Takeover(None, set(), since=monotonic())
 
     def begin(self, tenure: Tenure, budget: RestartBudget, *, events_file: Path | None = None,
-              checkpoint_root: str = "", available_now: bool = False) -> None:
+              checkpoint_root: str = "", available_now: bool = False, adaptive: Execution | None = None,
+              previous_began: float | None = None) -> None:
         """This try begins to supervise the stream: its tenure, the stream's restart budget, its
-        progress events and checkpoint (for the failure messages), and whether it runs available-now."""
+        progress events and checkpoint (for the failure messages), and whether it runs available-now.
+        ``adaptive``: the stream's execution, if adaptive (its first run is available-now, and
+        :meth:`run_ended` decides whether a continuous driver follows); ``previous_began``: when its
+        run before this one began."""
         self.tenure, self.budget = tenure, budget
         self._events_file, self._checkpoint_root, self.available_now = events_file, checkpoint_root, available_now
+        self.adaptive, self.previous_began = adaptive, previous_began
+        if adaptive is not None:
+            self.available_now = True
 
     @property
     def tenure_name(self) -> str:
@@ -267,8 +283,12 @@ class Supervisor:
         finished = code == 0 and not forced and self.available_now
         if self._watch.switching and held_by is None:
             self.budget.record_end(self.clock(), code, self._watch.reason, forced=forced, requested=True)
-            return Decision(Act.END, f"stream {self.stream} stopped to switch to scheduled runs (exit {code}); its "
+            return Decision(Act.END, f"stream {self.stream} {self._watch.reason} (exit {code}); its "
                                      "DAG's scheduled runs take it on from its checkpoint", end_standby=True)
+        if finished and held_by is None and self.adaptive is not None:
+            run = self.budget.last_run()
+            self.budget.record_end(self.clock(), code, reason, finished=True)
+            return self._after_scheduled_run(run.started_at if run else self.clock())
         if held_by is not None:
             reason = f"{reason.splitlines()[0] if reason else 'driver ended'} (stopped by {held_by})"
         elif code == 0 and not forced and not finished:
@@ -325,12 +345,63 @@ class Supervisor:
         read now) while this task runs its driver continuously: STOP the driver between batches
         (its standby first), and the task ends once it stopped (:meth:`run_ended`). Said once."""
         w = self._watch
-        if not scheduled or self.available_now or w.stopping_since is not None or self.epoch is None:
+        if (not scheduled or self.available_now or self.adaptive is not None or w.stopping_since is not None
+                or self.epoch is None):
             return None
         w.stopping_since, w.reason, w.switching = self.monotonic(), "stopped to switch to scheduled runs", True
         return Decision(Act.STOP, f"stream {self.stream}: its spec now runs it scheduled (execution.mode); stopping "
                                   "its driver between batches, then this task ends", "warning",
                         why=f"its supervisor ({self.tenure_name}): switch to scheduled runs", end_standby=True)
+
+    # ---- an adaptive stream ------------------------------------------------------------------
+
+    def _after_scheduled_run(self, started_at: float) -> Decision:
+        """An adaptive stream's available-now run finished: the rate its input arrived at (the rows it
+        read, over the time since the run before it began, or since it began itself) decides whether
+        a continuous driver follows (TAKE_OVER: launched at once) or the task ends."""
+        assert self.adaptive is not None and self.adaptive.continuous_above is not None
+        now = self.clock()
+        since = self.previous_began if self.previous_began is not None and self.previous_began < started_at else started_at
+        rows = rows_read(self._events_file, INGEST_QUERY, started_at, now) if self._events_file else 0
+        window = max(1.0, now - since)
+        rate = rows / window
+        event = {"event": "execution_decision", "stream": self.stream, "rows": rows, "window_seconds": round(window, 1),
+                 "rate": round(rate, 3), "continuous_above": self.adaptive.continuous_above,
+                 "scheduled_below": self.adaptive.down_rate}
+        if rate < self.adaptive.continuous_above:
+            return Decision(Act.END, f"stream {self.stream}: its run read {rows} row(s) that arrived over {window:.0f}s "
+                                     f"({rate:.2f} records/s, below {self.adaptive.continuous_above:g}): scheduled runs "
+                                     "go on", event={**event, "mode": "scheduled"})
+        self.available_now, self._continuous_since = False, self.monotonic()
+        return Decision(Act.TAKE_OVER, f"stream {self.stream}: its run read {rows} row(s) that arrived over "
+                                       f"{window:.0f}s ({rate:.2f} records/s, from {self.adaptive.continuous_above:g} on): "
+                                       "it runs continuously now", "warning", event={**event, "mode": "continuous"})
+
+    def quiet(self, rows: int) -> Decision | None:
+        """An adaptive stream's continuous driver, whose ingestion read ``rows`` over the last
+        ``quiet_for``: below ``scheduled_below`` records a second (and running that long), STOP it
+        between batches, and the task ends (:meth:`run_ended`): scheduled runs take the stream on."""
+        from spark_jobs.spec.models import duration_seconds
+
+        w = self._watch
+        if (self.adaptive is None or self.available_now or w.stopping_since is not None or self.epoch is None
+                or self._continuous_since is None):
+            return None
+        window = duration_seconds(self.adaptive.quiet_for)
+        if self.monotonic() - self._continuous_since < window:
+            return None
+        rate = rows / window
+        if rate >= self.adaptive.down_rate:
+            return None
+        w.stopping_since, w.reason, w.switching = self.monotonic(), "stopped: its input went quiet", True
+        return Decision(Act.STOP, f"stream {self.stream}: its input went quiet ({rows} row(s) in {window:.0f}s, "
+                                  f"{rate:.2f} records/s, below {self.adaptive.down_rate:g}); stopping its driver "
+                                  "between batches: scheduled runs take it on", "warning",
+                        why=f"its supervisor ({self.tenure_name}): input quiet, back to scheduled runs",
+                        event={"event": "execution_decision", "stream": self.stream, "mode": "scheduled", "rows": rows,
+                               "window_seconds": window, "rate": round(rate, 3),
+                               "continuous_above": self.adaptive.continuous_above,
+                               "scheduled_below": self.adaptive.down_rate})
 
     def overdue(self) -> bool:
         """Has the driver asked to stop had its grace period? Then it is killed (once)."""

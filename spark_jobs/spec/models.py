@@ -677,14 +677,24 @@ class Execution(Strict):
       ``10 minutes``) and, with ``on_input``, as soon as input waits (a landed file, records on
       the topic). Between runs no driver is held; the stream is ``lagging`` once input waited
       longer than ``freshness``.
+    * ``adaptive``: scheduled runs while input is quiet; a run that found input arriving at
+      ``continuous_above`` records a second or more goes on as a continuous driver, which stops
+      between batches once its input stayed below ``scheduled_below`` for ``quiet_for``.
     """
 
-    mode: Literal["continuous", "scheduled"] = "continuous"
+    mode: Literal["continuous", "scheduled", "adaptive"] = "continuous"
     schedule: str | None = Field(default=None, description="cron, an Airflow preset, or an interval ('10 minutes')")
     on_input: bool = False
     freshness: Duration | None = None
     #: how often ``on_input`` looks for waiting input
     input_poll: Duration = "10 seconds"
+    #: adaptive: from this input rate (records a second, over the time since the run before) on, a
+    #: run goes on as a continuous driver
+    continuous_above: float | None = Field(default=None, gt=0)
+    #: adaptive: a continuous driver whose input rate stayed below this for ``quiet_for`` stops, and
+    #: scheduled runs take the stream on (default: half of ``continuous_above``)
+    scheduled_below: float | None = Field(default=None, gt=0)
+    quiet_for: Duration = "10 minutes"
 
     @field_validator("schedule")
     @classmethod
@@ -710,15 +720,37 @@ class Execution(Strict):
                 raise ValueError(f"{', '.join(given)}: only for mode scheduled (a continuous driver runs all the time)")
             return self
         if self.schedule is None and not self.on_input:
-            raise ValueError("a scheduled stream runs on a schedule, on_input, or both: set at least one")
+            raise ValueError(f"a {self.mode} stream runs on a schedule, on_input, or both: set at least one")
         if self.freshness is None:
-            raise ValueError("a scheduled stream declares its freshness: how long input may wait for a run (e.g. "
+            raise ValueError(f"a {self.mode} stream declares its freshness: how long input may wait for a run (e.g. "
                              "'15 minutes')")
+        if self.mode == "adaptive":
+            if self.continuous_above is None:
+                raise ValueError("an adaptive stream says from which input rate it runs continuously: "
+                                 "continuous_above (records a second)")
+            if self.scheduled_below is not None and self.scheduled_below >= self.continuous_above:
+                raise ValueError(f"scheduled_below ({self.scheduled_below:g}) must be below continuous_above "
+                                 f"({self.continuous_above:g}), or the stream would switch back and forth")
+        else:
+            given = [f for f in ("continuous_above", "scheduled_below") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for mode adaptive")
         return self
 
     @property
     def scheduled(self) -> bool:
-        return self.mode == "scheduled"
+        """Does it run scheduled, at least while its input is quiet (holding no driver between runs)?"""
+        return self.mode in ("scheduled", "adaptive")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.mode == "adaptive"
+
+    @property
+    def down_rate(self) -> float:
+        """Adaptive: the input rate below which a continuous driver is quiet."""
+        assert self.continuous_above is not None
+        return self.scheduled_below if self.scheduled_below is not None else self.continuous_above / 2
 
     @property
     def interval(self) -> bool:
@@ -731,6 +763,9 @@ class Execution(Strict):
         when = " and ".join(filter(None, [
             (f"every {self.schedule.strip()}" if self.interval else f"on `{self.schedule}`") if self.schedule else "",
             "when input arrives" if self.on_input else ""]))
+        if self.adaptive:
+            return (f"adaptive (scheduled {when}; continuous from {self.continuous_above:g} records/s until below "
+                    f"{self.down_rate:g} for {self.quiet_for}; freshness {self.freshness})")
         return f"scheduled ({when}; freshness {self.freshness})"
 
 
@@ -805,8 +840,9 @@ class StreamSpec(Strict):
 
     @property
     def available_now(self) -> bool:
-        """Does each run of its driver take what waits and exit (``trigger.available_now``, or scheduled runs)?"""
-        return self.trigger.available_now or self.execution.scheduled
+        """Does each run of its driver take what waits and exit (``trigger.available_now``, or scheduled runs;
+        an adaptive stream's supervisor decides run by run)?"""
+        return self.trigger.available_now or self.execution.mode == "scheduled"
 
     def output(self, name: str) -> Output:
         for o in self.outputs:

@@ -616,13 +616,14 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
 # ---- 5. execution modes ----------------------------------------------------------------------
 
 
-def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_and_switches_back(
+def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_adapts_and_switches_back(
         platform: Platform, spark) -> None:
     """A continuous stream's spec switched to scheduled runs on its input: its supervisor stops the
     driver between batches and ends; files landing start an available-now run through the input's
     asset watcher, which a SIGKILL of its driver does not break; between runs no driver is held and
-    the stream is idle. Switched back and deployed, it runs continuously again. Every sink equals
-    the ground truth, the outputs agree, and never two drivers ran at once."""
+    the stream is idle. Made adaptive, a burst of input starts a run that goes on as a continuous
+    driver, which stops once its input went quiet. Switched back and deployed, it runs continuously
+    again. Every sink equals the ground truth, the outputs agree, and never two drivers ran at once."""
     import yaml
 
     p = platform
@@ -673,6 +674,32 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
         raise AssertionError(f"a run started with nothing waiting: {p.airflow.runs('stream_quiet')}\n"
                              f"{p.task_log('stream_quiet', 'supervise', newest['run_id'])[-3000:]}\n"
                              f"{read_events(layout.events_file)[-30:]}")
+
+    # adaptive: a burst's run goes on continuously, and stops once the input went quiet
+    data["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "3 minutes", "input_poll": "2 seconds",
+                         "continuous_above": 0.5, "quiet_for": "20 seconds"}
+    p.spec_path("quiet").write_text(yaml.safe_dump(data, sort_keys=False))
+    # (its DAG runs on its input as before: the watcher and the run read the spec file itself)
+    burst_at = time.time()
+    p.feed("quiet", files=8, seed=54)
+    adaptive_run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")
+                                          if r["run_type"] == "asset_triggered" and r["run_id"] != run), None),
+                            "a run started by the burst", timeout=240, every=2)
+
+    def decisions() -> list[dict]:
+        return [e for e in read_events(layout.events_file) if e.get("event") == "execution_decision"]
+
+    went = wait_for(lambda: next((e for e in decisions() if e["mode"] == "continuous"), None),
+                    "the run to go on continuously", timeout=240, every=1)
+    print(f"burst to continuous: {went['logged_at'] - burst_at:.1f}s (rate {went['rate']} records/s)")
+    wait_for(lambda: p.state("stream_quiet", adaptive_run) in ("success", "failed"), "the adaptive run to end",
+             timeout=300, every=2)
+    log = p.task_log("stream_quiet", "supervise", adaptive_run)
+    assert p.state("stream_quiet", adaptive_run) == "success", log[-3000:]
+    back = decisions()[-1]
+    assert back["mode"] == "scheduled" and back["rate"] < 0.25 and "its input went quiet" in log, (decisions(), log[-2000:])
+    assert went["logged_at"] - burst_at < 180  # within its freshness
+    assert not holder_alive(layout.lease_dir)
 
     # switched back and deployed: continuous again
     p.spec_path("quiet").write_text(continuous)

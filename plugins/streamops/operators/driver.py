@@ -127,10 +127,13 @@ class StreamDriverOperator(SparkSubmitOperator):
         """The environment of the drivers this task launches."""
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}), **_kafka_env(hook)}
 
-    def _launch(self, standby: bool, tenure: Tenure | None = None) -> Launch:
+    def _launch(self, standby: bool, tenure: Tenure | None = None, available_now: bool = False) -> Launch:
         """Submit a driver (``standby``: a warm standby that waits to take the stream over, for the
-        supervisor's try ``tenure``)."""
+        supervisor's try ``tenure``; ``available_now``: one that takes what waits and exits, a
+        scheduled run)."""
         extra = ["--standby", "--supervisor", str(tenure.number if tenure else 0)] if standby else []
+        if available_now:
+            extra = ["--trigger", "available-now"]
         env = {**(self.env_vars or {}), DRIVER_ID_ENV: f"{self.stream}-{uuid.uuid4().hex[:12]}"}
         launch = Launch(self.spark_submit_hook(env_vars=env, application_args=[*(self.application_args or []), *extra]),
                         self.application, env[DRIVER_ID_ENV], self.stream_hook.layout.lease_dir)

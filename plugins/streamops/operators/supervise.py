@@ -10,12 +10,14 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from spark_jobs.runtime.lease import read_holder, release_dead
+from spark_jobs.runtime.progress import rows_read
+from spark_jobs.spec.models import INGEST_QUERY, duration_seconds
 from streamops import tenure
 from streamops.health import Health, Status
 from streamops.hooks.stream import StreamHook
 from streamops.operators.driver import StreamDriverOperator
 from streamops.restarts import RestartBudget
-from streamops.supervisor import Act, Supervisor
+from streamops.supervisor import Act, Decision, Supervisor
 from streamops.triggers.input_waiting import run_began, run_ended
 
 
@@ -78,21 +80,22 @@ class StreamSupervisorOperator(StreamDriverOperator):
         hook = self.stream_hook
         if not hook.spec.execution.scheduled:
             return self._run(context)
-        run_began(hook.layout.lease_dir)  # the input's watcher asks for no other run meanwhile
+        previous = run_began(hook.layout.lease_dir)  # the input's watcher asks for no other run meanwhile
         try:
             self._skip_if_nothing_to_run(context)
-            return self._run(context)
+            return self._run(context, previous)
         finally:
             run_ended(hook.layout.lease_dir)
 
-    def _run(self, context: Context) -> dict[str, Any]:
+    def _run(self, context: Context, previous_began: float | None = None) -> dict[str, Any]:
         hook, sup = self.stream_hook, self.supervisor
         ti = context.get("ti")
         sup.begin(tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
                                                       f"try {getattr(ti, 'try_number', '?')}"),
                   RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart),
                   events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
-                  available_now=hook.spec.available_now)
+                  available_now=hook.spec.available_now,
+                  adaptive=hook.spec.execution if hook.spec.execution.adaptive else None, previous_began=previous_began)
         hook.release_hold()
         self._driver_env(hook)
         app = hook.spec.application
@@ -121,7 +124,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                         time.sleep(run.delay)  # the backoff itself
                     if self._superseded():
                         return {}
-                    self._say(sup.started(self._launch(standby=False)))
+                    self._say(sup.started(self._launch(standby=False, available_now=sup.available_now)))
                 elif run.act is Act.WATCH:  # its standby took over
                     self._say(sup.started())
                 reason, forced = self._supervise()
@@ -133,6 +136,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                     return {}
                 ended = sup.run_ended(code, reason, forced, hook.held_by())
                 self._say(ended)
+                self._record(ended)
                 if ended.end_standby:
                     self._end_standby()
                 if ended.act is Act.FAIL:
@@ -143,6 +147,21 @@ class StreamSupervisorOperator(StreamDriverOperator):
         finally:
             if sup.standby is not None:
                 sup.standby.kill()
+
+    def _quiet(self) -> Decision | None:
+        """An adaptive stream's continuous driver whose input went quiet: the stop that says so."""
+        sup = self.supervisor
+        if sup.adaptive is None or sup.available_now:
+            return None
+        window = duration_seconds(sup.adaptive.quiet_for)
+        return sup.quiet(rows_read(self.stream_hook.layout.events_file, INGEST_QUERY, time.time() - window))
+
+    def _record(self, decision: Decision) -> None:
+        """The decision's event, in the stream's log (an adaptive stream's choice of mode)."""
+        if decision.event is not None:
+            from spark_jobs.runtime.progress import EventLog
+
+            EventLog(self.stream_hook.layout.events_file).write(decision.event)
 
     def _skip_if_nothing_to_run(self, context: Context) -> None:
         """A scheduled stream's run that its schedule or its input started (not an operator's deploy)
@@ -220,8 +239,9 @@ class StreamSupervisorOperator(StreamDriverOperator):
             if self._superseded():
                 return "this try was superseded", False
             self._say(sup.lease_taken(read_holder(hook.layout.lease_dir)))
-            if (switch := sup.switch(hook.scheduled_in_file())) is not None:
+            if (switch := sup.switch(hook.scheduled_in_file()) or self._quiet()) is not None:
                 self._say(switch)
+                self._record(switch)
                 self._end_standby()
                 hook.request_stop(sup.epoch, switch.why)
             health = hook.health()

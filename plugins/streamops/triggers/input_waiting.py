@@ -35,9 +35,11 @@ SIGNAL_FILE = "input_signal.json"
 RUN_FILE = "scheduled_run.json"
 
 
-def run_began(control_dir: Path, now: float | None = None) -> None:
-    """A scheduled run's supervisor begins (before it looks for input)."""
+def run_began(control_dir: Path, now: float | None = None) -> float | None:
+    """A scheduled run's supervisor begins (before it looks for input): when the run before it began."""
+    previous = read_json(control_dir / RUN_FILE).get("began")
     write_atomically(control_dir / RUN_FILE, json.dumps({"began": time.time() if now is None else now}))
+    return float(previous) if isinstance(previous, int | float) else None
 
 
 def run_ended(control_dir: Path, now: float | None = None) -> None:

@@ -328,6 +328,65 @@ def test_a_spec_switched_to_scheduled_runs_stops_the_continuous_driver_between_b
     assert scheduled_run.switch(True) is None  # it takes what waits and ends by itself
 
 
+def test_an_adaptive_stream_goes_continuous_when_its_input_arrives_fast_and_back_when_it_goes_quiet(
+        tmp_path: Path, clock: Clock) -> None:
+    """Adaptive: the first run takes what waits and exits; the rate its input arrived at (the rows
+    it read since the run before began) decides: at or above ``continuous_above`` a continuous
+    driver follows at once, below it the task ends. A continuous driver whose input stayed below
+    ``scheduled_below`` for ``quiet_for`` is stopped between batches, and the task ends; each
+    choice is an event with what it was based on."""
+    from spark_jobs.runtime.progress import EventLog
+    from spark_jobs.spec.models import INGEST_QUERY, Execution
+
+    execution = Execution(mode="adaptive", on_input=True, freshness="5 minutes", continuous_above=10,
+                          quiet_for="2 minutes")
+    events = EventLog(tmp_path / "progress.jsonl")
+
+    def scheduled_run(sup: Supervisor, rows: int, lasted: float):  # Decision
+        sup.next_run(health(Status.DEAD), None, False, None)
+        sup.started(FakeDriver(f"sensors-{sup.runs + 1}"))
+        sup.watch()
+        assert sup.available_now  # its run takes what waits and exits
+        clock.advance(lasted)
+        events.write({"event": "progress", "query": INGEST_QUERY, "input_rows": rows, "logged_at": clock.wall})
+        code, reason = sup.exited("driver exited", (0, ""))
+        return sup.run_ended(code, reason, False, None)
+
+    quiet = supervisor(tmp_path / "a", clock)
+    quiet.begin(tenure(1), quiet.budget, events_file=events.path, adaptive=execution,
+                previous_began=clock.wall - 600)
+    ended = scheduled_run(quiet, rows=3000, lasted=30)  # 3,000 rows over 630 s: 4.8 records/s
+    assert ended.act is Act.END and "4.76 records/s, below 10" in ended.say, ended
+    assert ended.event["mode"] == "scheduled" and ended.event["rate"] == 4.762 and ended.event["rows"] == 3000
+
+    clock.advance(1)
+    busy = supervisor(tmp_path / "b", clock)
+    busy.begin(tenure(1), busy.budget, events_file=events.path, adaptive=execution, previous_began=clock.wall - 60)
+    go_on = scheduled_run(busy, rows=3000, lasted=20)  # 3,000 rows over 80 s
+    assert go_on.act is Act.TAKE_OVER and "it runs continuously now" in go_on.say, go_on
+    assert go_on.event["mode"] == "continuous" and go_on.event["rate"] == 37.5
+    busy.hand_over(set())
+    assert busy.takeover(None).act is Act.START
+    start = busy.next_run(health(Status.DEAD), None, False, None)
+    assert (start.act, start.delay) == (Act.START, 0.0)  # a finished run is no failure: no backoff
+    busy.started(FakeDriver("sensors-2"))
+    busy.watch()
+    assert not busy.available_now  # launched continuous
+    busy.lease_taken(FakeHolder("sensors-2", epoch=4))
+    assert busy.switch(True) is None  # its spec says adaptive: the supervisor, not a switch, decides
+    clock.advance(119)
+    assert busy.quiet(0) is None  # running for less than quiet_for
+    clock.advance(2)
+    assert busy.quiet(1200) is None  # 10 records/s: above scheduled_below (5)
+    stop = busy.quiet(300)  # 2.5 records/s
+    assert stop.act is Act.STOP and "its input went quiet" in stop.say and stop.event["mode"] == "scheduled"
+    assert busy.quiet(0) is None  # asked once
+    code, reason = busy.exited(busy.watched()[0], (0, ""))
+    ended = busy.run_ended(code, reason, True, None)
+    assert ended.act is Act.END and "input went quiet" in ended.say, ended
+    assert busy.budget.consecutive_failures() == 0
+
+
 def test_the_standby_takes_over_when_the_driver_dies(tmp_path: Path, clock: Clock) -> None:
     sup = supervisor(tmp_path, clock)
     beside = Supervision(standby=True)

@@ -335,6 +335,20 @@ def test_a_scheduled_stream_says_when_it_runs_and_how_fresh_it_stays(sensors: di
     sensors["supervision"] = {"standby": True}
     assert_problem(sensors, "supervision.standby", "holds no driver between its runs")
     assert not parse_spec({**sensors, "execution": {}, "supervision": {}}).available_now
+    sensors["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "5 minutes", "continuous_above": 50}
+    adaptive = parse_spec({**sensors, "supervision": {}}).execution
+    assert adaptive.scheduled and adaptive.adaptive and adaptive.down_rate == 25
+    assert not parse_spec({**sensors, "supervision": {}}).available_now  # its supervisor decides run by run
+    assert adaptive.describe() == ("adaptive (scheduled when input arrives; continuous from 50 records/s until below 25 "
+                                   "for 10 minutes; freshness 5 minutes)")
+    sensors["supervision"] = {}
+    sensors["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "5 minutes"}
+    assert_problem(sensors, "execution", "from which input rate it runs continuously")
+    sensors["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "5 minutes", "continuous_above": 50,
+                            "scheduled_below": 50}
+    assert_problem(sensors, "execution", "would switch back and forth")
+    sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes", "continuous_above": 50}
+    assert_problem(sensors, "execution", "continuous_above: only for mode adaptive")
     app = {"name": "app", "application": {"path": "applications/app.py", "queries": ["q"]}, "checkpoint": "c/app",
            "execution": {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}}
     assert_problem(app, "execution.mode", "an application runs its own queries")
