@@ -43,6 +43,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from spark_jobs.runtime.clock import ago
+from spark_jobs.runtime.history import History
 from spark_jobs.runtime.session import uses_delta
 from spark_jobs.runtime.standby import standbys
 from spark_jobs.spec.layout import (
@@ -53,6 +54,7 @@ from spark_jobs.spec.layout import (
 from spark_jobs.spec.loading import load_specs
 from spark_jobs.spec.models import StreamSpec
 from streamops import DAG_ROLES, dag_id, metrics, views
+from streamops.cost import summary as cost_summary
 from streamops.ui_guard import (
     CSRF_FIELD,
     DOCS_POLICY,
@@ -65,6 +67,7 @@ from streamops.ui_guard import (
 )
 
 DAY = 86400.0
+HOUR = 3600.0
 
 app = FastAPI(title="Streams", description="Status, actions and data quality of the streams",
               docs_url=None, redoc_url=None, openapi_url=None)
@@ -151,6 +154,7 @@ def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = layout.hold_marker.exists()
     status["execution"] = spec.execution.describe()
+    status["cost"] = cost_summary(History(layout.history_file), now - HOUR, now)  # what its drivers used
     status["standby"] = [{"host": s.host, "pid": s.pid, "state": s.state, "since": s.since}
                          for s in standbys(layout.lease_dir)] if spec.supervision.standby else None
     try:
@@ -240,7 +244,7 @@ def dag_page(dag: str, user: User) -> RedirectResponse:
 
 
 #: the charts of a stream's page, in order (streamops.views.charts)
-CHARTS = ("rates", "durations", "backlog", "lag", "state", "quarantine")
+CHARTS = ("rates", "durations", "backlog", "lag", "state", "quarantine", "cost")
 
 #: action -> (the role of the DAG it triggers, what it does)
 ACTIONS = {

@@ -34,6 +34,7 @@ from spark_jobs.spec.models import (
     TableSink,
     duration_seconds,
 )
+from streamops.cost import CPU, RSS
 
 RANGES = {"15m": 900.0, "1h": 3600.0, "24h": 86400.0}
 DEFAULT_RANGE = "1h"
@@ -114,6 +115,10 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
     share = _trace("quarantined share", points(INGEST_QUERY, "quarantined"),
                    lambda p: 100.0 * p.sum / classified[p.at] if classified.get(p.at) else None)
 
+    cost = history.series(since, now, tier=MINUTE, metrics=[CPU, RSS])  # per minute at every range: a run is seconds
+    costs = [_trace("driver CPU seconds per minute", cost.get((STREAM, CPU), []), lambda p: p.sum),
+             _trace("driver memory (MB)", cost.get((STREAM, RSS), []), lambda p: p.max, yaxis="y2")]
+
     every = "per minute" if per_minute else "per batch"
     return {
         "stream": spec.name, "range": range_key, "since": iso(since), "until": iso(now),
@@ -128,6 +133,8 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
             {"id": "state", "title": "State rows", "y": "rows", "traces": state},
             {"id": "quarantine", "title": "Quarantined share of the rows the ingestion classified", "y": "%",
              "traces": [share] if ingesting else []},
+            {"id": "cost", "title": "What its drivers use: CPU seconds per minute, and memory", "y": "CPU seconds",
+             "y2": "MB", "traces": costs},
         ],
         "markers": markers(layout, since, now),
     }

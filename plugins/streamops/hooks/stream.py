@@ -8,6 +8,7 @@ import signal
 import time
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airflow.sdk import BaseHook
 
@@ -30,6 +31,9 @@ from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import SpecError, StreamSpec
 from streamops.health import Health, assess
 
+if TYPE_CHECKING:
+    from streamops.cost import DriverCost
+
 
 class StreamHook(BaseHook):
     """Reads a stream's spec, checkpoint, lease and progress events; writes its stop marker.
@@ -46,6 +50,7 @@ class StreamHook(BaseHook):
         self.stream = stream
         self.spec_dir = Path(spec_dir) if spec_dir else default_spec_dir()
         self.data_root = Path(data_root) if data_root else default_data_root()
+        self._cost: DriverCost | None = None  # what this task's drivers used, as sampled (record_cost)
 
     @cached_property
     def spec(self) -> StreamSpec:
@@ -102,6 +107,16 @@ class StreamHook(BaseHook):
             else:
                 values["backlog_rows"] = rows
         History(self.layout.history_file).sample(values, at=health.checked_at)
+
+    def record_cost(self) -> None:
+        """Add what this task's drivers used since the last call (CPU seconds, memory) to the stream's
+        history (``streamops.cost``)."""
+        from spark_jobs.runtime.history import History
+        from streamops.cost import DriverCost
+
+        if self._cost is None:
+            self._cost = DriverCost()
+        self._cost.sample(History(self.layout.history_file), time.time())
 
     def driver_alive(self) -> bool:
         return holder_alive(self.layout.lease_dir)

@@ -30,24 +30,23 @@ def _supervisor_state(name: str, doc: str) -> property:
 class StreamSupervisorOperator(StreamDriverOperator):
     """Run a stream with ``spark-submit`` and keep it running.
 
-    The driver runs as a child of this task (client mode), or in the cluster (YARN or
-    Kubernetes cluster mode), where the lease's heartbeat tells a retried task that it
-    still runs. While it runs, the stream's health is read from
-    its checkpoint every ``poll_seconds``: a stalled stream is stopped (graceful first, then
-    hard) and started again; a dead driver is started again from its checkpoint. Restarts
-    back off exponentially and stop after ``restart.max_attempts`` failures within
-    ``restart.period_minutes`` (the count resets after a stable run); then the task fails
-    and its failure callback alerts. A corrupt checkpoint is never touched, and a Kafka
-    stream whose unread records were deleted is not restarted: the task fails with a
-    diagnosis. A driver left running by an earlier try of this task (a killed worker) is
-    adopted, never doubled. The task ends successfully only when an operator
-    stopped the stream (the stop DAG's hold marker) or an available-now run finished; any
-    other exit of the driver is a failed run. A try that a newer try of this task has
-    replaced (``streamops.tenure``) leaves the stream alone. With ``supervision.standby``
-    it keeps a warm standby driver (``spark_jobs.runtime.standby``) that takes over when the
-    active driver dies, and then launches the next. A stream that is an application of the user's own (``application:``
-    in its spec) is submitted as that application, with its arguments and the spec's path
-    in ``STREAMS_APP_SPEC`` (see :mod:`spark_jobs.runtime.driver`), and supervised alike.
+    The driver runs as a child of this task (client mode), or in the cluster (YARN or Kubernetes
+    cluster mode), where the lease's heartbeat tells a retried task that it still runs. Every
+    ``poll_seconds`` the stream's health is read from its checkpoint: a stalled driver is
+    stopped (graceful, then hard) and started again, a dead one started again, with
+    exponential backoff until ``restart.max_attempts`` failures within ``restart.period_minutes``
+    (then the task fails and its failure callback alerts). A corrupt checkpoint is never
+    touched, nor a Kafka stream restarted whose unread records were deleted. A driver left
+    running by an earlier try is adopted, never doubled; a try that a newer one replaced
+    (``streamops.tenure``) leaves the stream alone. The task ends successfully when an operator
+    stopped the stream (the hold marker), an available-now run finished, or the stream switched
+    to scheduled runs; any other exit of the driver is a failed run. A scheduled stream's run
+    launches no driver when nothing waits (``execution``, docs/operating.md), and an adaptive
+    one's goes on continuously while its input is busy. With ``supervision.standby`` it keeps a
+    warm standby (``spark_jobs.runtime.standby``) that takes over when the active driver dies.
+    An application of the user's own (``application:``) is submitted as that application, its
+    spec's path in ``STREAMS_APP_SPEC`` (:mod:`spark_jobs.runtime.driver`). What its drivers use
+    is sampled into the stream's history (``streamops.cost``).
 
     What to do is decided by a :class:`~streamops.supervisor.Supervisor` (``self.supervisor``),
     from the stream's health, lease and hold marker; this task does it and logs what it says.
@@ -132,6 +131,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 if own is not None and self._superseded():  # its own driver halts by itself: the lease is another's
                     return {}
                 code, reason = sup.exited(reason, own.result() if own is not None else None)
+                hook.record_cost()  # the rest of what the run used, to its exit
                 if self._superseded():  # a try Airflow no longer runs records nothing
                     return {}
                 ended = sup.run_ended(code, reason, forced, hook.held_by())
@@ -246,6 +246,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 hook.request_stop(sup.epoch, switch.why)
             health = hook.health()
             hook.record_backlog(health)
+            hook.record_cost()
             self._keep_standby(health)
             if health.status != last_status:
                 self.log.info("%s", health.summary())

@@ -344,3 +344,7 @@ def test_the_driver_cell_says_when_a_scheduled_stream_runs() -> None:
     assert _driver_cell(between_runs) == ("<span class='muted'>none</span><br><span class='muted'>scheduled (when "
                                           "input arrives; freshness 15 minutes)</span>")
     assert _driver_cell({**between_runs, "execution": "continuous"}) == "<span class='muted'>none</span>"
+    cost = {"cpu_seconds": 18.0, "cpu_seconds_per_hour": 18.0, "peak_memory_mb": 1100, "rows": 12000,
+            "cpu_seconds_per_1000_rows": 1.5}
+    assert _driver_cell({**between_runs, "cost": cost}).endswith(
+        "<br><span class='muted'>last hour: 18.0 CPU s (1.5 per 1,000 rows), 1100 MB at most</span>")

@@ -76,6 +76,20 @@ def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout:
         ("validation failed", "validated 2 unit(s), 1 failed"), ("stop", "stop requested")]
 
 
+def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout) -> None:
+    from streamops.cost import CPU, RSS
+
+    history = History(layout.history_file)
+    start = NOW - NOW % 60 - 240
+    for at, cpu, rss in ((start + 5, 2.0, 800.0), (start + 10, 3.0, 950.0), (start + 125, 1.5, 700.0)):
+        history.sample({CPU: cpu, RSS: rss}, at=at)
+    for range_key in ("15m", "24h"):
+        charts = {c["id"]: c for c in views.charts(SPEC, layout, range_key, now=NOW)["charts"]}
+        traces = {t["name"]: t["y"] for t in charts["cost"]["traces"]}
+        assert traces == {"driver CPU seconds per minute": [5.0, 1.5], "driver memory (MB)": [950.0, 700.0]}, traces
+        assert charts["cost"]["y2"] == "MB"
+
+
 def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout) -> None:
     day = views.charts(SPEC, layout, "24h", now=NOW)
     assert day["resolution"] == "per minute"
