@@ -1,6 +1,6 @@
 """What a quiet stream costs run continuously, against the same stream run scheduled.
 
-    python -m bench.execution_modes [--minutes 10] [--rate 0.0167] [--events-per-file 40] [--poll 10]
+    python -m bench.execution_modes [--minutes 10] [--rate 0.0167] [--every 240] [--events-per-file 40]
 
 One copy of the ``sensors`` example stream, fed by the generator at ``--rate`` files per second
 (default: one file a minute) for ``--minutes``, run two ways from an empty data root each:
@@ -9,9 +9,11 @@ One copy of the ``sensors`` example stream, fed by the generator at ``--rate`` f
   spec's 5-second trigger, submitted as the stream DAG submits it: ``spark_jobs.submit``), as
   ``execution.mode: continuous`` runs it; stopped gracefully at the end (SIGTERM: between batches);
 * ``scheduled``: an available-now run (``--trigger available-now``, as the supervisor of a
-  ``scheduled`` stream launches it) whenever files wait and no run is going, looked for every
-  ``--poll`` seconds, as the input's watcher asks for runs (``execution.on_input``), without
-  Airflow's own delay in starting the task.
+  ``scheduled`` stream launches it) every ``--every`` seconds when files wait (default 240: a
+  4-minute schedule, which keeps a 5-minute freshness), as ``execution.schedule: 4 minutes``
+  runs it and a run with nothing waiting skips; with ``--every 0``, whenever files wait and no
+  run is going, looked for every ``--poll`` seconds, as the input's watcher asks for runs
+  (``execution.on_input``). Airflow's own delay in starting a task is not in it.
 
 Per mode: the drivers' CPU seconds (exact, whole processes: the ``RUSAGE_CHILDREN`` of this
 process around each driver's exit) and their memory over time (the proportional set size of
@@ -165,9 +167,17 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
             cpu = reaped_cpu() - before
             runs.append({"exit_code": driver.returncode})
         else:
+            ingestion = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+            due = started + args.every
             while time.time() < end:
-                ingestion = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
-                if not waiting_files(layout.landing, processed_files(ingestion)):
+                if args.every:  # the schedule's run: none started when nothing waits
+                    if time.time() < due:
+                        time.sleep(min(1.0, due - time.time()))
+                        continue
+                    due += args.every
+                    if not waiting_files(layout.landing, processed_files(ingestion)):
+                        continue
+                elif not waiting_files(layout.landing, processed_files(ingestion)):
                     time.sleep(args.poll)
                     continue
                 before, launched = reaped_cpu(), time.time()
@@ -188,6 +198,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
             kill_tree(pid)
     hours = (time.time() - started) / 3600
     fresh, unread = freshness(layout)
+    fresh = [round(f, 1) for f in fresh]
     return {"mode": mode, "hours": round(hours, 3), "runs": len(runs), "cpu_s": round(cpu, 1),
             "cpu_s_per_stream_hour": round(cpu / hours, 1), "mb_hours_per_stream_hour": round(memory.mb_seconds / 3600 / hours, 1),
             "peak_memory_mb": round(memory.peak_mb), "freshness_s": spread(fresh), "files_not_in_every_sink": unread,
@@ -209,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0, help="minutes per mode")
     p.add_argument("--rate", type=float, default=1 / 60, help="files per second (default: one a minute)")
     p.add_argument("--events-per-file", type=int, default=40)
+    p.add_argument("--every", type=float, default=240.0,
+                   help="seconds between scheduled runs (0: whenever files wait, as on_input)")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between looks for waiting files (scheduled)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--keep", action="store_true", help="keep the working folder (in the temp dir)")

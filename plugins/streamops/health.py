@@ -128,11 +128,11 @@ class Snapshot:
     unreachable: str | None = None
     #: a Kafka source's figures taken from the supervisor's last measurement: when it was made
     backlog_measured_at: float | None = None
-    #: a scheduled stream (``execution.mode: scheduled``): how long input may wait for a run, in seconds
+    #: a scheduled or adaptive stream (``execution.mode``): how long input may wait for a run, in seconds
     freshness_seconds: float | None = None
     #: since when the oldest input that waits has waited, at the latest (None: nothing waits, or unknown)
     waiting_since: float | None = None
-    #: when the newest driver started (its ``driver_started`` event), and the trigger it ran
+    #: when the newest driver started (its ``driver_started`` event)
     last_run_started_at: float | None = None
 
     @property

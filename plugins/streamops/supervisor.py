@@ -14,6 +14,9 @@ does next, as a :class:`Decision` that says what to log:
   deleted unread, a spec only Spark finds invalid);
 * keep a warm standby, and let it take the stream over when the driver dies;
 * end when an operator stopped the stream (the hold marker) or an available-now run finished;
+* stop a continuous driver between batches and end when its spec switched the stream to
+  scheduled runs; for an adaptive stream, after a scheduled run, go on with a continuous driver
+  when its input arrived fast enough, and stop that driver once its input went quiet;
 * leave the stream alone once a newer try of the task supervises it (:mod:`streamops.tenure`),
   and, when killed, stop only a driver this task still runs.
 
