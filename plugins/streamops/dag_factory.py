@@ -224,14 +224,21 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
             return {"rebuild": rebuild, "verdicts": {v.flow: v.verdict for v in verdicts}}
 
         stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
-        prepare = UpgradeStepOperator(task_id="prepare", stream=spec.name, step="prepare", online=True, **spark,
+        # a continuous stream runs again, its outputs to rebuild held, while they are rebuilt; a
+        # scheduled one holds no driver between runs: it stays stopped, and its next run starts them
+        online = not spec.execution.scheduled
+        prepare = UpgradeStepOperator(task_id="prepare", stream=spec.name, step="prepare", online=online, **spark,
                                       **paths)
         resume, running = restart("")
         rebuild = UpgradeStepOperator(task_id="rebuild", stream=spec.name, step="rebuild", **spark, **paths)
         swap = UpgradeStepOperator(task_id="swap", stream=spec.name, step="swap", **spark, **paths)
-        watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, **paths)
-        check() >> stop >> prepare >> resume
-        running >> rebuild >> swap >> watch
+        watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, scheduled=not online, **paths)
+        if online:
+            check() >> stop >> prepare >> resume
+            running >> rebuild >> swap >> watch
+        else:
+            check() >> stop >> prepare >> rebuild >> swap >> resume
+            running >> watch
         # the way back, from any failure once the stream was stopped: stopped again, this run's upgrade (if it
         # prepared one) rolled back, started again. A refused check stopped nothing: then nothing happens
 

@@ -244,6 +244,11 @@ def test_a_scheduled_stream_runs_on_its_clock_and_when_input_waits(tmp_path: Pat
     (watcher,) = asset.watchers
     assert isinstance(watcher.trigger, InputWaitingTrigger)
     assert (watcher.trigger.stream, watcher.trigger.poll_seconds) == ("sensors", 5.0)
+    upgrade = bag.dags["stream_sensors_upgrade"]  # offline: no driver to hold outputs in; the next run starts them
+    order = ["check", "stop", "prepare", "rebuild", "swap", "resume", "start", "running", "watch"]
+    for before, after in itertools.pairwise(order):
+        assert upgrade.get_task(before).downstream_task_ids >= {after}, (before, after)
+    assert not upgrade.get_task("prepare").online and upgrade.get_task("watch").scheduled
     sensors.write_text(example + "\nexecution: {mode: scheduled, on_input: true, freshness: 15 minutes}\n")
     on_input = dagbag(DAGS).dags["stream_sensors"].timetable  # on input alone
     assert not hasattr(on_input, "timetable") and on_input.asset_condition.name == "stream_sensors.input"

@@ -77,22 +77,25 @@ class UpgradeStepOperator(SparkSubmitOperator):
 
 class WatchUpgradeOperator(BaseOperator):
     """Watch a stream after its upgrade swapped the rebuilt outputs in: the driver must start each
-    of them (its ``outputs_released`` event, then each query's start) and the stream must stay
-    running, with no driver or query failing, for ``watch_seconds``. Fails otherwise, which sends
-    the DAG to its rollback.
+    of them (its ``outputs_released`` event, then each query's start; a scheduled stream's next
+    run: each query's start, then the run's clean end) and the stream must stay running, with no
+    driver or query failing, for ``watch_seconds``. Fails otherwise, which sends the DAG to its
+    rollback.
 
     :param stream: the stream's name. (templated)
     :param watch_seconds: how long the stream must run well after the release; default 60.
     :param timeout_seconds: how long to wait for the release; default 600.
+    :param scheduled: the stream runs scheduled (``execution.mode``): no driver holds the rebuilt
+        outputs back, the run after the upgrade starts them.
     """
 
     template_fields: Sequence[str] = ("stream",)
 
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
                  watch_seconds: float = 60.0, timeout_seconds: float = 600.0, poll_seconds: float = 2.0,
-                 **kwargs: Any) -> None:
+                 scheduled: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.stream, self.spec_dir, self.data_root = stream, spec_dir, data_root
+        self.stream, self.spec_dir, self.data_root, self.scheduled = stream, spec_dir, data_root, scheduled
         self.watch_seconds, self.timeout_seconds, self.poll_seconds = watch_seconds, timeout_seconds, poll_seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -100,13 +103,21 @@ class WatchUpgradeOperator(BaseOperator):
         record = upgrade.latest(hook.layout)
         if record is None or record.get("phase") != upgrade.DONE:
             raise AirflowFailException(f"stream {self.stream} has no finished upgrade to watch: {record and record.get('phase')}")
-        rebuilt, since = set(record["rebuild"]), record["started_at"]
+        rebuilt = set(record["rebuild"])
+        # a scheduled stream's: what its runs did after the swap (no driver ran during the upgrade)
+        since = record.get("finished_at") or record["started_at"] if self.scheduled else record["started_at"]
         deadline = time.monotonic() + self.timeout_seconds
         released_at = None
         while released_at is None:
             events = [e for e in read_events(hook.layout.events_file) if e.get("logged_at", 0) >= since]
-            released = [e for e in events if e.get("event") == "outputs_released" and e.get("upgrade") == record["number"]]
             started = {e.get("query") for e in events if e.get("event") == "started"}
+            if self.scheduled:  # the run after the upgrade started them all, and ended well
+                after = max((e["logged_at"] for e in events if e.get("event") == "started"), default=None)
+                released = [e for e in events if e.get("event") == "driver_stopped" and e.get("exit_code") == 0
+                            and after is not None and e["logged_at"] >= after]
+            else:
+                released = [e for e in events if e.get("event") == "outputs_released"
+                            and e.get("upgrade") == record["number"]]
             if released and rebuilt <= started:
                 released_at = released[-1]["logged_at"]
                 break

@@ -549,3 +549,79 @@ def test_a_kafka_sources_airflow_connection_reaches_the_driver_as_its_environmen
         {"conn_type": "kafka", "extra": {"bootstrap.servers": "10.1.0.5:9092,10.1.0.6:9092"}}))
     assert _kafka_env(stream_hook) == {"STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA": "10.1.0.5:9092,10.1.0.6:9092"}
     assert connection_env("plant-kafka.eu") == "STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA_EU"
+
+
+def scheduled_specs(tmp_path: Path) -> Path:
+    """include/streams with the sensors stream scheduled on its input (freshness 5 minutes)."""
+    import yaml
+
+    specs = tmp_path / "include" / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    spec = yaml.safe_load((specs / "sensors.yaml").read_text())
+    spec["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}
+    (specs / "sensors.yaml").write_text(yaml.safe_dump(spec))
+    return specs
+
+
+class Run:
+    """What a task's context says of its DAG run."""
+
+    def __init__(self, run_type: str) -> None:
+        self.run_type = run_type
+
+
+def test_a_scheduled_run_starts_no_driver_when_nothing_waits_or_the_stream_was_stopped(data_root: Path,
+                                                                                        tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from streamops.triggers import read_json
+    from streamops.triggers.input_waiting import RUN_FILE
+
+    specs = scheduled_specs(tmp_path)
+    task = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                    data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2)
+    control = task.stream_hook.layout.lease_dir
+    with pytest.raises(AirflowSkipException, match="no input waits"):
+        task.execute({"dag_run": Run("asset_triggered")})
+    run = read_json(control / RUN_FILE)
+    assert run["ended"] >= run["began"]  # the watcher may ask for the next run
+    (Path(task.stream_hook.layout.landing) / "part-90001.json").write_text('{"event_id": "x"}\n')
+    task.stream_hook.hold("stream_sensors_stop run manual__1 (graceful)")
+    with pytest.raises(AirflowSkipException, match="stopped on purpose"):
+        task.execute({"dag_run": Run("scheduled")})
+    assert task.stream_hook.held_by() is not None  # a scheduled run does not undo an operator's stop
+    assert not task.stream_hook.driver_alive()
+
+
+def test_the_watch_of_a_scheduled_streams_upgrade_waits_for_the_run_after_it(data_root: Path, tmp_path: Path) -> None:
+    """A scheduled stream's upgrade is watched through its next run: each rebuilt output started by
+    it, and the run ended well; a run that failed sends the upgrade back."""
+    from spark_jobs import upgrade
+    from spark_jobs.runtime.progress import EventLog
+    from streamops.operators.upgrade import WatchUpgradeOperator
+
+    specs = scheduled_specs(tmp_path)
+    layout = StreamHook("sensors", str(specs), str(data_root)).layout
+    folder = upgrade.upgrades_dir(layout) / "000001"
+    folder.mkdir(parents=True)
+    now = time.time()
+    (folder / "upgrade.json").write_text(json.dumps({
+        "number": 1, "folder": str(folder), "phase": upgrade.DONE, "rebuild": ["site_temperature_10m"],
+        "started_at": now - 60, "finished_at": now - 30, "online": False}))
+    events = EventLog(layout.events_file)
+
+    def watch() -> dict:
+        return WatchUpgradeOperator(task_id="watch", stream="sensors", spec_dir=str(specs), data_root=str(data_root),
+                                    scheduled=True, watch_seconds=0.2, timeout_seconds=1.0,
+                                    poll_seconds=0.05).execute({})
+
+    events.write({"event": "started", "query": "site_temperature_10m", "logged_at": now - 45})  # the rebuild's own
+    with pytest.raises(AirflowFailException, match="did not start within"):
+        watch()
+    for event in ({"event": "driver_started"}, {"event": "started", "query": "_ingest"},
+                  {"event": "started", "query": "site_temperature_10m"}, {"event": "driver_stopped", "exit_code": 0}):
+        events.write(event)
+    assert watch()["upgrade"] == 1
+    events.write({"event": "driver_failed", "error": "boom"})
+    with pytest.raises(AirflowFailException, match="failed after upgrade 1: boom"):
+        watch()
