@@ -100,3 +100,38 @@ def test_the_watcher_runs_in_the_triggerers_loop_and_serializes(data_root: Path,
     land(data_root, "part-90001.json")
     event = asyncio.run(first_event())
     assert event.payload["waiting"] == "1 file(s)"
+
+
+def test_records_arriving_on_a_scheduled_streams_topic_ask_for_a_run(spark, tmp_path: Path, kafka_broker,
+                                                                    kafka_topic: str) -> None:
+    """A scheduled stream fed by a Kafka topic: records behind on the broker (the checkpoint's
+    offsets against the topic's end) ask for a run; once a run read them, nothing waits."""
+    from spark_jobs import analysis
+    from spark_jobs.flows import queries as flows
+    from spark_jobs.spec.layout import Layout
+    from spark_jobs.spec.loading import load_spec
+
+    specs = tmp_path / "include" / "streams"
+    specs.mkdir(parents=True)
+    (specs / "k.yaml").write_text(yaml.safe_dump({
+        "name": "k", "source": {"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap, "topics": [kafka_topic],
+                                "format": "json", "columns": [{"name": "id", "type": "string", "required": True}]},
+        "quarantine": {"path": "quarantine/k"},
+        "outputs": [{"name": "rows", "query": {"type": "passthrough"}, "mode": "append",
+                     "sink": {"type": "parquet", "path": "sinks/k"}}],
+        "checkpoint": "checkpoints/k",
+        "execution": {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}}))
+    data_root = tmp_path / "data"
+    spec = load_spec(specs / "k.yaml")
+    layout = Layout(spec, data_root, specs)
+    kafka_broker.produce(kafka_topic, ['{"id": "a"}', '{"id": "b"}'], partition=0)
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout))  # a run took them
+    trigger = InputWaitingTrigger("k", spec_dir=str(specs), data_root=str(data_root))
+    assert trigger.check() is None  # nothing behind
+    kafka_broker.produce(kafka_topic, [f'{{"id": "n{i}"}}' for i in range(5)], partition=1)
+    asked = trigger.check()
+    assert asked is not None and asked["waiting"] == "5 record(s)", asked
+    run_began(layout.lease_dir)
+    flows.run_available_now(spark, analysis.analyze(spark, spec, layout))
+    run_ended(layout.lease_dir)
+    assert trigger.check() is None

@@ -75,21 +75,26 @@ def test_file_paths_go_through_the_platform_s_local_file_system_which_starts_no_
     assert fc.getDefaultFileSystem().getClass().getName() == f"{LOCAL_FS_PACKAGE}.ForklessLocalFs"
 
     # twenty files written and renamed as a checkpoint log writes them: Hadoop's own starts at
-    # least one process for each (the machine's other work may start a few meanwhile)
+    # least one process for each, every time. The count is the machine's: other work (another
+    # test worker's Python workers) may start some meanwhile, so the quietest of three rounds counts
     gateway = spark.sparkContext._gateway
     parent = gateway.new_array(jvm.org.apache.hadoop.fs.Options.CreateOpts, 1)
     parent[0] = jvm.org.apache.hadoop.fs.Options.CreateOpts.createParent()
-    started = _processes_started()
-    for i in range(20):
-        temporary, final = (jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/log/{name}") for name in (f".{i}.tmp", str(i)))
-        out = fc.create(temporary, jvm.java.util.EnumSet.of(jvm.org.apache.hadoop.fs.CreateFlag.CREATE),
-                        parent)
-        out.write(b"v1")
-        out.close()
-        fc.rename(temporary, final, gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 0))
-    assert _processes_started() - started < 10, "the JVM starts processes to write files"
-    assert sorted(p.name for p in (tmp_path / "log").iterdir() if not p.name.startswith(".")) == sorted(
-        str(i) for i in range(20))
+    started_per_round = []
+    for round_ in range(3):
+        started = _processes_started()
+        for i in range(20):
+            temporary, final = (jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/log{round_}/{name}")
+                                for name in (f".{i}.tmp", str(i)))
+            out = fc.create(temporary, jvm.java.util.EnumSet.of(jvm.org.apache.hadoop.fs.CreateFlag.CREATE),
+                            parent)
+            out.write(b"v1")
+            out.close()
+            fc.rename(temporary, final, gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 0))
+        started_per_round.append(_processes_started() - started)
+        assert sorted(p.name for p in (tmp_path / f"log{round_}").iterdir() if not p.name.startswith(".")) == sorted(
+            str(i) for i in range(20))
+    assert min(started_per_round) < 10, f"the JVM starts processes to write files: {started_per_round}"
 
     path = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/dir/a.txt")
     mode = jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o640)
