@@ -141,7 +141,8 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
 
 
 def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
-    """Starts, restarts, stops and failures of the stream's driver (its runs), and validations."""
+    """Starts, restarts, stops and failures of the stream's driver (its runs), an adaptive stream's
+    switches between continuous and scheduled, and validations."""
     out: list[dict[str, Any]] = []
     try:
         runs = json.loads(layout.runs_file.read_text(encoding="utf-8"))
@@ -160,6 +161,13 @@ def markers(layout: Layout, since: float, until: float) -> list[dict[str, Any]]:
                         "text": (run.get("reason") or "stopped") if stopped else
                         f"driver ended: {run.get('reason') or 'exit ' + str(run.get('exit_code'))}"})
         previous = run
+    history = History(layout.history_file)  # an adaptive stream's choices of mode, with the rate each was based on
+    decided = history.series(since, until, tier=history.tier_for(since, until), metrics=["continuous", "arrival_rate"])
+    rates = {p.at: p.last for p in decided.get((STREAM, "arrival_rate"), [])}
+    for p in decided.get((STREAM, "continuous"), []):
+        mode = "continuous" if p.last else "scheduled"
+        rate = f" ({rates[p.at]:g} records/s)" if p.at in rates else ""
+        out.append({"at": iso(p.at), "kind": mode, "text": f"adaptive: runs {mode}{rate}"})
     for run in read_ledger(layout.quality_dir).get("runs", []):
         at = epoch_seconds(run.get("at"))
         if at is not None and since <= at <= until:

@@ -119,6 +119,8 @@ def values_of(event: dict[str, Any]) -> tuple[str | None, dict[str, float]]:
                           ("late", "late")):
             if isinstance(event.get(key), int | float):
                 values[name] = event[key]
+    elif kind == "execution_decision" and isinstance(event.get("rate"), int | float):  # an adaptive stream's
+        return STREAM, {"continuous": 1.0 if event.get("mode") == "continuous" else 0.0, "arrival_rate": event["rate"]}
     return (query if isinstance(query, str) else None), values
 
 

@@ -9,8 +9,9 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import read_holder, release_dead
-from spark_jobs.runtime.progress import rows_read
+from spark_jobs.runtime.progress import EventLog, rows_read
 from spark_jobs.spec.models import INGEST_QUERY, duration_seconds
 from streamops import tenure
 from streamops.health import Health, Status
@@ -157,11 +158,10 @@ class StreamSupervisorOperator(StreamDriverOperator):
         return sup.quiet(rows_read(self.stream_hook.layout.events_file, INGEST_QUERY, time.time() - window))
 
     def _record(self, decision: Decision) -> None:
-        """The decision's event, in the stream's log (an adaptive stream's choice of mode)."""
+        """The decision's event, in the stream's log and history (an adaptive stream's choice of mode)."""
         if decision.event is not None:
-            from spark_jobs.runtime.progress import EventLog
-
-            EventLog(self.stream_hook.layout.events_file).write(decision.event)
+            layout = self.stream_hook.layout
+            EventLog(layout.events_file, history=History(layout.history_file)).write(decision.event)
 
     def _skip_if_nothing_to_run(self, context: Context) -> None:
         """A scheduled stream's run that its schedule or its input started (not an operator's deploy)
@@ -188,8 +188,6 @@ class StreamSupervisorOperator(StreamDriverOperator):
             return False
         if leave.say:  # the first time
             self._say(leave)
-            from spark_jobs.runtime.progress import EventLog
-
             EventLog(self.stream_hook.layout.events_file).write({
                 "event": "supervisor_superseded", "stream": self.stream, "supervisor": sup.tenure.task,
                 "by": newer.task, "host": sup.tenure.host})

@@ -7,7 +7,7 @@
                   starting: "#b7791f", stalled: "#c62828", dead: "#c62828", corrupt: "#c62828", blocked: "#c62828",
                   failed: "#c62828"};
   const MARKS = {start: "#2e7d32", restart: "#c62828", stop: "#555555", failure: "#c62828",
-                 validation: "#1565c0", "validation failed": "#c62828"};
+                 validation: "#1565c0", "validation failed": "#c62828", continuous: "#6a1b9a", scheduled: "#8e24aa"};
   const CONFIG = {displaylogo: false, responsive: true};
   const REFRESH_MS = 15000;
 

@@ -90,6 +90,20 @@ def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout)
         assert charts["cost"]["y2"] == "MB"
 
 
+def test_an_adaptive_streams_choices_of_mode_are_marked_with_their_rates(layout: Layout) -> None:
+    from spark_jobs.runtime.progress import EventLog
+
+    events = EventLog(layout.events_file, history=History(layout.history_file))
+    for at, mode, rate in ((NOW - 500, "continuous", 5.404), (NOW - 200, "scheduled", 0.0)):
+        events.write({"event": "execution_decision", "stream": "sensors", "mode": mode, "rows": 1, "rate": rate,
+                      "logged_at": at})
+    for range_key in ("15m", "24h"):
+        marked = [(m["kind"], m["text"]) for m in views.charts(SPEC, layout, range_key, now=NOW)["markers"]
+                  if m["kind"] in ("continuous", "scheduled")]
+        assert marked == [("continuous", "adaptive: runs continuous (5.404 records/s)"),
+                          ("scheduled", "adaptive: runs scheduled (0 records/s)")], marked
+
+
 def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout) -> None:
     day = views.charts(SPEC, layout, "24h", now=NOW)
     assert day["resolution"] == "per minute"
