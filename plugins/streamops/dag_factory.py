@@ -4,8 +4,9 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 
 * ``stream_<name>``: deploy and supervise: runs the stream with spark-submit and keeps it
   running (restarts with backoff, stall detection, corrupt checkpoints fail loudly). A
-  scheduled stream (``execution.mode: scheduled``): one available-now run per DAG run, on its
-  schedule and when input arrives; a run with nothing waiting starts no driver.
+  scheduled or adaptive stream (``execution.mode``): one available-now run per DAG run, on its
+  schedule and when input arrives (an adaptive one's may go on continuously); a run with
+  nothing waiting starts no driver.
 * ``stream_<name>_stop``: stop it from the UI, graceful or immediate; it stays stopped.
 * ``stream_<name>_restart``: stop gracefully, then resume from the checkpoint; on the
   spec's ``supervision.scheduled_restart`` cron, or by hand.
@@ -70,7 +71,7 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
     app = spec.application
     sup = spec.supervision
     standby = ("" if not sup.standby else f"; warm standby: {'beside the driver' if sup.standby_queue is None else f'queue `{sup.standby_queue}`'}")
-    standby += f"; execution: {spec.execution.describe()}"
+    execution = f"; execution: {spec.execution.describe()}"
     table = (f"Application `{app.path}` {' '.join(app.args)}, queries {', '.join(f'`{q}`' for q in app.queries)}"
              if app is not None else f"| output | query | mode | sink |\n|---|---|---|---|\n{outputs}")
     return (f"### Stream `{spec.name}`: {what}\n\n{spec.description}\n\n{table}\n\n"
@@ -78,7 +79,7 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
             f"{spec.supervision.restart.max_attempts} failures within {spec.supervision.restart.period_minutes:g} "
             f"minutes (reset by a stable run), backoff from "
             f"{spec.supervision.restart.backoff_initial_seconds:.0f}s. Spark connection: "
-            f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`{standby}.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
+            f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`{standby}{execution}.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
             f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
             f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
 
