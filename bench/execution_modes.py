@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -61,14 +60,10 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
+from streamops.cost import reaped_cpu
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 MODES = ("continuous", "scheduled")
-
-
-def reaped_cpu() -> float:
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
 
 
 class Memory(threading.Thread):

@@ -26,7 +26,8 @@ from spark_jobs.spec.models import INGEST_QUERY
 CPU, RSS = "driver_cpu_s", "driver_rss_mb"
 
 
-def _reaped_cpu() -> float:
+def reaped_cpu() -> float:
+    """CPU seconds of this process's children that ended and were reaped (with their own reaped children)."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     return used.ru_utime + used.ru_stime
 
@@ -35,12 +36,12 @@ class DriverCost:
     """Samples the CPU and memory of this process's children (the drivers a supervisor task runs)."""
 
     def __init__(self) -> None:
-        self._counted = _reaped_cpu()  # this task's children so far: none of its drivers yet
+        self._counted = reaped_cpu()  # this task's children so far: none of its drivers yet
 
     def measure(self) -> tuple[float, float]:
         """CPU seconds its drivers used since the last measure (or since this began), and their
         resident memory now (MB)."""
-        cpu, rss = _reaped_cpu(), 0
+        cpu, rss = reaped_cpu(), 0
         for process in psutil.Process().children(recursive=True):
             try:
                 with process.oneshot():

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from spark_jobs.runtime.progress import read_events, rows_read
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_QUERY, duration_seconds
 from streamops.health import NO_RESTART, RUNNING, Health, Status
 
 if TYPE_CHECKING:
@@ -380,17 +380,21 @@ class Supervisor:
                                        f"{window:.0f}s ({rate:.2f} records/s, from {self.adaptive.continuous_above:g} on): "
                                        "it runs continuously now", "warning", event={**event, "mode": "continuous"})
 
+    @property
+    def quiet_seconds(self) -> float:
+        """Adaptive: the window over which a continuous driver's input must stay quiet (``quiet_for``)."""
+        assert self.adaptive is not None
+        return duration_seconds(self.adaptive.quiet_for)
+
     def quiet(self, rows: int) -> Decision | None:
         """An adaptive stream's continuous driver, whose ingestion read ``rows`` over the last
         ``quiet_for``: below ``scheduled_below`` records a second (and running that long), STOP it
         between batches, and the task ends (:meth:`run_ended`): scheduled runs take the stream on."""
-        from spark_jobs.spec.models import duration_seconds
-
         w = self._watch
         if (self.adaptive is None or self.available_now or w.stopping_since is not None or self.epoch is None
                 or self._continuous_since is None):
             return None
-        window = duration_seconds(self.adaptive.quiet_for)
+        window = self.quiet_seconds
         if self.monotonic() - self._continuous_since < window:
             return None
         rate = rows / window

@@ -173,6 +173,17 @@ class Platform:
         lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
         return lines[-1] if result.returncode == 0 and lines else ""
 
+    def exact(self, spark, name: str) -> None:
+        """Never two drivers of the stream at once, every sink equal to the ground truth of what was
+        generated, every output equal to its query over the accepted rows."""
+        spec, layout = self.stream(name)
+        one_driver_at_a_time(layout)
+        manifest = json.loads((self.data_root / "generated" / name / "manifest.json").read_text())
+        report = verify.compare(spark, spec, layout, manifest)
+        assert report.ok, report.describe()
+        agreement = verify.agreement(spark, spec, layout)
+        assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+
     def task_log(self, dag_id: str, task_id: str, run_id: str | None = None) -> str:
         runs = f"run_id={run_id}" if run_id else "run_id=*"
         return "\n".join(p.read_text(errors="replace") for p in sorted(
@@ -463,13 +474,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
     wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors")])
              and len(states) >= 3 and all(s == "success" for s in states),
              "every supervisor run to end", timeout=120, every=2)
-    one_driver_at_a_time(layout)
-
-    manifest = json.loads((p.data_root / "generated" / "sensors" / "manifest.json").read_text())
-    report = verify.compare(spark, spec, layout, manifest)
-    assert report.ok, report.describe()
-    agreement = verify.agreement(spark, spec, layout)
-    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    p.exact(spark, "sensors")
     # every window in the sink was validated, once (in append mode only closed windows reach it)
     windows = spark.read.parquet(layout.data("sinks/sensors/site_temperature_10m")).select("window_end").distinct()
     assert windows_validated == windows.count() > 0
@@ -713,9 +718,4 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
     wait_for(lambda: p.state("stream_quiet", again) in ("success", "failed"), "the supervisor run to end",
              timeout=240, every=2)
     assert p.state("stream_quiet_stop", graceful) == "success"
-    one_driver_at_a_time(layout)
-    manifest = json.loads((p.data_root / "generated" / "quiet" / "manifest.json").read_text())
-    report = verify.compare(spark, spec, layout, manifest)
-    assert report.ok, report.describe()
-    agreement = verify.agreement(spark, spec, layout)
-    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    p.exact(spark, "quiet")

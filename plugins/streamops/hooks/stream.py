@@ -51,6 +51,7 @@ class StreamHook(BaseHook):
         self.spec_dir = Path(spec_dir) if spec_dir else default_spec_dir()
         self.data_root = Path(data_root) if data_root else default_data_root()
         self._cost: DriverCost | None = None  # what this task's drivers used, as sampled (record_cost)
+        self._in_file: tuple[object, bool | None] | None = None  # the spec file's state, and what it says
 
     @cached_property
     def spec(self) -> StreamSpec:
@@ -68,10 +69,16 @@ class StreamHook(BaseHook):
     def scheduled_in_file(self) -> bool | None:
         """Does the spec file say now that the stream runs scheduled (``execution.mode``)? None if
         it cannot be read or is invalid now (a driver keeps running what it runs)."""
-        try:
-            return load_spec(self.spec_dir / f"{self.stream}.yaml").execution.scheduled
-        except SpecError:
-            return None
+        from streamops.triggers import file_state
+
+        path = self.spec_dir / f"{self.stream}.yaml"
+        state = file_state(path)
+        if self._in_file is None or self._in_file[0] != state:  # parsed again only when the file changed
+            try:
+                self._in_file = (state, load_spec(path).execution.scheduled)
+            except SpecError:
+                self._in_file = (state, None)
+        return self._in_file[1]
 
     def health(self, now: float | None = None) -> Health:
         return assess(self.spec, self.layout, now, plan=self.plan)

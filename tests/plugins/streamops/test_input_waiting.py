@@ -5,29 +5,17 @@ it asked."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
 from pathlib import Path
 
 import yaml
+from watched import first_event, scheduled_specs
 
 from spark_jobs.runtime.lease import DriverLease
-from spark_jobs.spec.layout import default_spec_dir
 from streamops.hooks.stream import StreamHook
 from streamops.triggers.input_waiting import SIGNAL_FILE, InputWaitingTrigger, run_began, run_ended
-
-
-def scheduled_specs(tmp_path: Path, **execution) -> Path:
-    """include/streams with the sensors stream scheduled on its input (freshness 5 minutes)."""
-    specs = tmp_path / "include" / "streams"
-    shutil.copytree(default_spec_dir(), specs)
-    sensors = specs / "sensors.yaml"
-    spec = yaml.safe_load(sensors.read_text())
-    spec["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes", **execution}
-    sensors.write_text(yaml.safe_dump(spec))
-    return specs
 
 
 def land(data_root: Path, name: str) -> None:
@@ -90,15 +78,8 @@ def test_the_watcher_runs_in_the_triggerers_loop_and_serializes(data_root: Path,
     assert classpath == "streamops.triggers.input_waiting.InputWaitingTrigger"
     assert InputWaitingTrigger(**kwargs).poll_seconds == 0.1
 
-    async def first_event():
-        events = trigger.run()
-        try:
-            return await asyncio.wait_for(anext(events), timeout=30)
-        finally:
-            await events.aclose()
-
     land(data_root, "part-90001.json")
-    event = asyncio.run(first_event())
+    event = first_event(trigger)
     assert event.payload["waiting"] == "1 file(s)"
 
 

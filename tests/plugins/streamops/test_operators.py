@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowFailException
+from watched import scheduled_specs
 
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.lease import (
@@ -549,18 +550,6 @@ def test_a_kafka_sources_airflow_connection_reaches_the_driver_as_its_environmen
         {"conn_type": "kafka", "extra": {"bootstrap.servers": "10.1.0.5:9092,10.1.0.6:9092"}}))
     assert _kafka_env(stream_hook) == {"STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA": "10.1.0.5:9092,10.1.0.6:9092"}
     assert connection_env("plant-kafka.eu") == "STREAMS_KAFKA_BOOTSTRAP_PLANT_KAFKA_EU"
-
-
-def scheduled_specs(tmp_path: Path) -> Path:
-    """include/streams with the sensors stream scheduled on its input (freshness 5 minutes)."""
-    import yaml
-
-    specs = tmp_path / "include" / "streams"
-    shutil.copytree(default_spec_dir(), specs)
-    spec = yaml.safe_load((specs / "sensors.yaml").read_text())
-    spec["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}
-    (specs / "sensors.yaml").write_text(yaml.safe_dump(spec))
-    return specs
 
 
 class Run:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from watched import first_event
 
 from streamops.triggers.sink_units import SinkUnitsTrigger
 
@@ -77,14 +78,7 @@ def test_the_trigger_runs_in_the_triggerers_loop_and_serializes(data_root: Path)
     assert classpath == "streamops.triggers.sink_units.SinkUnitsTrigger"
     assert SinkUnitsTrigger(**kwargs).output == "device_status"
 
-    async def first_event():
-        events = trigger.run()
-        try:
-            return await asyncio.wait_for(anext(events), timeout=30)
-        finally:
-            await events.aclose()
-
-    event = asyncio.run(first_event())
+    event = first_event(trigger)
     assert event.payload["output"] == "device_status" and event.payload["units"]
 
 
