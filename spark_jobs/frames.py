@@ -7,15 +7,18 @@ checks all build their frames here, from the plan alone.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from spark_jobs import user_code
 from spark_jobs.plan import IngestionPlan, JoinPlan, OutputPlan, SourcePlan, StreamPlan
+from spark_jobs.runtime.files import write_atomically
 from spark_jobs.sinks.delta import create_table
 from spark_jobs.sources import kafka as kafka_source
 from spark_jobs.spec.models import (
@@ -105,23 +108,76 @@ def _read_kafka(spark: SparkSession, source: SourcePlan, streaming: bool) -> Dat
         F.col("value").alias(RAW_BYTES_COLUMN))
 
 
-def reference_frame(spark: SparkSession, join: JoinPlan) -> DataFrame:
+def reference_frame(spark: SparkSession, join: JoinPlan, checks: str | None = None) -> DataFrame:
     """Reference data with the declared columns, picked by name and cast to their types.
 
-    Keys must be unique: a key present twice would turn one input row into two."""
+    Keys must be unique: a key present twice would turn one input row into two. The check
+    reads the data twice (the header, then every key), about 2 s of a driver's start; it is
+    recorded in the folder ``checks`` (``StreamPlan.reference_checks``) with the files it read
+    (path, size, modification time) and the schema the reader gave, and while the files, the
+    format and the key are the same a start reads neither again: a scheduled stream pays it
+    once, not at every run."""
+    files = _files_of(spark, join.path)
+    record = Path(checks) / f"{join.name}.json" if checks else None
+    checked = _recorded_check(record, join, files)
     reader = spark.read.format(join.format)
     if join.format == "csv":
         reader = reader.option("header", True).option("mode", "FAILFAST")
+    if checked is not None:  # the files the check read: their schema as the reader gave it then
+        reader = reader.schema(StructType.fromJson(checked["schema"]))
     df = reader.load(join.path)
     missing = [c.name for c in join.columns if c.name not in df.columns]
     if missing:
         raise ValueError(f"reference data {join.name!r} ({join.path}) has no column(s) {missing}; it has {df.columns}")
+    given = df.schema
     df = df.select(*[F.col(c.name).cast(SPARK_TYPES[c.type]).alias(c.name) for c in join.columns])
+    if checked is not None:
+        return df
     repeated = df.groupBy(*join.key).count().where("count > 1").limit(3).collect()
     if repeated:
         raise ValueError(f"reference data {join.name!r} ({join.path}) has key(s) {join.key} more than once, e.g. "
                          f"{[tuple(r[k] for k in join.key) for r in repeated]}; each would multiply input rows")
+    if record is not None and files is not None:
+        write_atomically(record, json.dumps({**_check_of(join), "files": files, "schema": given.jsonValue()}))
     return df
+
+
+def _check_of(join: JoinPlan) -> dict[str, Any]:
+    """What a recorded check of reference data holds for: where, how read, which key."""
+    return {"path": join.path, "format": join.format, "key": list(join.key)}
+
+
+def _recorded_check(record: Path | None, join: JoinPlan, files: list[list[Any]] | None) -> dict[str, Any] | None:
+    """The recorded check of ``join``'s reference data if it read exactly ``files``, else None."""
+    if record is None or files is None:
+        return None
+    try:
+        checked = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(checked, dict) or "schema" not in checked:
+        return None
+    if {k: checked.get(k) for k in ("path", "format", "key")} != _check_of(join) or checked.get("files") != files:
+        return None
+    return checked
+
+
+def _files_of(spark: SparkSession, path: str) -> list[list[Any]] | None:
+    """Every file under ``path`` (a glob, a file or a folder, on any file system Spark reads),
+    each ``[path, size, modification time]``, sorted; None if there is none to list."""
+    jvm = spark._jvm
+    pattern = jvm.org.apache.hadoop.fs.Path(path)
+    fs = pattern.getFileSystem(spark._jsc.hadoopConfiguration())
+    found = []
+    for status in fs.globStatus(pattern) or []:
+        if status.isDirectory():
+            listing = fs.listFiles(status.getPath(), True)
+            while listing.hasNext():
+                f = listing.next()
+                found.append([f.getPath().toString(), f.getLen(), f.getModificationTime()])
+        else:
+            found.append([status.getPath().toString(), status.getLen(), status.getModificationTime()])
+    return sorted(found) or None
 
 
 def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
@@ -190,7 +246,7 @@ def output_frame(df: DataFrame, plan: StreamPlan, output: OutputPlan) -> DataFra
     event_time_column = plan.event_time_column
     if isinstance(q, SqlQuery | PythonQuery):
         joins = plan.ingestion.joins if plan.ingestion else []
-        references = {j.name: reference_frame(df.sparkSession, j) for j in joins}
+        references = {j.name: reference_frame(df.sparkSession, j, plan.reference_checks) for j in joins}
         return code_frame(df, q, references, plan.transforms_dir)
     if isinstance(q, Passthrough):  # without a column list (over a transform's result): every column
         return df.select(*output.columns) if output.columns is not None else df

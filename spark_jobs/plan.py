@@ -484,6 +484,11 @@ class StreamPlan:
             raise KeyError(f"stream {self.stream!r} has no query {query!r}; it has {self.queries}") from None
 
     @property
+    def reference_checks(self) -> str | None:
+        """The folder recording the checks of the stream's reference data (``frames.reference_frame``)."""
+        return f"{self.checkpoint_root}/_control/references" if self.checkpoint_root else None
+
+    @property
     def accepted(self) -> str | None:
         """The accepted-rows table, if the stream has an ingestion."""
         return self.ingestion.accepted if self.ingestion else None

@@ -414,7 +414,7 @@ class IngestBatch:
         assert plan.ingestion is not None
         self.plan, self.ingestion, self.on_batch = plan, plan.ingestion, on_batch
         self.checkpoint = plan.ingestion.checkpoint
-        self.joins = lookups(plan, [reference_frame(spark, j) for j in plan.ingestion.joins])
+        self.joins = lookups(plan, [reference_frame(spark, j, plan.reference_checks) for j in plan.ingestion.joins])
         #: the reference data as views of the micro-batches' session, for the transform
         self._views: tuple[Any, dict[str, DataFrame]] | None = None
         self.accepted = accepted_writer(spark, plan)
@@ -509,7 +509,8 @@ class IngestBatch:
         views by their names (made once: the stream's session outlives its batches)."""
         session = kept.sparkSession
         if self._views is None or self._views[0] != session._jsparkSession:
-            self._views = (session._jsparkSession, {j.name: reference_frame(session, j) for j in self.ingestion.joins})
+            self._views = (session._jsparkSession, {j.name: reference_frame(session, j, self.plan.reference_checks)
+                                                     for j in self.ingestion.joins})
         transform = self.ingestion.transform
         assert transform is not None
         return user_code.run(kept.select(*self.ingestion.input_columns), INPUT_VIEW, transform.sql, transform.python,

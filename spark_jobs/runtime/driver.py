@@ -180,12 +180,29 @@ def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, Strea
                 marker.unlink(missing_ok=True)
                 stopped = True
                 break
-            stop_requested.wait(POLL_SECONDS)
+            _await_any_end(queries, POLL_SECONDS)
     finally:
         for q in queries.values():
             if q.isActive:
                 q.stop()
     return code, cause, stopped
+
+
+def _await_any_end(queries: dict[str, StreamingQuery], seconds: float) -> None:
+    """Wait until one of the queries ends (an available-now phase's last one: the next phase or the
+    exit follows at once, not at the next look) or ``seconds`` passed. Spark's own wait raises a
+    failed query's error, which the caller reads from the query itself."""
+    from py4j.protocol import Py4JJavaError
+
+    if not queries:
+        time.sleep(seconds)
+        return
+    manager = next(iter(queries.values()))._jsq.sparkSession().streams()
+    try:
+        manager.awaitAnyTermination(int(seconds * 1000))
+    except Py4JJavaError:
+        pass
+    manager.resetTerminated()  # ended ones are seen by the caller; wait for the next
 
 
 def prepare_to_stop() -> threading.Event:
