@@ -10,8 +10,8 @@ beside the checkpoint, and runs until:
 * every query has finished (available-now trigger): exit 0;
 * a query fails: the others are stopped and the job exits 1, the cause in its last lines.
 
-With ``--standby`` it does everything up to the queries' start, then waits to take the
-stream over (spark_jobs.runtime.standby).
+With ``--standby`` it does everything up to the queries' start, rehearses them in a scratch
+folder (spark_jobs.runtime.warmup), then waits to take the stream over (spark_jobs.runtime.standby).
 
 Before any query starts, the plan is judged against the plan of the last start and the state its
 checkpoint holds, flow by flow (``spark_jobs.changes``): a change the checkpoint cannot honestly
@@ -142,6 +142,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
     from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import build_session, fence_lease
+    from spark_jobs.runtime.warmup import rehearse
 
     stop_requested = prepare_to_stop()
     standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
@@ -198,6 +199,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             code = _start_failed(spec, layout, events, exc)
             return code
         if standby is not None:
+            rehearse(spark, plan)  # the first batches' compiling done before a takeover, not after it
             if not take_over(lease, layout.hold_marker, args.supervisor, stop_requested, standby):
                 return code
             standby.remove()  # a standby no more

@@ -7,7 +7,8 @@ drivers (``sqlite3``, ``psycopg``), ``SELECT *`` of the sink's table, not throug
 writer that filled them. Every output is compared by its result key: rows missing, rows
 that should not be there, rows present more than once, and rows whose values differ
 (floats within a tolerance; approximate aggregates within 15%, three times the standard
-error of Spark's HyperLogLog++ at its default precision).
+error of Spark's HyperLogLog++ at its default precision, or for a few dozen values within the
+values that share one of its registers: see ``_close``).
 
 The quarantine is compared by content with the manifest's ``quarantine`` list, as a
 multiset of (file name, record text): records missing, unexpected or present more
@@ -195,7 +196,11 @@ def _close(a: Any, b: Any, approximate: bool) -> bool:
     if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int | float) or not isinstance(b, int | float):
         return a == b
     if approximate:
-        return abs(a - b) <= max(1.0, 0.15 * abs(b))
+        # HyperLogLog++ at Spark's default precision keeps 512 registers; below a few hundred values
+        # it counts the registers in use, so two values of the window that share a register count
+        # once. The input's values are a fixed set (200 users), so such a pair undercounts every
+        # window holding both: about n * n / 1024 pairs expected, a few more in the tail
+        return abs(a - b) <= max(1.0, 0.15 * abs(b), 3.0 + b * b / 1024)
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
 
 

@@ -1,0 +1,124 @@
+"""A standby's rehearsal: the stream's own queries run once over a sample of its input, in a
+scratch folder, while the standby waits to take the stream over.
+
+A driver's first micro-batches cost seconds that its later ones do not: Spark compiles each
+stage's generated code, the JVM loads and compiles the engine's classes on their first use.
+An active driver pays that at its start; a standby that took over would pay it after the
+takeover, while the stream stands still (about 3 s for the first batch of each query of a
+deduplicating stream with four outputs, on two cores). So the standby pays it before: it runs
+the plan it will run, with every path moved into a scratch folder, over the first lines of a file
+from the landing directory (available-now: the ingestion, then the outputs), and removes the
+folder. Spark's compiled code is kept by the session (``spark.sql.codegen.cache.maxEntries``)
+and found again by the same stages over the stream's own data.
+
+Nothing of the stream is written: its checkpoints, tables, sinks, events and lease stay as
+they are. An output whose sink is outside the data (a Kafka topic, the console) writes Parquet in
+the scratch folder instead; a table sink a SQLite file there. A stream read from anything but
+landing files is not rehearsed (the outputs have nothing to read without its ingestion), nor is
+one with nothing landed. A rehearsal that fails is logged and skipped: the takeover does not
+depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_jobs.plan import (
+    DeltaDataset,
+    FilesDataset,
+    OutputPlan,
+    ParquetDataset,
+    StreamPlan,
+    TableDataset,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: lines of the sample (a CSV file's header among them)
+SAMPLE_LINES = 2000
+#: how long a rehearsal may take
+TIMEOUT_SECONDS = 120.0
+
+
+def sample_file(plan: StreamPlan) -> Path | None:
+    """The newest file of the landing directory (not one being written: hidden or temporary)."""
+    if plan.source is None or not plan.source.is_files or not plan.source.landing:
+        return None
+    landing = Path(plan.source.landing)
+    try:
+        files = [f for f in landing.iterdir() if f.is_file() and not f.name.startswith((".", "_"))]
+    except OSError:
+        return None
+    return max(files, key=lambda f: f.stat().st_mtime, default=None)
+
+
+def scratch_plan(plan: StreamPlan, scratch: Path) -> StreamPlan:
+    """``plan`` with every place it reads or writes moved under ``scratch`` (reference data is read
+    where it is)."""
+    assert plan.source is not None and plan.ingestion is not None
+    root = scratch / "checkpoint"
+    accepted = str(scratch / "accepted")
+    ingestion = replace(plan.ingestion, checkpoint=str(root / "_ingest"), accepted=accepted,
+                        quarantine=str(scratch / "quarantine") if plan.ingestion.quarantine else None)
+
+    def moved(output: OutputPlan) -> OutputPlan:
+        sink = output.sink
+        if output.written_by_ingestion:
+            sink = replace(sink, path=accepted) if isinstance(sink, FilesDataset) else sink
+        elif isinstance(sink, ParquetDataset | DeltaDataset):
+            sink = replace(sink, path=str(scratch / "sinks" / output.name))
+        elif isinstance(sink, TableDataset):
+            sink = TableDataset(f"sqlite:///{scratch / 'tables.db'}", sink.table)
+        else:  # a topic, the console, memory: Parquet in the scratch folder
+            sink = ParquetDataset(str(scratch / "sinks" / output.name))
+        checkpoint = None if output.checkpoint is None else str(root / output.name)
+        return replace(output, sink=sink, checkpoint=checkpoint)
+
+    outputs = [moved(o) for o in plan.outputs]
+    checkpoints = {name: str(root / name) for name in plan.checkpoints}
+    return replace(plan, source=replace(plan.source, landing=str(scratch / "landing")), ingestion=ingestion,
+                   outputs=outputs, checkpoint_root=str(root), checkpoints=checkpoints)
+
+
+def _copy_sample(source: Path, target: Path, lines: int) -> None:
+    target.parent.mkdir(parents=True)
+    with open(source, "rb") as read, open(target, "wb") as write:
+        for _ in range(lines):
+            line = read.readline()
+            if not line:
+                break
+            write.write(line)
+
+
+def rehearse(spark: SparkSession, plan: StreamPlan, lines: int = SAMPLE_LINES) -> float | None:
+    """Run the stream's queries once over the first ``lines`` of a landed file, in a scratch
+    folder (see the module); the seconds it took, or None if there was nothing to rehearse."""
+    from spark_jobs.flows.queries import run_available_now
+
+    sample = sample_file(plan)
+    if sample is None or plan.ingestion is None:
+        return None
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix=f"rehearsal-{plan.stream}-"))
+    try:
+        _copy_sample(sample, scratch / "landing" / sample.name, lines)
+        run_available_now(spark, scratch_plan(plan, scratch), timeout_seconds=TIMEOUT_SECONDS)
+    except Exception as exc:  # a rehearsal is an optimisation: the takeover goes on without it
+        log.warning("stream %s: the standby's rehearsal failed (%s); it takes over without one", plan.stream,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = time.monotonic() - started
+    log.info("stream %s: the standby rehearsed its queries over %s lines of %s in %.1fs", plan.stream, lines,
+             sample.name, seconds)
+    return seconds
