@@ -7,7 +7,8 @@ loads each spec (``spark_jobs.spec``) and analyzes it on a local SparkSession ov
 the file, the field and Spark's own message (a Kafka source's broker must answer and its
 topics exist). For a stream that has run (under ``--data-root``), it also prints the verdict
 of each flow against the plan of its last start and the state its checkpoint holds
-(``spark_jobs.changes``), and fails on one a driver would refuse to start with.
+(``spark_jobs.changes``), and fails on one a driver would refuse to start with; and how the stream
+runs (``execution``: continuous, scheduled or adaptive), which a change of mode alone changes.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     failed += 1
                     print(f"{path}: a driver would refuse to start: the stream needs its upgrade", file=sys.stderr)
                     continue
+            print(f"{path}: runs {spec.execution.describe()}")  # a switch of mode keeps every checkpoint
             print(f"{path}: ok")
     finally:
         if spark is not None and not borrowed:

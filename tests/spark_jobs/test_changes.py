@@ -139,6 +139,15 @@ def test_the_check_prints_the_verdicts_against_the_stream_s_data_root(spark, str
     assert check.main([str(spec_file), "--data-root", str(data)]) == 0
     out = capsys.readouterr().out
     assert "output site_temperature_10m: unchanged" in out and f"{spec_file}: ok" in out
+    assert f"{spec_file}: runs continuous" in out
+    # a switch to scheduled runs changes how the stream runs, no flow: every checkpoint is resumed
+    edit(spec_file, lambda d: d.update(execution={"mode": "scheduled", "schedule": "10 minutes",
+                                                  "freshness": "30 minutes"}))
+    assert check.main([str(spec_file), "--data-root", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": unchanged") == 5 and "rebuild" not in out and "compatible" not in out
+    assert f"{spec_file}: runs scheduled (every 10 minutes; freshness 30 minutes)" in out
+    edit(spec_file, lambda d: d.pop("execution"))
     edit(spec_file, EDITS["a grouping key added"][0])
     assert check.main([str(spec_file), "--data-root", str(data)]) == 2
     said = capsys.readouterr()
