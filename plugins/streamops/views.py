@@ -108,6 +108,14 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
         backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
                    _trace("rows waiting (estimated)", points(STREAM, "backlog_rows"), lambda p: p.max, yaxis="y2")]
 
+    sizing = spec.execution.sizing
+    if sizing is not None and ingesting:  # what a batch may take: the source's own limit, and what sizing recommends
+        own = spec.source.max_offsets_per_trigger if kafka else spec.source.max_files_per_trigger
+        if own:
+            backlog.append({"name": f"per trigger: the source's own ({own})", "x": [iso(since), iso(now)],
+                            "y": [own, own], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
+        backlog.append(_trace("per trigger: recommended (sizing by lag)", points(STREAM, "per_trigger_recommended"),
+                              lambda p: p.last, line={"dash": "dot", "shape": "hv"}))
     lag = [_trace(_label(q), points(q, "lag_s"), lambda p: p.max) for q in queries if points(q, "lag_s")]
     state = [_trace(_label(q), points(q, "state_rows"), lambda p: p.last) for q in queries if points(q, "state_rows")]
 

@@ -70,11 +70,16 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             continue
 
 
+def batches_logged(path: str | os.PathLike[str], query: str, since: float, until: float | None = None) -> list[dict[str, Any]]:
+    """The progress events of ``query``'s batches logged from ``since`` (to ``until``), in order."""
+    return [e for e in read_events(path)
+            if e.get("event") == "progress" and e.get("query") == query
+            and isinstance(t := e.get("logged_at"), int | float) and since <= t and (until is None or t <= until)]
+
+
 def rows_read(path: str | os.PathLike[str], query: str, since: float, until: float | None = None) -> int:
     """The rows ``query``'s batches read, by its progress events logged from ``since`` (to ``until``)."""
-    return sum(int(e.get("input_rows") or 0) for e in read_events(path)
-               if e.get("event") == "progress" and e.get("query") == query
-               and isinstance(t := e.get("logged_at"), int | float) and since <= t and (until is None or t <= until))
+    return sum(int(e.get("input_rows") or 0) for e in batches_logged(path, query, since, until))
 
 
 def summarize(progress: dict[str, Any]) -> dict[str, Any]:

@@ -668,6 +668,30 @@ class Supervision(Strict):
 SCHEDULE_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly")
 
 
+class Sizing(Strict):
+    """Sizing by lag (docs/operating.md, "Sizing by lag"): from the input waiting and arriving,
+    the supervisor recommends what a micro-batch of the ingestion should take (landing files, or
+    Kafka records) so that a backlog clears within ``catch_up`` while each batch takes at most
+    ``utilisation`` of the trigger interval, within ``min_per_trigger`` and ``max_per_trigger``
+    (default: 10 times the source's own limit). Each recommendation is a ``sizing_decision``
+    event with its inputs, charted on the stream's page. Recommendations only: the driver keeps
+    the source's own limit."""
+
+    catch_up: Duration = "5 minutes"
+    utilisation: float = Field(default=0.7, gt=0, le=1)
+    min_per_trigger: int = Field(default=1, ge=1)
+    max_per_trigger: int | None = Field(default=None, ge=1)
+    #: how often the supervisor reconsiders (its window of observation)
+    every: Duration = "1 minute"
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Sizing:
+        if self.max_per_trigger is not None and self.max_per_trigger < self.min_per_trigger:
+            raise ValueError(f"max_per_trigger ({self.max_per_trigger}) is below min_per_trigger "
+                             f"({self.min_per_trigger})")
+        return self
+
+
 class Execution(Strict):
     """How the stream's driver runs (docs/operating.md, "Execution modes").
 
@@ -695,6 +719,8 @@ class Execution(Strict):
     #: scheduled runs take the stream on (default: half of ``continuous_above``)
     scheduled_below: float | None = Field(default=None, gt=0)
     quiet_for: Duration = "10 minutes"
+    #: a continuous driver's micro-batches sized by the input's lag (continuous and adaptive)
+    sizing: Sizing | None = None
 
     @field_validator("schedule")
     @classmethod
@@ -714,6 +740,9 @@ class Execution(Strict):
 
     @model_validator(mode="after")
     def _fits_mode(self) -> Execution:
+        if self.mode == "scheduled" and self.sizing is not None:
+            raise ValueError("sizing: only for a continuous driver (mode continuous or adaptive); a scheduled run "
+                             "takes what waits")
         if self.mode == "continuous":
             given = [f for f in ("schedule", "freshness") if getattr(self, f) is not None] + (["on_input"] if self.on_input else [])
             if given:

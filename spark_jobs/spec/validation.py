@@ -61,6 +61,13 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
                                     "remove standby, or run it continuous"))
     if spec.execution.scheduled and spec.application is not None:
         add(("execution.mode", "an application runs its own queries at their own triggers: only continuous"))
+    if spec.execution.sizing is not None:
+        if spec.application is not None or not isinstance(spec.source, FileSource | KafkaSource):
+            add(("execution.sizing", "sizes the micro-batches of the platform's ingestion of landing files or a "
+                                     "Kafka topic; this stream has none"))
+        elif spec.trigger.processing_time is None:
+            add(("execution.sizing", "sizes micro-batches against the trigger's interval: give the stream a "
+                                     "processing_time trigger"))
     if spec.supervision.standby_queue is not None and not spec.supervision.standby:
         add(("supervision.standby_queue", "names where the standby runs, but supervision.standby is not true"))
     if spec.supervision.standby_queue is not None and spec.supervision.standby_queue == spec.supervision.queue:

@@ -33,6 +33,7 @@ from streamops.health import Health, assess
 
 if TYPE_CHECKING:
     from streamops.cost import DriverCost
+    from streamops.sizing import Sizer
 
 
 class StreamHook(BaseHook):
@@ -51,6 +52,7 @@ class StreamHook(BaseHook):
         self.spec_dir = Path(spec_dir) if spec_dir else default_spec_dir()
         self.data_root = Path(data_root) if data_root else default_data_root()
         self._cost: DriverCost | None = None  # what this task's drivers used, as sampled (record_cost)
+        self._sizer: Sizer | None = None  # the stream's sizing by lag, with its window of observation (record)
         self._in_file: tuple[object, bool | None] | None = None  # the spec file's state, and what it says
 
     @cached_property
@@ -82,6 +84,23 @@ class StreamHook(BaseHook):
 
     def health(self, now: float | None = None) -> Health:
         return assess(self.spec, self.layout, now, plan=self.plan)
+
+    def record(self, health: Health) -> None:
+        """What each look of the supervisor adds to the stream's history: the backlog, the drivers'
+        cost, and with ``execution.sizing`` a recommendation when one is due (``streamops.sizing``)."""
+        self.record_backlog(health)
+        self.record_cost()
+        if self.spec.execution.sizing is None:
+            return
+        from spark_jobs.runtime.history import History
+        from spark_jobs.runtime.progress import EventLog
+        from streamops.sizing import Sizer
+
+        if self._sizer is None:
+            self._sizer = Sizer(self.spec, self.layout)
+        event = self._sizer.observe(health, time.time())
+        if event is not None:
+            EventLog(self.layout.events_file, history=History(self.layout.history_file)).write(event)
 
     def record_backlog(self, health: Health) -> None:
         """Add the backlog the supervisor sees (files, bytes, rows estimated; a Kafka source's

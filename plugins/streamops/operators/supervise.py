@@ -242,8 +242,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 self._end_standby()
                 hook.request_stop(sup.epoch, switch.why)
             health = hook.health()
-            hook.record_backlog(health)
-            hook.record_cost()
+            hook.record(health)
             self._keep_standby(health)
             if health.status != last_status:
                 self.log.info("%s", health.summary())

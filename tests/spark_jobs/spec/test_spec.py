@@ -352,3 +352,20 @@ def test_a_scheduled_stream_says_when_it_runs_and_how_fresh_it_stays(sensors: di
     app = {"name": "app", "application": {"path": "applications/app.py", "queries": ["q"]}, "checkpoint": "c/app",
            "execution": {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}}
     assert_problem(app, "execution.mode", "an application runs its own queries")
+
+
+def test_sizing_by_lag_is_for_a_continuous_driver_of_files_or_a_topic_with_a_trigger_interval(sensors: dict) -> None:
+    sensors["execution"] = {"sizing": {"catch_up": "2 minutes", "max_per_trigger": 40}}
+    sizing = parse_spec(sensors).execution.sizing
+    assert (sizing.catch_up, sizing.utilisation, sizing.min_per_trigger, sizing.max_per_trigger) == (
+        "2 minutes", 0.7, 1, 40)
+    sensors["execution"] = {"sizing": {"min_per_trigger": 5, "max_per_trigger": 4}}
+    assert_problem(sensors, "execution.sizing", "max_per_trigger (4) is below min_per_trigger (5)")
+    sensors["execution"] = {"sizing": {"utilisation": 1.5}}
+    assert_problem(sensors, "execution.sizing.utilisation", "less than or equal to 1")
+    sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes", "sizing": {}}
+    assert_problem(sensors, "execution", "sizing: only for a continuous driver")
+    sensors["execution"] = {"sizing": {}}
+    assert_problem({**sensors, "trigger": {"available_now": True}}, "execution.sizing", "a processing_time trigger")
+    rate = {**sensors, "source": {"type": "rate", "rows_per_second": 5}}
+    assert_problem(rate, "execution.sizing", "landing files or a Kafka topic; this stream has none")

@@ -1,0 +1,93 @@
+"""Sizing by lag: a recommendation per window from the backlog and the ingestion's work, recorded
+with its inputs when it changed enough, and charted on the stream's page."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from spark_jobs.runtime.history import History
+from spark_jobs.runtime.progress import EventLog
+from spark_jobs.spec.layout import Layout, default_spec_dir
+from spark_jobs.spec.loading import parse_spec
+from spark_jobs.spec.models import duration_seconds
+from streamops import sizing, views
+from streamops.sizing import Sizer, Window, recommend
+
+T0 = 1_800_000_000.0
+
+
+def test_the_recommendation_clears_the_backlog_within_the_catch_up_and_says_when_cores_are_short() -> None:
+    # 60 files taken in a minute while the backlog stayed at 300: 1 file/s arrives; batches ran 30 of the 60 s
+    window = Window(seconds=60, taken=60, busy_seconds=30, backlog_before=300, backlog_now=300)
+    r = recommend(window, "files", current=10, trigger_seconds=5, catch_up_seconds=300, utilisation=0.7,
+                  bounds=(1, 100))
+    assert (r.arrival, r.capacity, r.demand) == (1.0, 2.0, 2.0)  # 300 / 300 s + 1 file/s
+    assert r.per_trigger == 10  # 2 files/s over a 5 s trigger
+    assert r.cores_factor == pytest.approx(2.0 / (0.7 * 2.0), abs=1e-3) and not r.enough_cores
+    quiet = recommend(Window(60, 6, 3, 0, 0), "files", 10, 5, 300, 0.7, (1, 100))
+    assert quiet.per_trigger == 1 and quiet.enough_cores  # 0.1 file/s: one a trigger is plenty
+    huge = recommend(Window(60, 60, 30, 0, 100_000), "files", 10, 5, 300, 0.7, (1, 100))
+    assert huge.per_trigger == 100  # bounded
+
+
+@pytest.fixture
+def stream(tmp_path: Path):
+    data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
+    data["execution"] = {"sizing": {"catch_up": "5 minutes", "every": "1 minute"}}
+    spec = parse_spec(data)
+    return spec, Layout(spec, tmp_path / "data", default_spec_dir())
+
+
+def progress(layout: Layout, at: float, batch_id: int, rows: int, ms: int) -> None:
+    EventLog(layout.events_file).write({"event": "progress", "query": "_ingest", "batch_id": batch_id,
+                                        "input_rows": rows, "duration_ms": {"triggerExecution": ms},
+                                        "logged_at": at})
+
+
+def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_changed_enough(stream, monkeypatch) -> None:
+    spec, layout = stream
+    files_through = {-1: 0}  # the ingestion's checkpoint: files taken through each batch
+    monkeypatch.setattr(sizing, "processed_files",
+                        lambda checkpoint, through_batch: set(range(files_through[through_batch])))
+    sizer = Sizer(spec, layout)
+    assert sizer.current == spec.source.max_files_per_trigger and sizer.bounds == (1, 10 * sizer.current)
+    backlog = lambda files: SimpleNamespace(backlog_files=files, backlog_records=None)  # noqa: E731
+    assert sizer.observe(backlog(300), T0) is None  # the window begins
+    for b in range(12):  # 12 batches of 5 files in the minute, 2.5 s each
+        progress(layout, T0 + 5 * b + 1, b, 500, 2500)
+        files_through[b] = 5 * (b + 1)
+    assert sizer.observe(backlog(300), T0 + 30) is None  # not a whole window yet
+    event = sizer.observe(backlog(300), T0 + 60)
+    assert event is not None and event["event"] == "sizing_decision" and event["applied"] is False
+    assert {k: event[k] for k in ("unit", "taken", "busy_seconds", "backlog_before", "backlog", "arrival_per_s",
+                                  "capacity_per_s", "demand_per_s", "per_trigger", "current", "enough_cores")} == {
+        "unit": "files", "taken": 60, "busy_seconds": 30.0, "backlog_before": 300, "backlog": 300,
+        "arrival_per_s": 1.0, "capacity_per_s": 2.0, "demand_per_s": 2.0,
+        "per_trigger": math.ceil(2.0 * duration_seconds(spec.trigger.processing_time)),
+        "current": spec.source.max_files_per_trigger, "enough_cores": False}
+    # the same load a minute later: nothing new to record
+    for b in range(12, 24):
+        progress(layout, T0 + 60 + 5 * (b - 12) + 1, b, 500, 2500)
+        files_through[b] = 5 * (b + 1)
+    assert sizer.observe(backlog(300), T0 + 120) is None
+    # the backlog gone and the input quiet: a much smaller batch is recommended
+    progress(layout, T0 + 150, 24, 100, 400)
+    files_through[24] = 121
+    quiet = sizer.observe(backlog(0), T0 + 180)
+    assert quiet is not None and quiet["per_trigger"] < event["per_trigger"] and quiet["enough_cores"]
+
+    # recorded into the stream's history, it is drawn on the backlog chart beside the source's own limit
+    log = EventLog(layout.events_file, history=History(layout.history_file))
+    log.write({**event, "logged_at": T0 + 60})
+    log.write({**quiet, "logged_at": T0 + 180})
+    traces = {t["name"]: t for t in next(c for c in views.charts(spec, layout, "1h", now=T0 + 240)["charts"]
+                                         if c["id"] == "backlog")["traces"]}
+    assert traces["per trigger: recommended (sizing by lag)"]["y"] == [event["per_trigger"], quiet["per_trigger"]]
+    assert f"per trigger: the source's own ({spec.source.max_files_per_trigger})" in traces
+    assert json.loads(layout.events_file.read_text().splitlines()[-1])["event"] == "sizing_decision"
