@@ -7,20 +7,23 @@ An active driver pays that at its start; a standby that took over would pay it a
 takeover, while the stream stands still (about 3 s for the first batch of each query of a
 deduplicating stream with four outputs, on two cores). So the standby pays it before: it runs
 the plan it will run, with every path moved into a scratch folder, over the first lines of a file
-from the landing directory (available-now: the ingestion, then the outputs), and removes the
-folder. Spark's compiled code is kept by the session (``spark.sql.codegen.cache.maxEntries``)
-and found again by the same stages over the stream's own data.
+from the landing directory, or the last records of its Kafka topics (from their offsets, with a
+checkpoint of its own: the stream's offsets stay where they are), available-now (the ingestion,
+then the outputs), and removes the folder. Spark's compiled code is kept by the session
+(``spark.sql.codegen.cache.maxEntries``) and found again by the same stages over the stream's
+own data.
 
 Nothing of the stream is written: its checkpoints, tables, sinks, events and lease stay as
 they are. An output whose sink is outside the data (a Kafka topic, the console) writes Parquet in
-the scratch folder instead; a table sink a SQLite file there. A stream read from anything but
-landing files is not rehearsed (the outputs have nothing to read without its ingestion), nor is
-one with nothing landed. A rehearsal that fails is logged and skipped: the takeover does not
+the scratch folder instead; a table sink a SQLite file there. A stream read from anything else is
+not rehearsed (the outputs have nothing to read without its ingestion), nor one with nothing
+landed or on its topics. A rehearsal that fails is logged and skipped: the takeover does not
 depend on it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import tempfile
@@ -34,9 +37,11 @@ from spark_jobs.plan import (
     FilesDataset,
     OutputPlan,
     ParquetDataset,
+    SourcePlan,
     StreamPlan,
     TableDataset,
 )
+from spark_jobs.sources import kafka as kafka_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,6 +64,28 @@ def sample_file(plan: StreamPlan) -> Path | None:
     except OSError:
         return None
     return max(files, key=lambda f: f.stat().st_mtime, default=None)
+
+
+def kafka_sample(plan: StreamPlan, records: int) -> SourcePlan | None:
+    """The stream's Kafka source reading about the last ``records`` records of its topics (spread over
+    their partitions) instead of where its checkpoint is; None if the topics hold none, or the
+    broker does not answer."""
+    source = plan.source
+    if source is None or source.kafka is None:
+        return None
+    try:
+        ends = kafka_source.end_offsets(source.kafka, kafka_source.probe(source.kafka, source.reader_options),
+                                        source.reader_options)
+    except kafka_source.KafkaUnavailable:
+        return None
+    each = max(1, records // max(1, len(ends)))
+    starting: dict[str, dict[str, int]] = {}
+    for (topic, partition), (low, high) in sorted(ends.items()):  # Spark asks for every partition: -1 is the end
+        starting.setdefault(topic, {})[str(partition)] = max(low, high - each) if high > low else -1
+    if not any(offset >= 0 for offsets in starting.values() for offset in offsets.values()):
+        return None
+    return replace(source, kafka=replace(source.kafka, starting_offsets=json.dumps(starting),
+                                         max_offsets_per_trigger=None))
 
 
 def scratch_plan(plan: StreamPlan, scratch: Path) -> StreamPlan:
@@ -104,14 +131,21 @@ def rehearse(spark: SparkSession, plan: StreamPlan, lines: int = SAMPLE_LINES) -
     folder (see the module); the seconds it took, or None if there was nothing to rehearse."""
     from spark_jobs.flows.queries import run_available_now
 
+    if plan.ingestion is None or plan.source is None:
+        return None
     sample = sample_file(plan)
-    if sample is None or plan.ingestion is None:
+    topics = kafka_sample(plan, lines) if sample is None else None
+    if sample is None and topics is None:
         return None
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=f"rehearsal-{plan.stream}-"))
     try:
-        _copy_sample(sample, scratch / "landing" / sample.name, lines)
-        run_available_now(spark, scratch_plan(plan, scratch), timeout_seconds=TIMEOUT_SECONDS)
+        rehearsed = scratch_plan(plan, scratch)
+        if sample is not None:
+            _copy_sample(sample, scratch / "landing" / sample.name, lines)
+        else:
+            rehearsed = replace(rehearsed, source=topics)
+        run_available_now(spark, rehearsed, timeout_seconds=TIMEOUT_SECONDS)
     except Exception as exc:  # a rehearsal is an optimisation: the takeover goes on without it
         log.warning("stream %s: the standby's rehearsal failed (%s); it takes over without one", plan.stream,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -119,6 +153,7 @@ def rehearse(spark: SparkSession, plan: StreamPlan, lines: int = SAMPLE_LINES) -
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.monotonic() - started
-    log.info("stream %s: the standby rehearsed its queries over %s lines of %s in %.1fs", plan.stream, lines,
-             sample.name, seconds)
+    log.info("stream %s: the standby rehearsed its queries over %s in %.1fs", plan.stream,
+             f"{lines} lines of {sample.name}" if sample is not None else f"the last {lines} records of its topics",
+             seconds)
     return seconds

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
-import pytest
 from stream_runs import land, make_spec, reading  # tests/stream_runs.py
 
 from spark_jobs import analysis
@@ -87,7 +87,34 @@ def test_a_rehearsal_runs_every_query_over_a_sample_and_writes_nothing_of_the_st
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-@pytest.mark.parametrize("landed", [0])
-def test_nothing_landed_is_nothing_to_rehearse(spark, tmp_path: Path, landed: int) -> None:
-    spec, layout = stream(tmp_path, landed)
+def test_nothing_landed_is_nothing_to_rehearse(spark, tmp_path: Path) -> None:
+    spec, layout = stream(tmp_path, landed=0)
     assert warmup.rehearse(spark, analysis.resolve_plan(spark, spec, layout)) is None
+
+
+def test_a_stream_of_a_kafka_topic_rehearses_over_its_last_records_and_keeps_its_offsets(spark, tmp_path: Path,
+                                                                                         kafka_broker, kafka_topic,
+                                                                                         monkeypatch) -> None:
+    data = make_spec(OUTPUTS[:3])
+    data["source"] = {"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap, "topics": [kafka_topic],
+                      "format": "json", "columns": data["source"]["columns"], "max_offsets_per_trigger": 2}
+    spec = parse_spec(data)
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    kafka_broker.produce(kafka_topic, [reading(f"a{i}", i) for i in range(10)], partition=0)
+    kafka_broker.produce(kafka_topic, [reading(f"b{i}", i) for i in range(3)], partition=1)
+    plan = analysis.analyze(spark, spec, layout)
+    sample = warmup.kafka_sample(plan, records=6)  # two a partition; the empty one from its end
+    assert json.loads(sample.kafka.starting_offsets) == {kafka_topic: {"0": 8, "1": 1, "2": -1}}
+    assert sample.kafka.max_offsets_per_trigger is None
+    read: dict[str, int] = {}
+    run = flows.run_available_now
+
+    def counted(spark_, scratch_plan, **kwargs):
+        finished = run(spark_, scratch_plan, **kwargs)
+        read.update({name: sum(p.numInputRows for p in q.recentProgress) for name, q in finished.items()})
+        return finished
+
+    monkeypatch.setattr(flows, "run_available_now", counted)
+    assert warmup.rehearse(spark, plan, lines=6) is not None
+    assert read == {"_ingest": 4, "windows": 4, "per_device": 4}
+    assert not Path(layout.checkpoint_root).exists()  # the stream's own offsets: untouched
