@@ -98,7 +98,11 @@ class StreamHook(BaseHook):
 
         if self._sizer is None:
             self._sizer = Sizer(self.spec, self.layout)
-        event = self._sizer.observe(health, time.time())
+        try:
+            event = self._sizer.observe(health, time.time())
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a recommendation never stops the supervisor
+            self.log.warning("stream %s: no sizing recommendation this window: %s", self.spec.name, exc)
+            return
         if event is not None:
             EventLog(self.layout.events_file, history=History(self.layout.history_file)).write(event)
 
