@@ -18,13 +18,15 @@ they are. An output whose sink is outside the data (a Kafka topic, the console) 
 the scratch folder instead; a table sink a SQLite file there. A stream read from anything else is
 not rehearsed (the outputs have nothing to read without its ingestion), nor one with nothing
 landed or on its topics. A rehearsal that fails is logged and skipped: the takeover does not
-depend on it.
+depend on it. The scratch folder is named after the standby's process, and the folders of
+standbys killed while they rehearsed are removed by the next rehearsal of the stream.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -41,6 +43,7 @@ from spark_jobs.plan import (
     StreamPlan,
     TableDataset,
 )
+from spark_jobs.runtime.lease import process_start
 from spark_jobs.sources import kafka as kafka_source
 
 if TYPE_CHECKING:
@@ -116,6 +119,26 @@ def scratch_plan(plan: StreamPlan, scratch: Path) -> StreamPlan:
                    outputs=outputs, checkpoint_root=str(root), checkpoints=checkpoints)
 
 
+def _prefix(stream: str) -> str:
+    return f"rehearsal-{stream}-"
+
+
+def sweep(folder: Path, stream: str) -> list[Path]:
+    """Remove the scratch folders in ``folder`` of ``stream``'s rehearsals whose process is gone (a
+    standby killed while it rehearsed leaves its folder): each is named after its process (pid and
+    start time). The folders removed."""
+    removed = []
+    for found in folder.glob(f"{_prefix(stream)}*"):
+        pid, _, rest = found.name.removeprefix(_prefix(stream)).partition("-")
+        start = rest.partition("-")[0]
+        if not (pid.isdigit() and start.isdigit()):
+            continue
+        if process_start(int(pid)) != int(start):
+            shutil.rmtree(found, ignore_errors=True)
+            removed.append(found)
+    return removed
+
+
 def _copy_sample(source: Path, target: Path, lines: int) -> None:
     target.parent.mkdir(parents=True)
     with open(source, "rb") as read, open(target, "wb") as write:
@@ -138,7 +161,8 @@ def rehearse(spark: SparkSession, plan: StreamPlan, lines: int = SAMPLE_LINES) -
     if sample is None and topics is None:
         return None
     started = time.monotonic()
-    scratch = Path(tempfile.mkdtemp(prefix=f"rehearsal-{plan.stream}-"))
+    sweep(Path(tempfile.gettempdir()), plan.stream)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{_prefix(plan.stream)}{os.getpid()}-{process_start(os.getpid())}-"))
     try:
         rehearsed = scratch_plan(plan, scratch)
         if sample is not None:

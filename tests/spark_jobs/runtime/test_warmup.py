@@ -118,3 +118,22 @@ def test_a_stream_of_a_kafka_topic_rehearses_over_its_last_records_and_keeps_its
     assert warmup.rehearse(spark, plan, lines=6) is not None
     assert read == {"_ingest": 4, "windows": 4, "per_device": 4}
     assert not Path(layout.checkpoint_root).exists()  # the stream's own offsets: untouched
+
+
+def test_the_scratch_folders_of_standbys_killed_while_they_rehearsed_are_swept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from spark_jobs.runtime.lease import process_start
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    dead_pid = int(gone.stdout)
+    mine = tmp_path / f"rehearsal-s-{os.getpid()}-{process_start(os.getpid())}-abc"
+    dead = tmp_path / f"rehearsal-s-{dead_pid}-12345-def"
+    other = tmp_path / f"rehearsal-other-{dead_pid}-12345-ghi"
+    for folder in (mine, dead, other):
+        (folder / "checkpoint").mkdir(parents=True)
+    assert warmup.sweep(tmp_path, "s") == [dead]
+    assert mine.exists() and other.exists() and not dead.exists()
