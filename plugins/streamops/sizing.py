@@ -32,6 +32,7 @@ from spark_jobs.runtime.progress import batches_logged
 from spark_jobs.spec.models import INGEST_QUERY, FileSource, KafkaSource, duration_seconds
 
 if TYPE_CHECKING:
+    from spark_jobs.plan import StreamPlan
     from spark_jobs.spec.layout import Layout
     from spark_jobs.spec.models import StreamSpec
     from streamops.health import Health
@@ -85,11 +86,11 @@ class Sizer:
     """A supervisor's sizing of one stream: observes it each ``every`` and says when a recommendation
     is worth recording (:meth:`observe`)."""
 
-    def __init__(self, spec: StreamSpec, layout: Layout):
+    def __init__(self, spec: StreamSpec, layout: Layout, plan: StreamPlan | None = None):
         sizing = spec.execution.sizing
         assert sizing is not None and spec.trigger.processing_time is not None
         self.stream, self.sizing, self.layout = spec.name, sizing, layout
-        self.checkpoint = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+        self.checkpoint = (plan or compile_plan(spec, layout)).checkpoint(INGEST_QUERY)
         self.files = isinstance(spec.source, FileSource)
         if self.files:
             self.current: int | None = spec.source.max_files_per_trigger
@@ -124,10 +125,11 @@ class Sizer:
         began, before = self._start
         if now - began < self.every:
             return None
-        self._start = (now, self._backlog(health))
+        backlog = self._backlog(health)
+        self._start = (now, backlog)
         batches = batches_logged(self.layout.events_file, INGEST_QUERY, began, now)
         busy = sum(float((b.get("duration_ms") or {}).get("triggerExecution") or 0) for b in batches) / 1000
-        window = Window(now - began, self._taken(batches), busy, before, self._backlog(health))
+        window = Window(now - began, self._taken(batches), busy, before, backlog)
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,
                           duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds)
         if not self._worth_recording(found):

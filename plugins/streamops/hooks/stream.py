@@ -97,7 +97,7 @@ class StreamHook(BaseHook):
         from streamops.sizing import Sizer
 
         if self._sizer is None:
-            self._sizer = Sizer(self.spec, self.layout)
+            self._sizer = Sizer(self.spec, self.layout, self.plan)
         try:
             event = self._sizer.observe(health, time.time())
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a recommendation never stops the supervisor
