@@ -141,7 +141,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
     layout = Layout(spec, root, SPEC.parent)
     memory = Memory()
     memory.start()
-    feeder = subprocess.Popen([sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(SPEC),
+    feeder = subprocess.Popen([sys.executable, "-m", "runner.testdata.generate", "--spec", str(SPEC),
                                "--data-root", str(root), "--rate", str(args.rate), "--events-per-file",
                                str(args.events_per_file), "--seed", "7"],
                               stdout=open(logs / "generate.log", "w"), stderr=subprocess.STDOUT, env=child_env())

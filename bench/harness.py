@@ -30,6 +30,7 @@ import yaml
 
 from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
+from runner.testdata import generate
 from spark_jobs.plan import compile_plan, result_columns, result_key, written_by_ingestion
 from spark_jobs.runtime.checkpoint import batch_ids, sink_files
 from spark_jobs.runtime.clock import parse_iso
@@ -48,7 +49,6 @@ from spark_jobs.spec.models import (
     StreamSpec,
     TableSink,
 )
-from spark_jobs.testdata import generate
 
 MASTER = "local[2]"
 BENCH = Path(__file__).resolve().parent
@@ -260,7 +260,7 @@ def clean_up(work: Path, keep: bool, say: Callable[[str], None] = print) -> None
 
 def run_generator(spec_path: Path, data_root: Path, files: int, events_per_file: int, seed: int, *,
                   empty_files: int | None = None, event_interval_ms: int | None = None) -> None:
-    """``spark_jobs.testdata.generate`` in batch mode, quietly: ``files`` files of the spec's stream
+    """``runner.testdata.generate`` in batch mode, quietly: ``files`` files of the spec's stream
     into ``data_root`` (the generator's defaults where an argument is None)."""
     args = ["--spec", str(spec_path), "--data-root", str(data_root), "--files", str(files),
             "--events-per-file", str(events_per_file), "--seed", str(seed)]

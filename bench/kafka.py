@@ -75,12 +75,12 @@ from bench.harness import (
 )
 from bench.report import Progress, latencies, machine, median_of, results_path, write_results
 from runner.kafka import KafkaBroker, ensure_topics
+from runner.testdata import generate
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import KafkaSource
-from spark_jobs.testdata import generate
 
 TOPIC, FRESH_TOPIC = "clicks", "clicks-fresh"
 PARTITIONS = 3

@@ -71,6 +71,7 @@ from bench.harness import (
 )
 from bench.report import RESULTS, Progress, machine, median_of, pyplot, save_chart, verdict, write_results
 from runner.processes import wait_for, wait_until
+from runner.testdata.demo import spark_submit
 from spark_jobs.plan import compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import (
     batch_ids,
@@ -92,7 +93,6 @@ from spark_jobs.spec.models import (
     INGEST_QUERY,
     StreamSpec,
 )
-from spark_jobs.testdata.demo import spark_submit
 from streamops.health import Status, assess
 
 STREAM = "sensors"
@@ -243,7 +243,7 @@ def copy_input(source: Path, data_root: Path) -> None:
 
 
 class BareStream:
-    """``spark-submit`` of the stream job (:func:`spark_jobs.testdata.demo.spark_submit`) in a thread; with
+    """``spark-submit`` of the stream job (:func:`runner.testdata.demo.spark_submit`) in a thread; with
     ``restart``, run again the moment it ends, unless it finished or was asked to stop."""
 
     def __init__(self, stream: Stream, *extra: str, restart: bool = False):

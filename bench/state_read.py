@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         events, checkpoint = layout.events_file, Path(layout.checkpoint_root)
         reader = Reader(spec_path, data_root, work)
 
-        generator = start([sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(spec_path),
+        generator = start([sys.executable, "-m", "runner.testdata.generate", "--spec", str(spec_path),
                            "--data-root", str(data_root), "--rate", str(args.rate), "--events-per-file",
                            str(EVENTS_PER_FILE), "--empty-files", "0", "--seed", "1"], work / "logs" / "generate.log")
         driver_log = work / "logs" / "driver.log"

@@ -96,7 +96,7 @@ class Copy:
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             self.feeder = subprocess.Popen(
-                [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(SPEC), "--data-root", str(root),
+                [sys.executable, "-m", "runner.testdata.generate", "--spec", str(SPEC), "--data-root", str(root),
                  "--rate", str(rate), "--events-per-file", str(events_per_file), "--seed", str(n)],
                 stdout=open(logs / f"generate-{n}.log", "w"), stderr=subprocess.STDOUT, env=env)
         except BaseException:

@@ -5,7 +5,7 @@
 The stream: ``clicks_four_outputs`` (``bench.harness.bench_specs``: a deduplicating ingestion
 joined with reference data, writing the pass-through output; a 15-minute window sliding every
 5 minutes, a complete-mode and an update-mode table), with a 2-second trigger and 4 files a
-micro-batch. Its input, generated once (``spark_jobs.testdata.generate``), lands one file of
+micro-batch. Its input, generated once (``runner.testdata.generate``), lands one file of
 ``--events-per-file`` events every ``--every`` seconds while the stream runs, so input waits
 when a driver dies.
 
@@ -228,7 +228,7 @@ def check(result: dict[str, Any]) -> dict[str, Any]:
     """The sinks against the ground truth (one local SparkSession)."""
     from pyspark.sql import SparkSession
 
-    from spark_jobs.testdata import verify
+    from runner.testdata import verify
 
     spec = result["spec"]
     layout = Layout(spec, result["root"])

@@ -2,7 +2,7 @@
 
     python -m bench.throughput [--quick] [--rows N] [--files N] [--repeats N] [--streams NAME ...] [--keep]
 
-For each stream, one input is generated (``spark_jobs.testdata.generate``: about ``--rows`` valid
+For each stream, one input is generated (``runner.testdata.generate``: about ``--rows`` valid
 events over ``--files`` files, with its default shares of malformed records, duplicates,
 late events and one empty file), and the variants below process exactly those landing files
 with ``spark-submit --master local[2]``, the available-now trigger and the same session
@@ -166,7 +166,7 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:
     """Read back the sinks of one repeat: counts against the ground truth, (b) against (c)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs.testdata.verify import normalize, read_table
+    from runner.testdata.verify import normalize, read_table
 
     truth = stream.manifest_counts()
     problems: list[str] = []

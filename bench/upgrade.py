@@ -4,7 +4,7 @@ same output recomputed as one plain Spark batch job.
     python -m bench.upgrade [--rows N] [--files N] [--repeats N] [--keep] [--out NAME]
 
 The ``sensors`` example (``include/streams/sensors.yaml``, its data under a working folder) is fed
-about ``--rows`` events over ``--files`` files (``spark_jobs.testdata.generate``) and run once,
+about ``--rows`` events over ``--files`` files (``runner.testdata.generate``) and run once,
 available-now, by the platform's job (``python -m spark_jobs.submit stream``): its accepted rows
 and its 10/5-minute windows. Then, ``--repeats`` times, from that same state (put back in place:
 a file sink's log names absolute paths):

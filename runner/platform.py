@@ -102,7 +102,7 @@ class Platform:
             self.out(f"==> {name}: deployed through DAG stream_{name}; quality DAG stream_{name}_quality unpaused "
                      f"(it validates when units of the stream's sinks close: Airflow assets)")
             self.generators[name] = subprocess.Popen(
-                [sys.executable, "-m", "spark_jobs.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
+                [sys.executable, "-m", "runner.testdata.generate", "--spec", str(self.spec_dir / f"{name}.yaml"),
                  "--data-root", str(self.data_root), "--rate", str(self.rate),
                  "--events-per-file", str(self.events_per_file)],
                 stdout=private_log(self.data_root / "logs" / f"generate-{name}.log"),

@@ -25,8 +25,8 @@ def verify_sinks(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_
     query over the accepted rows: what a Spark session of its own reads (the sinks, once the
     streams stopped; :class:`runner.platform.Platform` runs it while the validation and Airflow's
     stop go on)."""
+    from runner.testdata import verify
     from spark_jobs.runtime.session import build_session
-    from spark_jobs.testdata import verify
 
     with output_to(data_root / "logs" / "summary-spark.log"):  # the JVM keeps writing there, not here
         spark = build_session("platform-summary", master="local[1]",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from airflow_harness import ARTIFACTS, CHROMIUM_FLAGS, Airflow, sign_in, stream_drivers, wait_for
 
+from runner.testdata import generate
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.spec.layout import (
@@ -24,7 +25,6 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate
 from streamops.health import Status, assess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

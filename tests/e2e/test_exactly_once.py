@@ -19,6 +19,7 @@ import pytest
 from airflow_harness import example_spec, include_with
 from stream_driver import Driver, wait_for
 
+from runner.testdata import generate, verify
 from spark_jobs.plan import checkpoint_paths, compile_plan
 from spark_jobs.runtime.checkpoint import (
     batch_ids,
@@ -30,7 +31,6 @@ from spark_jobs.sinks.delta import committed_batches
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 
 pytestmark = pytest.mark.e2e
 

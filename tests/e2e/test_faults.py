@@ -40,6 +40,7 @@ import psutil
 import pytest
 from airflow_harness import Airflow, deploy, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
+from runner.testdata import generate, verify
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.lease import read_holder
@@ -47,7 +48,6 @@ from spark_jobs.runtime.standby import standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from airflow_harness import Airflow, deploy, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
+from runner.testdata import generate, verify
+from runner.testdata import groundtruth as gt
 from spark_jobs import analysis
 from spark_jobs.frames import accepted_batch
 from spark_jobs.plan import compile_plan
@@ -41,8 +43,6 @@ from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec, parse_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
-from spark_jobs.testdata import groundtruth as gt
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

@@ -50,6 +50,7 @@ from airflow_harness import (
 )
 
 from runner.processes import wait_until
+from runner.testdata import generate, verify
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
@@ -65,7 +66,6 @@ from spark_jobs.spec.models import (
     INGEST_QUERY,
     StreamSpec,
 )
-from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 

@@ -41,6 +41,7 @@ import pytest
 from airflow_harness import BIN, Airflow, example_spec, include_with, one_driver_at_a_time, stream_drivers, wait_for
 
 from runner.processes import PRIVATE, private_log, wait_until
+from runner.testdata import generate, verify
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.lease import (
@@ -58,7 +59,6 @@ from spark_jobs.runtime.standby import READY, standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 from streamops.tenure import Tenure

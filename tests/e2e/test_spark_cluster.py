@@ -27,12 +27,12 @@ from airflow_harness import (
     wait_for,
 )
 
+from runner.testdata import generate, verify
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from examples import clicks_on_files, include_with
 
+from runner.testdata import generate
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
 from spark_jobs.spec.layout import (
@@ -21,7 +22,6 @@ from spark_jobs.spec.loading import (
     parse_spec,
 )
 from spark_jobs.spec.models import SpecError
-from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
 START, END = "2026-01-01T00:01:00Z", "2026-01-01T00:03:00Z"

@@ -29,6 +29,7 @@ from examples import clicks_on_files
 from quarantine_files import pyarrow_rows
 from stream_runs import T0, Run, at, run  # tests/stream_runs.py
 
+from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import enriched_columns
@@ -38,7 +39,6 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"

@@ -10,11 +10,11 @@ from edited_streams import HOT, edit, files_under, run_beside, start, verdicts, 
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
 
+from runner.testdata import generate
 from spark_jobs import changes, stream_job
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.testdata import generate
 
 EDITS = {
     "a window edited in place": (lambda d: window(d, window={"duration": "15 minutes", "slide": "5 minutes"}),

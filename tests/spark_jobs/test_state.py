@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from runner.testdata import generate
 from spark_jobs import analysis, state
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch
 from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

@@ -13,6 +13,7 @@ from edited_streams import EVENT_INTERVAL_MS, edit, files_under, in_session, run
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
 
+from runner.testdata import generate
 from spark_jobs import changes, frames, stream_job, upgrade
 from spark_jobs.analysis import resolve_plan
 from spark_jobs.plan import compile_plan
@@ -29,7 +30,6 @@ from spark_jobs.runtime.clock import from_ms
 from spark_jobs.sinks.table import open_database
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.testdata import generate
 
 WINDOW = "site_temperature_10m"
 TABLE = "device_status"

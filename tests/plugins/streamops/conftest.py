@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.testdata import generate
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.spec.layout import (
@@ -14,7 +15,6 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.testdata import generate
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

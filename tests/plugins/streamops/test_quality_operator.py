@@ -121,11 +121,11 @@ def test_a_job_that_wrote_no_result_fails_the_task(tmp_path: Path) -> None:
 def sensors_run(spark, tmp_path_factory) -> tuple[Path, Path]:
     """A real run of the sensors stream, and a pristine copy of it: a file sink's log holds its
     files' absolute paths, so a test works in the run's own folder, restored before each test."""
+    from runner.testdata import generate
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
     from spark_jobs.spec.layout import Layout
     from spark_jobs.spec.loading import load_spec
-    from spark_jobs.testdata import generate
 
     root = tmp_path_factory.mktemp("sensors-run") / "data"
     spec_path = default_spec_dir() / "sensors.yaml"

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from stream_runs import land, make_spec, reading  # tests/stream_runs.py
 
+from runner.testdata import verify
 from spark_jobs import analysis, changes
 from spark_jobs.flows import queries as flows
 from spark_jobs.flows.ingestion import IngestBatch, at_once, computed_once
@@ -35,7 +36,6 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import parse_spec
 from spark_jobs.spec.models import Trigger
-from spark_jobs.testdata import verify
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
                "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.testdata import generate
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.runtime.checkpoint import last_batch
@@ -21,7 +22,6 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.testdata import generate
 
 INCLUDE = default_spec_dir().parent
 

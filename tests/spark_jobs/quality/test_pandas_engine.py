@@ -242,7 +242,7 @@ def delta_sensors(include: Path) -> None:
 
 def test_delta_tables_read_with_deltalake_give_sparks_results(spark, include: Path, tmp_path: Path,
                                                               job_run) -> None:
-    from spark_jobs.testdata import generate
+    from runner.testdata import generate
 
     delta_sensors(include)
     root = tmp_path / "data"

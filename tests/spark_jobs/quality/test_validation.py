@@ -230,9 +230,9 @@ def test_bad_arguments_name_the_rules_file_and_field(spark, include, data_root) 
 
 def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(spark, include: Path,
                                                                                  tmp_path: Path) -> None:
+    from runner.testdata import generate
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
-    from spark_jobs.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
@@ -270,7 +270,7 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
 
 def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_name_derived_columns(
         spark, include: Path, tmp_path: Path, job_run) -> None:
-    from spark_jobs.testdata import generate
+    from runner.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
@@ -298,7 +298,7 @@ def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_
 
 def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, include: Path, tmp_path: Path,
                                                                          job_run) -> None:
-    from spark_jobs.testdata import generate
+    from runner.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
@@ -325,7 +325,7 @@ def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, i
 
 def test_a_stream_whose_accepted_rows_are_a_delta_table_is_accounted_and_its_units_close(
         spark, include: Path, tmp_path: Path, job_run) -> None:
-    from spark_jobs.testdata import generate
+    from runner.testdata import generate
 
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8"))
@@ -363,8 +363,8 @@ def delta_sensors(include: Path) -> Path:
 
 def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spark, include: Path, tmp_path: Path,
                                                                             job_run) -> None:
+    from runner.testdata import generate, verify
     from spark_jobs.sinks import delta as delta_sink
-    from spark_jobs.testdata import generate, verify
 
     spec_path = delta_sensors(include)
     root = tmp_path / "data"

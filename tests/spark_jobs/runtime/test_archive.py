@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows.queries import run_available_now
 from spark_jobs.plan import compile_plan
@@ -31,7 +32,6 @@ from spark_jobs.spec.loading import (
     parse_spec,
 )
 from spark_jobs.spec.models import INGEST_QUERY
-from spark_jobs.testdata import generate, verify
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from quarantine_files import pyarrow_rows  # tests/ is on sys.path (rootdir conftest)
 
+from runner.testdata import verify
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.frames import accepted_batch
@@ -21,7 +22,6 @@ from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import parse_spec
 from spark_jobs.spec.models import SpecError
-from spark_jobs.testdata import verify
 
 T0 = datetime(2026, 1, 1)
 _names = itertools.count()

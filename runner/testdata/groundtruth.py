@@ -38,7 +38,7 @@ another kind (``ok``, ...) that is more than ``max_future`` ahead of ``now`` rai
 :class:`GroundTruthError`, as does a ``future`` record that is not; a record without
 a kind is quarantined if it is that far ahead.
 
-Records are ledger entries (see :mod:`spark_jobs.testdata.generate`)::
+Records are ledger entries (see :mod:`runner.testdata.generate`)::
 
     {"file": 3, "line": 7, "kind": "ok", "event": {"event_id": "...", "ts": "2026-...Z", ...}}
     {"file": 3, "line": 8, "kind": "malformed", "reason": "wrong_type", "raw": "..."}

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
+from runner.testdata import groundtruth as gt
 from spark_jobs.plan import QUARANTINE_DDL, input_columns, result_key
 from spark_jobs.runtime.clock import iso_ms
 from spark_jobs.spec.layout import Layout
@@ -44,7 +45,6 @@ from spark_jobs.spec.models import (
     StreamSpec,
     TableSink,
 )
-from spark_jobs.testdata import groundtruth as gt
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from examples import clicks_csv_spec, example_spec, include_with
 
+from runner.testdata import generate as gen
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import duration_seconds
-from spark_jobs.testdata import generate as gen
 
 STREAMS = Path(__file__).resolve().parents[3] / "include" / "streams"
 SENSORS = STREAMS / "sensors.yaml"

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from runner.testdata import generate
 from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import (
     Layout,
@@ -29,7 +30,6 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import load_specs
 from spark_jobs.spec.models import KafkaSource
-from spark_jobs.testdata import generate
 
 STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
 QUALITY_JOB = Path(__file__).resolve().parents[1] / "quality_job.py"
@@ -112,9 +112,9 @@ def _run(args: argparse.Namespace, specs: dict, logs: Path) -> int:
             return 1
         quality[name] = json.loads(result_file.read_text())
 
+    from runner.testdata import verify
     from spark_jobs.quality_job import describe
     from spark_jobs.runtime.session import build_session
-    from spark_jobs.testdata import verify
 
     spark = build_session("demo-verify", master="local[1]", extra={"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,7 +1,7 @@
 """The run loop of the test-data generator: one stream's files, published into its landing directory, with a ledger.
 
-    python -m spark_jobs.testdata.generate --spec include/streams/sensors.yaml --files 20 --events-per-file 100
-    python -m spark_jobs.testdata.generate --spec include/streams/clicks.yaml --rate 2 --duration 60
+    python -m runner.testdata.generate --spec include/streams/sensors.yaml --files 20 --events-per-file 100
+    python -m runner.testdata.generate --spec include/streams/clicks.yaml --rate 2 --duration 60
 
 A run writes files one after another, in batch mode (``--files``, with empty files among
 them) or in rate mode (files per second until ``--duration`` or SIGINT/SIGTERM), under a
@@ -18,7 +18,7 @@ partitions in turn, each record's position (``topic/partition@offset``) its ledg
 so no record is late beyond the watermark for certain: the generator makes none for it.
 
 What a file holds (on-time, late, duplicate, future and malformed records, their event
-times and values) is made by :mod:`spark_jobs.testdata.records`.
+times and values) is made by :mod:`runner.testdata.records`.
 Every record goes to ``ledger.jsonl``; ``state.json`` lets a later run continue the
 stream (sequence, clock, history); ``manifest.json`` is :func:`groundtruth.expected`
 over the whole ledger, rewritten after every run. A ledger line per record (``line`` is
@@ -54,6 +54,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.testdata import groundtruth as gt
+from runner.testdata.records import GeneratorError, RecordMaker, Settings
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.spec.layout import (
     Layout,
@@ -66,16 +68,10 @@ from spark_jobs.spec.models import (
     SpecError,
     StreamSpec,
 )
-from spark_jobs.testdata import groundtruth as gt
-from spark_jobs.testdata.records import RecordMaker
 
 DEFAULT_START = "2026-01-01T00:00:00Z"
 STATE_VERSION = 1
 PART_NAME = re.compile(r"^part-(\d{6,})\.(json|csv)$")
-
-
-class GeneratorError(RuntimeError):
-    """The generator cannot run as asked; the message says why."""
 
 
 class TopicWriter:
@@ -146,62 +142,6 @@ class TopicWriter:
             raise GeneratorError(f"producing to topic {self.topic!r} failed (the file's transaction was aborted, "
                                  f"so no reader sees part of it): {exc}") from None
         return [p for p in positions if p is not None]
-
-
-@dataclass
-class Settings:
-    """How to generate one run. Shares are fractions of the valid events per file."""
-
-    files: int = 10
-    events_per_file: int = 100
-    rate: float | None = None  # files per second; None = batch mode
-    duration: float | None = None  # seconds; None = until SIGINT/SIGTERM
-    late_within: float = 0.03
-    late_beyond: float = 0.02
-    late_edge: float = 0.0  # late events whose fate the micro-batch boundaries decide (see records.py)
-    duplicates: float = 0.02
-    malformed: float = 0.03
-    unknown_keys: float = 0.02
-    future: float = 0.0  # events beyond event_time.max_future ahead of now; Spark quarantines them
-    empty_files: int = 1
-    seed: int = 7
-    start: str | None = None  # virtual clock start; default DEFAULT_START
-    event_interval_ms: int = 1000
-    clock: str | None = None  # "virtual" or "wall"; default virtual in batch mode, wall in rate mode
-
-    @property
-    def mode(self) -> str:
-        return "batch" if self.rate is None else "rate"
-
-    @property
-    def clock_kind(self) -> str:
-        return self.clock or ("virtual" if self.rate is None else "wall")
-
-    def check(self) -> None:
-        problems = []
-        for name in ("late_within", "late_beyond", "late_edge", "duplicates", "malformed", "unknown_keys", "future"):
-            value = getattr(self, name)
-            if not 0 <= value <= 1:
-                problems.append(f"{name} must be between 0 and 1, not {value}")
-        if self.late_within + self.late_beyond + self.late_edge + self.duplicates + self.future > 1:
-            problems.append("late_within + late_beyond + late_edge + duplicates + future must not exceed 1")
-        if self.files < 0 or self.events_per_file < 0 or self.empty_files < 0:
-            problems.append("files, events_per_file and empty_files must not be negative")
-        if self.rate is not None and not self.rate > 0:
-            problems.append("rate must be positive")
-        if self.duration is not None and self.duration < 0:
-            problems.append("duration must not be negative")
-        if self.event_interval_ms < 1:
-            problems.append("event_interval_ms must be at least 1")
-        if self.clock not in (None, "virtual", "wall"):
-            problems.append("clock must be 'virtual' or 'wall'")
-        if self.start is not None:
-            try:
-                gt.parse_ts(self.start)
-            except ValueError:
-                problems.append(f"start {self.start!r} is not an ISO-8601 timestamp")
-        if problems:
-            raise GeneratorError("; ".join(problems))
 
 
 @dataclass
@@ -447,7 +387,7 @@ def generate(spec_path: str | os.PathLike[str], data_root: str | os.PathLike[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m spark_jobs.testdata.generate",
+    p = argparse.ArgumentParser(prog="python -m runner.testdata.generate",
                                 description="Write test events for one stream into its landing directory.")
     p.add_argument("--spec", required=True, help="the stream's spec file")
     p.add_argument("--data-root", help="data root (default: STREAMS_DATA_DIR or <project>/data)")

@@ -23,8 +23,10 @@ import json
 import math
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from runner.testdata import groundtruth as gt
 from spark_jobs.plan import input_columns
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
@@ -32,10 +34,67 @@ from spark_jobs.spec.models import (
     Column,
     StreamSpec,
 )
-from spark_jobs.testdata import groundtruth as gt
 
-if TYPE_CHECKING:
-    from spark_jobs.testdata.generate import Settings
+
+class GeneratorError(RuntimeError):
+    """The generator cannot run as asked; the message says why."""
+
+
+@dataclass
+class Settings:
+    """How to generate one run. Shares are fractions of the valid events per file."""
+
+    files: int = 10
+    events_per_file: int = 100
+    rate: float | None = None  # files per second; None = batch mode
+    duration: float | None = None  # seconds; None = until SIGINT/SIGTERM
+    late_within: float = 0.03
+    late_beyond: float = 0.02
+    late_edge: float = 0.0  # late events whose fate the micro-batch boundaries decide (see records.py)
+    duplicates: float = 0.02
+    malformed: float = 0.03
+    unknown_keys: float = 0.02
+    future: float = 0.0  # events beyond event_time.max_future ahead of now; Spark quarantines them
+    empty_files: int = 1
+    seed: int = 7
+    start: str | None = None  # virtual clock start; default DEFAULT_START
+    event_interval_ms: int = 1000
+    clock: str | None = None  # "virtual" or "wall"; default virtual in batch mode, wall in rate mode
+
+    @property
+    def mode(self) -> str:
+        return "batch" if self.rate is None else "rate"
+
+    @property
+    def clock_kind(self) -> str:
+        return self.clock or ("virtual" if self.rate is None else "wall")
+
+    def check(self) -> None:
+        problems = []
+        for name in ("late_within", "late_beyond", "late_edge", "duplicates", "malformed", "unknown_keys", "future"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                problems.append(f"{name} must be between 0 and 1, not {value}")
+        if self.late_within + self.late_beyond + self.late_edge + self.duplicates + self.future > 1:
+            problems.append("late_within + late_beyond + late_edge + duplicates + future must not exceed 1")
+        if self.files < 0 or self.events_per_file < 0 or self.empty_files < 0:
+            problems.append("files, events_per_file and empty_files must not be negative")
+        if self.rate is not None and not self.rate > 0:
+            problems.append("rate must be positive")
+        if self.duration is not None and self.duration < 0:
+            problems.append("duration must not be negative")
+        if self.event_interval_ms < 1:
+            problems.append("event_interval_ms must be at least 1")
+        if self.clock not in (None, "virtual", "wall"):
+            problems.append("clock must be 'virtual' or 'wall'")
+        if self.start is not None:
+            try:
+                gt.parse_ts(self.start)
+            except ValueError:
+                problems.append(f"start {self.start!r} is not an ISO-8601 timestamp")
+        if problems:
+            raise GeneratorError("; ".join(problems))
+
 
 #: Safety distance from the watermark bounds for late events and duplicates.
 LATE_MARGIN_MS = 30_000

@@ -23,6 +23,7 @@ import pytest
 import yaml
 from examples import clicks_csv_spec
 
+from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import input_columns
@@ -40,7 +41,6 @@ from spark_jobs.spec.models import (
     SPARK_TYPES,
     Trigger,
 )
-from spark_jobs.testdata import generate, verify
 
 COLUMNS = [("event_id", "string"), ("ts", "timestamp"), ("day", "date"), ("temperature", "double"),
            ("readings", "long"), ("active", "boolean")]
@@ -90,7 +90,7 @@ def assert_only(report: verify.StreamReport, **found: Any) -> None:
 
 
 def test_verify_reads_sinks_without_the_flows_or_the_table_writer() -> None:
-    code = ("import sys, spark_jobs.testdata.verify; "
+    code = ("import sys, runner.testdata.verify; "
             "print(sorted(m for m in ('spark_jobs.flows.queries', 'spark_jobs.frames', 'spark_jobs.sinks.table', 'pyspark') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

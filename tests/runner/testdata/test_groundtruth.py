@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from runner.testdata import groundtruth as gt
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import parse_spec
 from spark_jobs.spec.models import Window
-from spark_jobs.testdata import groundtruth as gt
 
 DAY = "2026-01-01T"
 
