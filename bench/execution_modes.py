@@ -59,7 +59,7 @@ from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.cost import reaped_cpu
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
@@ -101,7 +101,7 @@ def freshness(layout: Layout) -> tuple[list[float], int]:
     (the ingestion batch's commit, and each output's first batch planned after it, committed); and
     how many files no sink had yet."""
     plan = compile_plan(layout.spec, layout)
-    ingestion = plan.checkpoint(INGEST_QUERY)
+    ingestion = plan.checkpoint(INGEST_FLOW)
     commits = Path(ingestion) / "commits"
     batch_of: dict[str, int] = {}
     seen: set[str] = set()
@@ -111,8 +111,8 @@ def freshness(layout: Layout) -> tuple[list[float], int]:
             batch_of[f] = b
         seen = now
     outputs = []
-    for name in plan.queries:
-        if name == INGEST_QUERY:
+    for name in plan.flows:
+        if name == INGEST_FLOW:
             continue
         cp = Path(plan.checkpoint(name))
         outputs.append([(os.path.getmtime(cp / "offsets" / str(k)), os.path.getmtime(cp / "commits" / str(k)))
@@ -162,7 +162,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
             cpu = reaped_cpu() - before
             runs.append({"exit_code": driver.returncode})
         else:
-            ingestion = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+            ingestion = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
             due = started + args.every
             while time.time() < end:
                 if args.every:  # the schedule's run: none started when nothing waits
@@ -204,7 +204,7 @@ def phases(layout: Layout, launched: float, ended: float) -> dict[str, float | N
     """Where a run's time went: to the driver's start, to the ingestion's first commit, to its exit."""
     events = [e for e in read_events(layout.events_file) if launched <= (e.get("logged_at") or 0) <= ended]
     start = next((e["logged_at"] for e in events if e.get("event") == "driver_started"), None)
-    first = next((e["logged_at"] for e in events if e.get("event") == "progress" and e.get("query") == INGEST_QUERY),
+    first = next((e["logged_at"] for e in events if e.get("event") == "progress" and e.get("query") == INGEST_FLOW),
                  None)
     return {"wall_s": round(ended - launched, 1), "to_driver_started_s": None if start is None else round(start - launched, 1),
             "to_first_ingestion_commit_s": None if first is None else round(first - launched, 1)}

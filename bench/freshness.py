@@ -153,7 +153,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
     unlogged: frozenset[str] = frozenset()
     if variant == "platform":
         args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root)]
-        parquet = {PASS_THROUGH: compile_plan(spec, layout).accepted}
+        parquet = {PASS_THROUGH: compile_plan(spec, layout).accepted_path}
     else:
         job = Stream(FOUR, spec_path, root, "a").plain_job(PLAIN[variant], root) \
             | {"processing_time": f"{TRIGGER_S:g} second"}

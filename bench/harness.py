@@ -40,7 +40,7 @@ from spark_jobs.runtime.session import SESSION_CONF, connector_jars, fenced_chec
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     SPARK_TYPES,
     Aggregation,
     FileSource,
@@ -461,7 +461,7 @@ class Stream:
         layout = self.layout(root)
         if variant == "a":
             return {"parse": str(root / "sinks" / "parse")}
-        sinks = {"accepted": compile_plan(self.spec, layout).accepted} if variant == "c" else {}  # e: a Delta table
+        sinks = {"accepted": compile_plan(self.spec, layout).accepted_path} if variant == "c" else {}  # e: a Delta table
         if variant == "f":
             sinks["accepted"] = self.plain_job(variant, root)["accepted"]
         if self.spec.quarantine:
@@ -556,8 +556,8 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_
     read = {}
     for b in batches:
         read[b["query"]] = read.get(b["query"], 0) + b["input_rows"]
-    reading = {"a": ["parse"], "b": sorted(set(read) - {"quarantine"}) or ["quarantine"], "c": [INGEST_QUERY],
-               "d": ["batch"], "e": [INGEST_QUERY], "f": ["ingest"]}[variant]
+    reading = {"a": ["parse"], "b": sorted(set(read) - {"quarantine"}) or ["quarantine"], "c": [INGEST_FLOW],
+               "d": ["batch"], "e": [INGEST_FLOW], "f": ["ingest"]}[variant]
     files = {name: data_files(path) for name, path in stream.file_sinks(variant, root).items()}
     # one micro-batch of the queries reading the input: how long, and (platform) where it went
     reading_batches = [b for b in batches if b["query"] in reading and b["input_rows"]]

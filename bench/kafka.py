@@ -176,7 +176,7 @@ def freshness(variant: str, broker: KafkaBroker, spec_path: Path, root: Path, re
     if variant == "c":
         args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root),
                 "--processing-time", "1 second"]
-        parquet = {"first sink (accepted rows)": compile_plan(spec, layout).accepted}
+        parquet = {"first sink (accepted rows)": compile_plan(spec, layout).accepted_path}
         tables = {"table (second stage)": (root / "tables.db", "clicks_page_totals")}
     else:
         stream = TopicStream(spec_path, root, broker.bootstrap)

@@ -90,7 +90,7 @@ from spark_jobs.spec.layout import (
 )
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     StreamSpec,
 )
 from streamops.health import Status, assess
@@ -142,7 +142,7 @@ class Stream:
         self.spec: StreamSpec = load_spec(spec_path)
         self.layout = Layout(self.spec, data_root, spec_path.parent)
         self.plan = compile_plan(self.spec, self.layout)
-        self.readings = Path(self.plan.checkpoint(INGEST_QUERY))
+        self.readings = Path(self.plan.checkpoint(INGEST_FLOW))
         self.seed = 1000
 
     def landing_files(self) -> set[str]:
@@ -172,16 +172,16 @@ class Stream:
         """The query that commits an output: ``_ingest`` for the output the ingestion serves
         (its sink is the accepted-rows table), else the output's own."""
         served = written_by_ingestion(self.spec)
-        return INGEST_QUERY if served is not None and served.name == output else output
+        return INGEST_FLOW if served is not None and served.name == output else output
 
     def output_taking_batch(self, output: str, landed: set[str]) -> int | None:
         """The committed batch of an output by which it read every row the ingestion accepted
         from the ``landed`` files, or None while it has not. ``output`` is ``_ingest`` for the
         output the ingestion serves: that batch is the ingestion's own."""
-        ingested = self.taking_batch(INGEST_QUERY, landed)
-        if ingested is None or output == INGEST_QUERY:
+        ingested = self.taking_batch(INGEST_FLOW, landed)
+        if ingested is None or output == INGEST_FLOW:
             return ingested
-        accepted = {file_name(p) for p in sink_files(self.plan.accepted, through_batch=ingested)}
+        accepted = {file_name(p) for p in sink_files(self.plan.accepted_path, through_batch=ingested)}
         return self.taking_batch(output, accepted)
 
     def commit_time(self, query: str, batch: int) -> float:

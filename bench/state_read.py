@@ -67,7 +67,7 @@ from runner.processes import wait_for
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 STREAM = "sensors"
 EVENTS_PER_FILE = 100
@@ -171,7 +171,7 @@ def batches(events_file: Path) -> list[dict[str, Any]]:
 
 def ingested(found: list[dict[str, Any]], since: float, until: float) -> list[dict[str, Any]]:
     """The ingestion's batches with rows that ran within [since, until]."""
-    return [b for b in found if b["query"] == INGEST_QUERY and b["input_rows"] and since <= b["start"]
+    return [b for b in found if b["query"] == INGEST_FLOW and b["input_rows"] and since <= b["start"]
             and b["end"] <= until]
 
 
@@ -237,7 +237,7 @@ def compare(without: list[float], with_: list[float]) -> dict[str, Any]:
 def summarize(found: list[dict[str, Any]], phases: list[dict[str, Any]], reads: list[dict[str, Any]]) -> dict[str, Any]:
     """Per query and over every query: batch durations without and with reads; per round; the reads."""
     mine = with_rows(found)
-    queries = sorted({b["query"] for b in mine}, key=lambda q: (q != INGEST_QUERY, q))
+    queries = sorted({b["query"] for b in mine}, key=lambda q: (q != INGEST_FLOW, q))
     for phase in phases:
         phase["batches"] = {q: [b["ms"] for b in mine if b["query"] == q and inside(b, phase)] for q in queries}
         phase["batches"][ALL] = [ms for q in queries for ms in phase["batches"][q]]

@@ -66,7 +66,7 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.session import submit_args
 from spark_jobs.spec.layout import project_root
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 KINDS = ("plain", "platform")  # and "standby", on request
@@ -84,7 +84,7 @@ class Copy:
         env = child_env()
         if kind in ("platform", "standby"):
             args = [*submit_args(), str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
-            self.checkpoints = [Path(compile_plan(self.stream.spec, self.layout).checkpoint(INGEST_QUERY))]
+            self.checkpoints = [Path(compile_plan(self.stream.spec, self.layout).checkpoint(INGEST_FLOW))]
         else:
             job = self.stream.plain_job("b", root)
             job["processing_time"] = self.stream.spec.trigger.processing_time

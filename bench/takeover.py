@@ -69,7 +69,7 @@ from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.standby import READY, standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from spark_jobs.submit import command
 
 #: the supervisor's pause between two standby launches (streamops.supervisor)
@@ -166,7 +166,7 @@ def wait_caught_up(run: Run, timeout: float = 600) -> None:
     batch committed, and no batch owed that only moves a watermark (it emits an append-mode
     window output's last windows)."""
     landed = {f.name for f in run.landing.iterdir()}
-    emitting = [INGEST_QUERY, *(o.name for o in run.plan.queried_outputs if o.emits_by_watermark)]
+    emitting = [INGEST_FLOW, *(o.name for o in run.plan.outputs_with_flows if o.emits_by_watermark)]
 
     def caught_up() -> bool:
         if run.pending:
@@ -176,11 +176,11 @@ def wait_caught_up(run: Run, timeout: float = 600) -> None:
             return False
         if any(watermark_to_catch_up(checkpoints[q]) for q in emitting):
             return False
-        if {file_name(p) for p in processed_files(checkpoints[INGEST_QUERY])} != landed:
+        if {file_name(p) for p in processed_files(checkpoints[INGEST_FLOW])} != landed:
             return False
-        accepted = {file_name(p) for p in sink_files(run.plan.accepted)}
+        accepted = {file_name(p) for p in sink_files(run.plan.accepted_path)}
         return all(accepted <= {file_name(p) for p in processed_files(c)}
-                   for q, c in checkpoints.items() if q != INGEST_QUERY)
+                   for q, c in checkpoints.items() if q != INGEST_FLOW)
 
     wait_for(caught_up, "the stream to take every file", timeout, every=1)
 

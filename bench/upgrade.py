@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(spec_path)
         layout = Layout(spec, data_root, spec_path.parent)
         plan = compile_plan(spec, layout)
-        accepted = plan.accepted
+        accepted = plan.accepted_path
         accepted_rows = sum(pq.read_metadata(f.removeprefix("file:")).num_rows for f in sink_files(accepted))
         say(f"the stream ran once in {ingest_s:.1f}s: {accepted_rows:,} accepted rows")
         shutil.copytree(data_root, pristine, symlinks=True)

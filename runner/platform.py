@@ -254,7 +254,7 @@ class Platform:
         from spark_jobs.runtime.checkpoint import watermark_to_catch_up
 
         plan = compile_plan(self.specs[name], self.layouts[name])
-        return [o.name for o in plan.queried_outputs  # those whose windows the watermark emits
+        return [o.name for o in plan.outputs_with_flows  # those whose windows the watermark emits
                 if o.emits_by_watermark and watermark_to_catch_up(o.checkpoint)]
 
     def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,

@@ -86,9 +86,9 @@ def held_range(plan: StreamPlan) -> tuple[datetime, datetime] | None:
     if ingestion is None or EVENT_DATE_COLUMN not in ingestion.partition_by:
         return None
     if ingestion.accepted_is_delta:
-        dates = delta_log.partition_values(ingestion.accepted, EVENT_DATE_COLUMN)
+        dates = delta_log.partition_values(ingestion.accepted_path, EVENT_DATE_COLUMN)
     else:
-        found = (re.search(rf"/{EVENT_DATE_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})/", p) for p in sink_files(ingestion.accepted))
+        found = (re.search(rf"/{EVENT_DATE_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})/", p) for p in sink_files(ingestion.accepted_path))
         dates = {m.group(1) for m in found if m}
     if not dates:
         return None
@@ -126,7 +126,7 @@ def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: 
     plan = analysis.resolve_plan(spark, spec, layout)
     assert plan.ingestion is not None
     if accepted_last_batch(plan.ingestion) is None:
-        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({plan.accepted} holds no committed batch)")
+        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({plan.accepted_path} holds no committed batch)")
     ts = F.col(spec.event_time.column)
     accepted = frames.accepted_batch(spark, plan.ingestion)
     in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()

@@ -45,7 +45,7 @@ from spark_jobs.plan import OutputPlan, StreamPlan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import INGEST_QUERY, Aggregation, Passthrough, PythonQuery, SqlQuery, duration_seconds
+from spark_jobs.spec.models import INGEST_FLOW, Aggregation, Passthrough, PythonQuery, SqlQuery, duration_seconds
 
 UNCHANGED, COMPATIBLE, NEW, RETIRED = "unchanged", "compatible", "new", "retired"
 REBUILD, REPROCESS, UNKNOWN = "rebuild", "reprocess", "unknown"
@@ -76,7 +76,7 @@ class Verdict:
         return self.verdict in RUNNABLE
 
     def text(self) -> str:
-        name = "ingestion" if self.flow == INGEST_QUERY else f"output {self.flow}"
+        name = "ingestion" if self.flow == INGEST_FLOW else f"output {self.flow}"
         return f"{name}: {self.verdict}" + ("".join(f"\n    {r}" for r in self.reasons))
 
 
@@ -169,7 +169,7 @@ def _resumes(checkpoint: str | None) -> bool:
 def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Verdict:
     ingestion, source = plan.ingestion, plan.source
     assert ingestion is not None and source is not None
-    j = _Judge(INGEST_QUERY, spec_file)
+    j = _Judge(INGEST_FLOW, spec_file)
     if not _resumes(ingestion.checkpoint):
         j.verdict = NEW
         return j.result()
@@ -187,7 +187,7 @@ def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Ve
                                   "the event-time column"),
             "deduplicate.key": (old.get("deduplicate"), ingestion.deduplicate,
                                 "the deduplication key (its state is keyed by it)"),
-            "accepted": (old.get("accepted"), ingestion.accepted, "the accepted-rows table the outputs read"),
+            "accepted": (old.get("accepted_path", old.get("accepted")), ingestion.accepted_path, "the accepted-rows table the outputs read"),
             "accepted.format": (old.get("accepted_format") or "parquet", ingestion.accepted_format,
                                 "the accepted-rows table's format"),
             "quarantine.path": (old.get("quarantine"), ingestion.quarantine, "the quarantine (the accounting counts it)"),
@@ -252,7 +252,7 @@ def _jsonable(value: Any) -> Any:
 def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, where: str, watermark: str | None,
             previous: dict[str, Any]) -> Verdict:
     j = _Judge(output.name, where)
-    checkpoint = plan.checkpoint(INGEST_QUERY) if output.written_by_ingestion else output.checkpoint
+    checkpoint = plan.checkpoint(INGEST_FLOW) if output.written_by_ingestion else output.checkpoint
     if old is None and previous:  # the last start had no such output
         if _resumes(output.checkpoint):
             j.change(REBUILD, "name", f"a new output whose checkpoint {output.checkpoint} holds batches of an "

@@ -188,11 +188,11 @@ def accepted_stream(spark: SparkSession, ingestion: IngestionPlan) -> DataFrame:
     Reading it needs the table, so it is created here, empty, if the ingestion has not
     written it yet."""
     if ingestion.accepted_is_delta:
-        create_table(spark, ingestion.accepted, ingestion.accepted_ddl, ingestion.partition_by)
-        df = spark.readStream.format("delta").load(ingestion.accepted).select(*_accepted_columns(ingestion))
+        create_table(spark, ingestion.accepted_path, ingestion.accepted_ddl, ingestion.partition_by)
+        df = spark.readStream.format("delta").load(ingestion.accepted_path).select(*_accepted_columns(ingestion))
     else:
-        Path(ingestion.accepted).mkdir(parents=True, exist_ok=True)
-        df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted)
+        Path(ingestion.accepted_path).mkdir(parents=True, exist_ok=True)
+        df = spark.readStream.schema(ingestion.accepted_ddl).format("parquet").load(ingestion.accepted_path)
     if ingestion.event_time is not None:
         df = df.withWatermark(ingestion.event_time.column, ingestion.event_time.watermark)
     return df
@@ -205,8 +205,8 @@ def accepted_batch(spark: SparkSession, ingestion: IngestionPlan, version: int |
         reader = spark.read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", version)
-        return reader.load(ingestion.accepted).select(*_accepted_columns(ingestion))
-    return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted)
+        return reader.load(ingestion.accepted_path).select(*_accepted_columns(ingestion))
+    return spark.read.schema(ingestion.accepted_ddl).parquet(ingestion.accepted_path)
 
 
 def _accepted_columns(ingestion: IngestionPlan) -> list:

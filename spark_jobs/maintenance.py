@@ -132,9 +132,9 @@ def check_retention(spark: SparkSession, layout: Layout, output: str, path: str,
 def streaming_readers(plan: StreamPlan, path: str) -> dict[str, str]:
     """The outputs that stream from the table at ``path`` (the accepted-rows table's readers):
     name -> checkpoint."""
-    if plan.ingestion is None or not plan.ingestion.accepted_is_delta or path != plan.ingestion.accepted:
+    if plan.ingestion is None or not plan.ingestion.accepted_is_delta or path != plan.ingestion.accepted_path:
         return {}
-    return {o.name: o.checkpoint for o in plan.queried_outputs if o.checkpoint and not o.reads_source}
+    return {o.name: o.checkpoint for o in plan.outputs_with_flows if o.checkpoint and not o.reads_source}
 
 
 def optimize(spark: SparkSession, path: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from spark_jobs.spec.models import (
     CODE_QUERIES,
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
-    INGEST_QUERY,
+    INGEST_FLOW,
     SPARK_TYPES,
     WINDOW_END,
     WINDOW_START,
@@ -191,7 +191,7 @@ def checkpoint_paths(spec: StreamSpec) -> dict[str, str]:
     if spec.application is not None:
         paths |= {q: f"{root}/{q}" for q in spec.application.queries}
     if has_ingestion(spec):
-        paths[INGEST_QUERY] = f"{root}/{INGEST_QUERY}"
+        paths[INGEST_FLOW] = f"{root}/{INGEST_FLOW}"
     return paths
 
 
@@ -298,7 +298,7 @@ class IngestionPlan:
     query_name: str
     checkpoint: str
     trigger: Trigger
-    accepted: str  # the accepted-rows table
+    accepted_path: str  # the accepted-rows table's folder (:attr:`accepted_table` as a dataset)
     #: name -> Spark type: the source's and join columns (or the transform's result), then
     #: event_date; None for a transform not analyzed yet (``analysis.resolve_plan``)
     accepted_columns: dict[str, str] | None
@@ -324,8 +324,8 @@ class IngestionPlan:
     def accepted_table(self) -> ParquetDataset | DeltaDataset:
         """The accepted-rows table as a dataset: the target of the ingestion's flow."""
         if self.accepted_is_delta:
-            return DeltaDataset(self.accepted, list(self.partition_by))
-        return ParquetDataset(self.accepted, list(self.partition_by))
+            return DeltaDataset(self.accepted_path, list(self.partition_by))
+        return ParquetDataset(self.accepted_path, list(self.partition_by))
 
     @property
     def accepted_ddl(self) -> str:
@@ -476,12 +476,12 @@ class StreamPlan:
                 return o
         raise KeyError(f"stream {self.stream!r} has no output {name!r}")
 
-    def checkpoint(self, query: str) -> str:
-        """The checkpoint of one of the stream's queries (:attr:`queries`)."""
+    def checkpoint(self, flow: str) -> str:
+        """The checkpoint of one of the stream's flows (:attr:`flows`)."""
         try:
-            return self.checkpoints[query]
+            return self.checkpoints[flow]
         except KeyError:
-            raise KeyError(f"stream {self.stream!r} has no query {query!r}; it has {self.queries}") from None
+            raise KeyError(f"stream {self.stream!r} has no flow {flow!r}; it has {self.flows}") from None
 
     @property
     def reference_checks(self) -> str | None:
@@ -489,17 +489,17 @@ class StreamPlan:
         return f"{self.checkpoint_root}/_control/references" if self.checkpoint_root else None
 
     @property
-    def accepted(self) -> str | None:
-        """The accepted-rows table, if the stream has an ingestion."""
-        return self.ingestion.accepted if self.ingestion else None
+    def accepted_path(self) -> str | None:
+        """The accepted-rows table's folder, if the stream has an ingestion."""
+        return self.ingestion.accepted_path if self.ingestion else None
 
     @property
     def delta_tables(self) -> dict[str, str]:
         """The stream's Delta tables, each once: a Delta accepted-rows table (``_accepted``,
         unless it is the sink of the output the ingestion writes), then the outputs' by name."""
         tables = {o.name: o.sink.path for o in self.outputs if isinstance(o.sink, DeltaDataset)}
-        if self.ingestion is not None and self.ingestion.accepted_is_delta and self.accepted not in tables.values():
-            tables = {ACCEPTED_TABLE: self.ingestion.accepted} | tables
+        if self.ingestion is not None and self.ingestion.accepted_is_delta and self.accepted_path not in tables.values():
+            tables = {ACCEPTED_TABLE: self.ingestion.accepted_path} | tables
         return tables
 
     @property
@@ -507,23 +507,23 @@ class StreamPlan:
         return next((o for o in self.outputs if o.written_by_ingestion), None)
 
     @property
-    def queried_outputs(self) -> list[OutputPlan]:
-        """The outputs written by a query of their own: all but the one the ingestion writes."""
+    def outputs_with_flows(self) -> list[OutputPlan]:
+        """The outputs written by a flow of their own: all but the one the ingestion writes."""
         return [o for o in self.outputs if not o.written_by_ingestion]
 
     @property
-    def queries(self) -> list[str]:
-        """The stream's Spark queries: the ingestion, then one per output it does not write;
-        an application's own."""
+    def flows(self) -> list[str]:
+        """The stream's flows, each one Spark query: the ingestion, then one per output it does
+        not write; an application's own queries."""
         if self.application is not None:
             return list(self.application.queries)
-        return ([INGEST_QUERY] if self.ingestion else []) + [o.name for o in self.queried_outputs]
+        return ([INGEST_FLOW] if self.ingestion else []) + [o.name for o in self.outputs_with_flows]
 
     @property
     def spark_query_names(self) -> dict[str, str]:
         """Spark's name of each query -> the stream's (``_ingest``, the outputs' names)."""
-        names = {self.ingestion.query_name: INGEST_QUERY} if self.ingestion else {}
-        return names | {o.query_name: o.name for o in self.queried_outputs}
+        names = {self.ingestion.query_name: INGEST_FLOW} if self.ingestion else {}
+        return names | {o.query_name: o.name for o in self.outputs_with_flows}
 
     def to_json(self) -> str:
         """The plan as JSON, as the stream's control files keep it: a database URL's password left
@@ -613,8 +613,8 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         else:
             accepted = None
         ingestion = IngestionPlan(
-            query_name=query_name(spec.name, INGEST_QUERY), checkpoint=layout.data(paths[INGEST_QUERY]),
-            trigger=spec.trigger, accepted=layout.data(accepted_path(spec)), accepted_columns=accepted,
+            query_name=query_name(spec.name, INGEST_FLOW), checkpoint=layout.data(paths[INGEST_FLOW]),
+            trigger=spec.trigger, accepted_path=layout.data(accepted_path(spec)), accepted_columns=accepted,
             transform=spec.transform, input_columns=list(joined_columns(spec)),
             transform_multiplies=transformed is not None and transformed.multiplies,
             accepted_format=spec.accepted.format,
@@ -632,7 +632,7 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         for o in spec.outputs]
     python = (any(isinstance(o.query, PythonQuery) for o in spec.outputs)
               or (spec.transform is not None and spec.transform.python is not None))
-    checkpoints = ({INGEST_QUERY: ingestion.checkpoint} if ingestion else {}) | {
+    checkpoints = ({INGEST_FLOW: ingestion.checkpoint} if ingestion else {}) | {
         o.name: o.checkpoint for o in outputs if o.checkpoint is not None}
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
                       transforms_dir=str(layout.transforms_dir) if python else None, checkpoint_root=root,

@@ -132,7 +132,7 @@ def inspect(spark: SparkSession, plan: StreamPlan, layout: Layout) -> dict[str, 
     spark.streams.active  # noqa: B018 - the state store's coordinator, which the state reader asks
     events = list(read_events(layout.events_file))
     flows = {}
-    for flow in plan.queries:
+    for flow in plan.flows:
         found = flow_state(spark, plan.checkpoint(flow), events, flow)
         if found is not None:
             flows[flow] = found

@@ -65,7 +65,7 @@ from spark_jobs.runtime.standby import (
 from spark_jobs.sources.kafka import KafkaUnavailable
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     SpecError,
     Trigger,
 )
@@ -155,7 +155,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
     # otherwise every query runs at once
     phases: list = [None]
     if (trigger or spec.trigger).available_now and has_ingestion(spec):
-        phases = [lambda name: name == INGEST_QUERY, lambda name: name != INGEST_QUERY]
+        phases = [lambda name: name == INGEST_FLOW, lambda name: name != INGEST_FLOW]
     code, cause, started = EXIT_OK, "", False
     try:
         try:

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from spark_jobs.runtime.history import MINUTE, STREAM, History
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 #: the history's metrics of a stream's cost
 CPU, RSS = "driver_cpu_s", "driver_rss_mb"
@@ -66,7 +66,7 @@ def summary(history: History, since: float, until: float) -> dict[str, Any]:
     data = history.series(since, until, tier=MINUTE, metrics=[CPU, RSS, "input_rows"])
     cpu = sum(p.sum for p in data.get((STREAM, CPU), []))
     peak = max((p.max for p in data.get((STREAM, RSS), [])), default=None)
-    rows = sum(p.sum for p in data.get((INGEST_QUERY, "input_rows"), []))
+    rows = sum(p.sum for p in data.get((INGEST_FLOW, "input_rows"), []))
     hours = max(until - since, 1.0) / 3600
     return {"cpu_seconds": round(cpu, 1), "cpu_seconds_per_hour": round(cpu / hours, 1),
             "peak_memory_mb": None if peak is None else round(peak), "rows": int(rows),

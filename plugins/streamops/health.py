@@ -56,7 +56,7 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.sources.kafka import KafkaUnavailable, lag
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     FileSource,
     Restart,
     StreamSpec,
@@ -201,10 +201,10 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
     taken_at = time.time() if now is None else now
     plan = plan or compile_plan(spec, layout)
     lag_window = duration_seconds(spec.supervision.lag_window)
-    queries = {name: read_query_checkpoint(plan.checkpoint(name)) for name in plan.queries}
+    queries = {name: read_query_checkpoint(plan.checkpoint(name)) for name in plan.flows}
     backlog = (0, 0)
     trend: dict[str, tuple[int | None, int]] = {}
-    ingestion = queries.get(INGEST_QUERY)
+    ingestion = queries.get(INGEST_FLOW)
     oldest_file = None
     if isinstance(spec.source, FileSource) and ingestion is not None:
         # the ingestion's backlog: landed files it has not taken
@@ -212,13 +212,13 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         waiting_now = waiting_files(landed, ingestion.processed_files)
         backlog = (len(waiting_now), sum(f.size for f in waiting_now))
         oldest_file = waiting_now[0].mtime if waiting_now else None
-        trend[INGEST_QUERY] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
+        trend[INGEST_FLOW] = (_backlog_at(landed, ingestion, taken_at - lag_window), backlog[0])
     if ingestion is not None:
         # an output's backlog: accepted files the ingestion committed and the output has not taken
         delta = plan.ingestion is not None and plan.ingestion.accepted_is_delta
-        accepted = None if delta else {file_name(p) for p in sink_files(plan.accepted)}
+        accepted = None if delta else {file_name(p) for p in sink_files(plan.accepted_path)}
         for name, q in queries.items():
-            if name != INGEST_QUERY:
+            if name != INGEST_FLOW:
                 trend[name] = (None, unread_accepted_files(plan, q, accepted))
     holder = read_holder(layout.lease_dir)
     alive = holder_alive(layout.lease_dir)
@@ -238,13 +238,13 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
     changed = _refused_change(spec, layout, plan) if refused_change and not alive else []
     kafka: dict[str, Any] = {}
     if plan.source is not None and plan.source.kafka is not None and ingestion is not None:
-        progress = last_progress.get(INGEST_QUERY, {})
+        progress = last_progress.get(INGEST_FLOW, {})
         kafka = (_kafka_backlog(plan, layout, taken_at, progress) if measure else _measured_backlog(layout, taken_at))
         earlier = History(layout.history_file).series(taken_at - lag_window - 30, taken_at - lag_window,
                                                       metrics=["backlog_records"]).get((STREAM, "backlog_records"), [])
         then = int(earlier[-1].last) if earlier else None
         if kafka.get("backlog_records") is not None:
-            trend[INGEST_QUERY] = (then, kafka["backlog_records"])
+            trend[INGEST_FLOW] = (then, kafka["backlog_records"])
     held = _held_by_upgrade(layout)
     waiting_since = _waiting_since(queries, trend, oldest_file, driver_started) if spec.execution.scheduled else None
     kafka["notes"] = [*kafka.get("notes", []), *(f"output {name} is held while upgrade {number} rebuilds it"
@@ -272,7 +272,7 @@ def _waiting_since(queries: dict[str, QueryCheckpoint], trend: dict[str, tuple[i
     for name, q in queries.items():
         if trend.get(name, (None, 0))[1] <= 0 and not q.batch_in_flight:
             continue
-        if name == INGEST_QUERY and oldest_file is not None:
+        if name == INGEST_FLOW and oldest_file is not None:
             since.append(oldest_file)
         else:  # a batch in flight (a run ended in it) holds input that came after the batch before it was planned
             last = q.last_planned - 1 if q.batch_in_flight and q.last_planned is not None else q.last_planned
@@ -301,7 +301,7 @@ def _refused_change(spec: StreamSpec, layout: Layout, plan: StreamPlan) -> list[
     refused = changes.blocking(verdicts)
     if not refused:
         return []
-    flows = "; ".join(f"{'ingestion' if v.flow == INGEST_QUERY else v.flow}: {v.verdict}"
+    flows = "; ".join(f"{'ingestion' if v.flow == INGEST_FLOW else v.flow}: {v.verdict}"
                       + (f" ({v.reasons[0]})" if v.reasons else "") for v in refused)
     return [f"spec changed: an upgrade is needed (docs/changes.md). A driver refuses to resume its checkpoint with "
              f"it: {flows}"]
@@ -403,7 +403,7 @@ def classify(snap: Snapshot, stall_window_seconds: float) -> tuple[Status, str]:
     started = snap.driver_started_at or snap.taken_at
     if snap.unreachable is not None:
         # the driver cannot read either: stalled once nothing committed for a stall window
-        ingestion = snap.queries.get(INGEST_QUERY)
+        ingestion = snap.queries.get(INGEST_FLOW)
         quiet = snap.taken_at - max((ingestion.last_commit_time if ingestion else None) or 0.0, started)
         if quiet > stall_window_seconds:
             return Status.STALLED, (f"its source does not answer ({snap.unreachable}) and no batch committed for "
@@ -463,7 +463,7 @@ def _lagging(snap: Snapshot) -> str | None:
     one that falls behind shows as stalled, not lagging."""
     per_trigger, unit = (snap.records_per_trigger, "record(s)") if snap.kafka else (snap.max_files_per_trigger, "file(s)")
     for name, (then, now) in sorted(snap.backlog_trend.items()):
-        if name != INGEST_QUERY:
+        if name != INGEST_FLOW:
             continue
         if now <= per_trigger:
             continue

@@ -39,7 +39,7 @@ from spark_jobs.runtime.clock import epoch_seconds
 from spark_jobs.runtime.history import STREAM, History, Point
 from spark_jobs.runtime.standby import READY, TAKING_OVER, WARMING
 from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import INGEST_QUERY, FileSource, KafkaSource, StreamSpec
+from spark_jobs.spec.models import INGEST_FLOW, FileSource, KafkaSource, StreamSpec
 from streamops.health import Status
 from streamops.ui_guard import current_user
 
@@ -131,7 +131,7 @@ LATEST = (("batch_ms", "streams_batch_duration_seconds", 0.001), ("lag_s", "stre
 
 def flow_label(query: str) -> str:
     """A flow's label: ``ingestion`` for the ingestion's query, else the output's name (as the page's)."""
-    return "ingestion" if query == INGEST_QUERY else query
+    return "ingestion" if query == INGEST_FLOW else query
 
 
 @dataclass
@@ -201,7 +201,7 @@ class StreamsCollector(Collector):
             yield "streams_watermark_timestamp_seconds", [name], watermark
 
         queries = sorted({q for q, _ in (*f.totals, *f.latest) if q != STREAM} | set(committed),
-                         key=lambda q: (q != INGEST_QUERY, q))
+                         key=lambda q: (q != INGEST_FLOW, q))
         for query in queries:
             flow = [name, flow_label(query)]
             for history_metric, metric, scale in LATEST:
@@ -211,7 +211,7 @@ class StreamsCollector(Collector):
             # whose batches report them (else the flow graph counts an absent figure as 0 rows)
             for history_metric, metric in ROWS:
                 if history_metric in OUTCOMES:
-                    wanted = query == INGEST_QUERY
+                    wanted = query == INGEST_FLOW
                 else:
                     wanted = history_metric == "input_rows" or (query, history_metric) in f.totals
                 if wanted:

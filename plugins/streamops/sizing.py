@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import processed_files
 from spark_jobs.runtime.progress import batches_logged
-from spark_jobs.spec.models import INGEST_QUERY, FileSource, KafkaSource, duration_seconds
+from spark_jobs.spec.models import INGEST_FLOW, FileSource, KafkaSource, duration_seconds
 
 if TYPE_CHECKING:
     from spark_jobs.plan import StreamPlan
@@ -90,7 +90,7 @@ class Sizer:
         sizing = spec.execution.sizing
         assert sizing is not None and spec.trigger.processing_time is not None
         self.stream, self.sizing, self.layout = spec.name, sizing, layout
-        self.checkpoint = (plan or compile_plan(spec, layout)).checkpoint(INGEST_QUERY)
+        self.checkpoint = (plan or compile_plan(spec, layout)).checkpoint(INGEST_FLOW)
         self.files = isinstance(spec.source, FileSource)
         if self.files:
             self.current: int | None = spec.source.max_files_per_trigger
@@ -127,7 +127,7 @@ class Sizer:
             return None
         backlog = self._backlog(health)
         self._start = (now, backlog)
-        batches = batches_logged(self.layout.events_file, INGEST_QUERY, began, now)
+        batches = batches_logged(self.layout.events_file, INGEST_FLOW, began, now)
         busy = sum(float((b.get("duration_ms") or {}).get("triggerExecution") or 0) for b in batches) / 1000
         window = Window(now - began, self._taken(batches), busy, before, backlog)
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from spark_jobs.runtime.progress import read_events, rows_read
-from spark_jobs.spec.models import INGEST_QUERY, duration_seconds
+from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
 from streamops.health import NO_RESTART, RUNNING, Health, Status
 
 if TYPE_CHECKING:
@@ -365,7 +365,7 @@ class Supervisor:
         assert self.adaptive is not None and self.adaptive.continuous_above is not None
         now = self.clock()
         since = self.previous_began if self.previous_began is not None and self.previous_began < started_at else started_at
-        rows = rows_read(self._events_file, INGEST_QUERY, started_at, now) if self._events_file else 0
+        rows = rows_read(self._events_file, INGEST_FLOW, started_at, now) if self._events_file else 0
         window = max(1.0, now - since)
         rate = rows / window
         event = {"event": "execution_decision", "stream": self.stream, "rows": rows, "window_seconds": round(window, 1),

@@ -25,7 +25,7 @@ from spark_jobs.runtime.history import (
 )
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     DeltaSink,
     FileSource,
     Output,
@@ -52,7 +52,7 @@ def range_seconds(key: str) -> float:
 
 
 def _label(query: str) -> str:
-    return "ingestion" if query == INGEST_QUERY else query
+    return "ingestion" if query == INGEST_FLOW else query
 
 
 def _trace(name: str, points: list[Point], value: Callable[[Point], float | None], **style: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _trace(name: str, points: list[Point], value: Callable[[Point], float | None
 
 
 def _queries(data: dict[tuple[str, str], list[Point]]) -> list[str]:
-    return sorted({q for q, _ in data if q != STREAM}, key=lambda q: (q != INGEST_QUERY, q))
+    return sorted({q for q, _ in data if q != STREAM}, key=lambda q: (q != INGEST_FLOW, q))
 
 
 def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now: float | None = None) -> dict[str, Any]:
@@ -82,14 +82,14 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
         return data.get((query, metric), [])
 
     rates = []
-    if INGEST_QUERY in queries or not ingesting:
-        first = INGEST_QUERY if ingesting else (queries[0] if queries else None)
+    if INGEST_FLOW in queries or not ingesting:
+        first = INGEST_FLOW if ingesting else (queries[0] if queries else None)
         if first is not None:
             rates.append(_trace("input", points(first, "input_rows") if per_minute else points(first, "input_rps"),
                                 (lambda p: p.sum / MINUTE) if per_minute else (lambda p: p.last)))
     for q in queries:
         rates.append(_trace(f"{_label(q)}: processed", points(q, "processed_rps"), lambda p: p.mean,
-                            line={"dash": "solid" if q == INGEST_QUERY else "dot"}))
+                            line={"dash": "solid" if q == INGEST_FLOW else "dot"}))
 
     durations = [_trace(_label(q), points(q, "batch_ms"), lambda p: p.mean / 1000) for q in queries]
     trigger = spec.trigger.processing_time if spec.application is None else None  # an application has its own
@@ -102,7 +102,7 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
     if kafka:  # records behind: the checkpoint against the broker, beside Spark's own count
         backlog = [_trace("records behind (checkpoint against broker)", points(STREAM, "backlog_records"),
                           lambda p: p.max),
-                   _trace("Spark's maxOffsetsBehindLatest", points(INGEST_QUERY, "offsets_behind"), lambda p: p.max,
+                   _trace("Spark's maxOffsetsBehindLatest", points(INGEST_FLOW, "offsets_behind"), lambda p: p.max,
                           line={"dash": "dot"})]
     else:
         backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
@@ -119,8 +119,8 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
     lag = [_trace(_label(q), points(q, "lag_s"), lambda p: p.max) for q in queries if points(q, "lag_s")]
     state = [_trace(_label(q), points(q, "state_rows"), lambda p: p.last) for q in queries if points(q, "state_rows")]
 
-    classified = {p.at: p.sum for p in points(INGEST_QUERY, "classified")}
-    share = _trace("quarantined share", points(INGEST_QUERY, "quarantined"),
+    classified = {p.at: p.sum for p in points(INGEST_FLOW, "classified")}
+    share = _trace("quarantined share", points(INGEST_FLOW, "quarantined"),
                    lambda p: 100.0 * p.sum / classified[p.at] if classified.get(p.at) else None)
 
     cost = history.series(since, now, tier=MINUTE, metrics=[CPU, RSS])  # per minute at every range: a run is seconds
@@ -243,22 +243,22 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
             where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
             backlog = health.get("backlog_files")
             landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
-        ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_QUERY)}; "
+        ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_FLOW)}; "
                       f"{_accounting(layout)}", status, url="#charts")
         kind = "Delta table" if plan.ingestion.accepted_is_delta else "Parquet"
         by = ", by event date" if plan.ingestion.partition_by else ""
-        accepted = node("accepted", "accepted rows", f"{plan.accepted} ({kind}{by})", status)
-        link(landing, ingest, total(INGEST_QUERY, "input_rows"), "rows read")
-        link(ingest, accepted, total(INGEST_QUERY, "accepted"), "accepted")
+        accepted = node("accepted", "accepted rows", f"{plan.accepted_path} ({kind}{by})", status)
+        link(landing, ingest, total(INGEST_FLOW, "input_rows"), "rows read")
+        link(ingest, accepted, total(INGEST_FLOW, "accepted"), "accepted")
         if plan.ingestion.quarantine is not None:
             link(ingest, node("quarantine", "quarantine", plan.ingestion.quarantine),
-                 total(INGEST_QUERY, "quarantined"), "malformed or invalid")
+                 total(INGEST_FLOW, "quarantined"), "malformed or invalid")
         link(ingest, node("duplicates", "duplicates", "dropped by the deduplication"),
-             total(INGEST_QUERY, "duplicates"), "duplicates")
-        link(ingest, node("late", "dropped late", "behind the watermark"), total(INGEST_QUERY, "late"), "late")
+             total(INGEST_FLOW, "duplicates"), "duplicates")
+        link(ingest, node("late", "dropped late", "behind the watermark"), total(INGEST_FLOW, "late"), "late")
         for output in spec.outputs:
             served = plan.output(output.name).written_by_ingestion
-            rows_in = total(INGEST_QUERY, "accepted") if served else total(output.name, "input_rows")
+            rows_in = total(INGEST_FLOW, "accepted") if served else total(output.name, "input_rows")
             o = node(f"output:{output.name}", output.name,
                      "written by the ingestion: its sink is the accepted-rows table" if served else
                      f"{output.mode} output; {batch_of(output.name)}",
@@ -269,7 +269,7 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
             link(o, sink, rows_in if served or not written else written, "rows written" if written else "rows")
     else:  # an application of the user's own: its queries, as Spark reports them
         app = node("application", spec.name, f"{status}: {health.get('reason', '')}", status, url="#charts")
-        for query in plan.queries:
+        for query in plan.flows:
             link(app, node(f"output:{query}", query, batch_of(query)), total(query, "input_rows"), "rows read")
     return {"stream": spec.name, "range": range_key, "nodes": nodes, "links": links}
 
@@ -305,7 +305,7 @@ def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[st
     now = time.time() if now is None else now
     data = History(layout.history_file).series(now - TREND_SECONDS, now)
     queries = _queries(data)
-    first = INGEST_QUERY if INGEST_QUERY in queries else (queries[0] if queries else None)
+    first = INGEST_FLOW if INGEST_FLOW in queries else (queries[0] if queries else None)
     processed = _trace("processed rows/s", data.get((first, "processed_rps"), []) if first else [],
                        lambda p: p.mean)
     if spec.source is not None and spec.source.type == "kafka":
@@ -359,7 +359,7 @@ def state(spec: StreamSpec, layout: Layout, last_committed: dict[str, int | None
     except (OSError, ValueError):
         return None
     flows = []
-    for name, flow in sorted((found.get("flows") or {}).items(), key=lambda f: (f[0] != INGEST_QUERY, f[0])):
+    for name, flow in sorted((found.get("flows") or {}).items(), key=lambda f: (f[0] != INGEST_FLOW, f[0])):
         now = last_committed.get(name)
         flows.append({"flow": _label(name), "batch": flow.get("batch"), "watermark": flow.get("watermark"),
                       "bytes": flow.get("bytes"), "operators": flow.get("operators") or [],

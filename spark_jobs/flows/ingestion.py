@@ -61,7 +61,7 @@ from spark_jobs.sinks.files import FileSinkWriter
 from spark_jobs.spec.models import (
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
-    INGEST_QUERY,
+    INGEST_FLOW,
     INPUT_VIEW,
     RAW_BYTES_COLUMN,
     SOURCE_FILE_COLUMN,
@@ -392,8 +392,8 @@ def accepted_writer(spark: SparkSession, plan: StreamPlan) -> FileSinkWriter | D
     ingestion = plan.ingestion
     assert ingestion is not None
     if ingestion.accepted_is_delta:
-        return DeltaAppender(plan.stream, "accepted", ingestion.accepted, ingestion.partition_by, ingestion.checkpoint)
-    return FileSinkWriter(spark, ingestion.accepted, ingestion.partition_by)
+        return DeltaAppender(plan.stream, "accepted", ingestion.accepted_path, ingestion.partition_by, ingestion.checkpoint)
+    return FileSinkWriter(spark, ingestion.accepted_path, ingestion.partition_by)
 
 
 class IngestBatch:
@@ -444,7 +444,7 @@ class IngestBatch:
             raise RuntimeError(f"stream {self.plan.stream}: {counts[QUARANTINED]} rejected row(s) and no quarantine")
         if self._query_id is None:
             self._query_id = query_id(self.checkpoint)
-        event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_QUERY,
+        event = {"event": "ingested", "stream": self.plan.stream, "query": INGEST_FLOW,
                  "id": self._query_id, "batch_id": batch_id, "watermark_ms": watermark,
                  "rows": total, **{k: counts[k] for k in DECIDED}}
         if self.ingestion.transform is not None:

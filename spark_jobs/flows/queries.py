@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.flows.ingestion import ingestion_writer
 from spark_jobs.flows.outputs import output_writer
 from spark_jobs.plan import StreamPlan
-from spark_jobs.spec.models import INGEST_QUERY, Trigger
+from spark_jobs.spec.models import INGEST_FLOW, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,9 +60,9 @@ def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None 
     planned = []
     if plan.ingestion is not None and outputs is None:
         frame, writer = ingestion_writer(spark, plan, on_batch)
-        planned.append(PlannedQuery(INGEST_QUERY, plan.ingestion.checkpoint, frame,
+        planned.append(PlannedQuery(INGEST_FLOW, plan.ingestion.checkpoint, frame,
                                     _with_trigger(writer, trigger or plan.ingestion.trigger)))
-    for output in plan.queried_outputs:
+    for output in plan.outputs_with_flows:
         if outputs is not None and output.name not in outputs:
             continue
         frame, writer = output_writer(spark, plan, output)
@@ -127,14 +127,14 @@ def start_ingestion_first(spark: SparkSession, planned: list[PlannedQuery],
     ``wait_seconds``): a standby taking a stream over reaches its first commit sooner when the
     outputs, which replay their own batch and follow the ingestion's commits anyway, do not
     compete with it for the first seconds."""
-    queries = start_planned(spark, planned, only=lambda name: name == INGEST_QUERY)
-    ingestion = queries.get(INGEST_QUERY)
+    queries = start_planned(spark, planned, only=lambda name: name == INGEST_FLOW)
+    ingestion = queries.get(INGEST_FLOW)
     deadline = time.monotonic() + wait_seconds
     while (ingestion is not None and ingestion.isActive and ingestion.lastProgress is None
            and time.monotonic() < deadline):
         ingestion.awaitTermination(0.05)
     try:
-        return queries | start_planned(spark, planned, only=lambda name: name != INGEST_QUERY)
+        return queries | start_planned(spark, planned, only=lambda name: name != INGEST_FLOW)
     except Exception:
         for q in queries.values():
             q.stop()
@@ -157,8 +157,8 @@ def run_available_now(spark: SparkSession, plan: StreamPlan, timeout_seconds: fl
     """Process what is waiting (available-now trigger): the ingestion first, then every
     output over what it committed. Returns the finished queries; a failure is raised."""
     once = Trigger(available_now=True)
-    finished = start(spark, plan, once, on_batch, only=lambda name: name == INGEST_QUERY)
+    finished = start(spark, plan, once, on_batch, only=lambda name: name == INGEST_FLOW)
     _await_all(finished, timeout_seconds)
-    outputs = start(spark, plan, once, on_batch, only=lambda name: name != INGEST_QUERY)
+    outputs = start(spark, plan, once, on_batch, only=lambda name: name != INGEST_FLOW)
     _await_all(outputs, timeout_seconds)
     return {**finished, **outputs}

@@ -32,7 +32,7 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.clock import epoch_ms, iso
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     Aggregation,
     duration_seconds,
 )
@@ -56,7 +56,7 @@ class Closed:
 def checkpoint_of(plan: StreamPlan, output: str) -> str:
     """The checkpoint of the query that writes the output: the ingestion's for the output it
     writes itself (that output has no query of its own)."""
-    return plan.checkpoint(INGEST_QUERY if plan.output(output).written_by_ingestion else output)
+    return plan.checkpoint(INGEST_FLOW if plan.output(output).written_by_ingestion else output)
 
 
 def closed(plan: StreamPlan, target: Target) -> Closed:
@@ -82,7 +82,7 @@ def _through(plan: StreamPlan, output: str, kind: str, checkpoint: str, batch: i
         through = batch_watermark_ms(checkpoint, batch)
     else:
         assert plan.ingestion is not None
-        through = watermark_seen_by(plan.checkpoint(INGEST_QUERY), plan.ingestion.accepted, checkpoint,
+        through = watermark_seen_by(plan.checkpoint(INGEST_FLOW), plan.ingestion.accepted_path, checkpoint,
                                     delta=plan.ingestion.accepted_is_delta)
     return through or None
 

@@ -592,7 +592,7 @@ class PandasRows:
         return delta_log.last_batch(path, query_id, through=version)
 
     def accepted_count(self, ingestion: Any, version: int) -> int:
-        return DeltaVersion(ingestion.accepted, version).count()
+        return DeltaVersion(ingestion.accepted_path, version).count()
 
     # -- rows
 

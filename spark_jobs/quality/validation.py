@@ -62,7 +62,7 @@ from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     ACCEPTED_TABLE,
     CODE_QUERIES,
-    INGEST_QUERY,
+    INGEST_FLOW,
     WINDOW_START,
     DeltaSink,
     Output,
@@ -655,11 +655,11 @@ class Validator:
         def committed(query: str) -> tuple[acc.Totals, Any]:
             ck = read_query_checkpoint(self.plan.checkpoint(query), with_files=False)
             t = acc.fold(acc.Totals.from_dict(totals.get(query)), events, ck.query_id, ck.last_committed,
-                         ingestion=query == INGEST_QUERY)
+                         ingestion=query == INGEST_FLOW)
             totals[query] = t.to_dict()
             return t, ck
 
-        ingested, ingestion_checkpoint = committed(INGEST_QUERY)
+        ingested, ingestion_checkpoint = committed(INGEST_FLOW)
         accepted_rows, accepted_batch = self._accepted_table(ingested.through_batch, ingestion_checkpoint.query_id)
         quarantine_path = self.plan.ingestion.quarantine if self.plan.ingestion else None
         quarantine = self.rows.parquet(quarantine_path) if quarantine_path else None
@@ -686,14 +686,14 @@ class Validator:
         ingestion = self.plan.ingestion
         assert ingestion is not None
         if not ingestion.accepted_is_delta:
-            frame = self.rows.parquet(ingestion.accepted)
-            return (0 if frame is None else self.rows.count(frame)), sink_last_batch(ingestion.accepted)
-        version = self.rows.delta_latest_version(ingestion.accepted)
+            frame = self.rows.parquet(ingestion.accepted_path)
+            return (0 if frame is None else self.rows.count(frame)), sink_last_batch(ingestion.accepted_path)
+        version = self.rows.delta_latest_version(ingestion.accepted_path)
         if version is None:
             return 0, None
         self._versions[ACCEPTED_TABLE] = version
         rows = self.rows.accepted_count(ingestion, version)
-        last = delta_log.last_batch(ingestion.accepted, query=query_id, through=version)
+        last = delta_log.last_batch(ingestion.accepted_path, query=query_id, through=version)
         return rows, (ingested_through if last is None or last <= ingested_through else last)
 
     def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:

@@ -33,7 +33,7 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     FileSource,
     StreamSpec,
     duration_seconds,
@@ -58,7 +58,7 @@ def archivable(spec: StreamSpec, layout: Layout, now: float | None = None) -> li
     src = spec.source
     if not isinstance(src, FileSource) or not src.archive_path:
         return []
-    checkpoint = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+    checkpoint = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
     last = last_batch(checkpoint, "commits")
     if last is None or last < 1:
         return []

@@ -305,8 +305,8 @@ def sink_last_batch(table: str | os.PathLike[str]) -> int | None:
 def accepted_last_batch(ingestion: IngestionPlan) -> int | None:
     """The newest ingestion batch with rows in the accepted-rows table; None if none yet."""
     if ingestion.accepted_is_delta:
-        return delta_log.last_batch(ingestion.accepted)
-    return sink_last_batch(ingestion.accepted)
+        return delta_log.last_batch(ingestion.accepted_path)
+    return sink_last_batch(ingestion.accepted_path)
 
 
 def delta_read_through(reader: str | os.PathLike[str]) -> int | None:
@@ -322,9 +322,9 @@ def unread_accepted_files(plan: StreamPlan, reader: QueryCheckpoint, accepted: s
     assert plan.ingestion is not None
     if plan.ingestion.accepted_is_delta:
         read = delta_read_through(reader.path)
-        return delta_log.files_after(plan.ingestion.accepted, -1 if read is None else read)
+        return delta_log.files_after(plan.ingestion.accepted_path, -1 if read is None else read)
     if accepted is None:
-        accepted = {file_name(p) for p in sink_files(plan.ingestion.accepted)}
+        accepted = {file_name(p) for p in sink_files(plan.ingestion.accepted_path)}
     return len(accepted - {file_name(p) for p in reader.processed_files})
 
 
@@ -487,7 +487,7 @@ def _refuse_written_output_layout(plan: StreamPlan, layout: Layout) -> None:
     written = plan.output_written_by_ingestion
     if written is None:
         return
-    sink = plan.accepted
+    sink = plan.accepted_path
     move = (f"Move aside the checkpoint {layout.checkpoint_root} together with the stream's sinks (including {sink}) "
             "and quarantine to reprocess from the input, or keep the output written by its own query by making it "
             "differ from the accepted rows (e.g. its columns or partitioning).")

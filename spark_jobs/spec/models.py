@@ -39,7 +39,7 @@ RAW_BYTES_COLUMN = "_raw_bytes"
 EVENT_DATE_COLUMN = "event_date"
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: The query that parses a stream's input and commits its accepted rows (spark_jobs.flows.ingestion).
-INGEST_QUERY = "_ingest"
+INGEST_FLOW = "_ingest"
 #: The accepted-rows table among a stream's tables (its Delta tables' upkeep, a run's versions read).
 ACCEPTED_TABLE = "_accepted"
 #: The columns the platform adds to a stream's rows and results, and what they hold. A

@@ -24,7 +24,7 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -57,7 +57,7 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
                  timeout=180, every=2)
         airflow.cli("dags", "unpause", "stream_sensors")
         airflow.cli("dags", "trigger", "stream_sensors")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE and last_batch(compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY), "commits") is not None,
+        wait_for(lambda: assess(spec, layout).status == Status.IDLE and last_batch(compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW), "commits") is not None,
                  "the stream to process its first input", timeout=300, every=2)
 
         with pytest.raises(urllib.error.HTTPError) as anonymous:  # no login, no page

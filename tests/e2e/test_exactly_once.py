@@ -30,7 +30,7 @@ from spark_jobs.runtime.lease import record_numbers
 from spark_jobs.sinks.delta import committed_batches
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +68,7 @@ def stream(tmp_path: Path):
 
 def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark) -> None:
     spec_path, spec, layout, data_root, logs, drivers = stream
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
+    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
 
     def start(*extra: str) -> Driver:
         drivers.append(Driver(spec_path, data_root, logs, *extra))
@@ -89,7 +89,7 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     assert [o["name"] for o in written["outputs"]] == [o.name for o in spec.outputs]
     # readings is written by the ingestion: its sink is the accepted-rows table, with no query or checkpoint
     assert [o["name"] for o in written["outputs"] if o["written_by_ingestion"]] == ["readings"]
-    assert written["ingestion"]["accepted"] == layout.data("sinks/sensors/readings")
+    assert written["ingestion"]["accepted_path"] == layout.data("sinks/sensors/readings")
     assert not Path(layout.data(checkpoint_paths(spec)["readings"])).exists()
 
     layout.stop_marker.touch()
@@ -109,7 +109,7 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     # 3. the outputs' last batches replay: their rows are in their tables, their commits gone
     plan = compile_plan(layout.spec, layout)
     replayed = {}
-    for output in plan.queried_outputs:
+    for output in plan.outputs_with_flows:
         checkpoint = Path(plan.checkpoint(output.name))
         replayed[output.name] = last_batch(checkpoint, "commits")
         (checkpoint / "commits" / str(replayed[output.name])).unlink()

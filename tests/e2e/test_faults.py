@@ -47,7 +47,7 @@ from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.standby import standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +87,7 @@ class Stream:
         self.spec = load_spec(self.spec_path)
         self.layout = Layout(self.spec, data_root, spec_dir)
         self.data_root = data_root
-        self.readings = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_QUERY))
+        self.readings = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_FLOW))
         self.seed = SEED
 
     def feed(self, files: int) -> None:

@@ -42,7 +42,7 @@ from spark_jobs.sinks.kafka import BATCH_HEADER
 from spark_jobs.sources import kafka
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec, parse_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -107,7 +107,7 @@ def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark,
     spec = load_spec(spec_path)
     layout = Layout(spec, data_root, spec_path.parent)
     plan = compile_plan(spec, layout)
-    ingestion = Path(plan.checkpoint(INGEST_QUERY))
+    ingestion = Path(plan.checkpoint(INGEST_FLOW))
     seed = iter(range(SEED, SEED + 100))
 
     def feed(files: int) -> None:

@@ -63,7 +63,7 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     StreamSpec,
 )
 from streamops.health import Status, assess
@@ -372,7 +372,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
         platform: Platform, spark) -> None:
     p = platform
     spec, layout = p.stream("sensors")
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
+    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
     budget = RestartBudget(layout.runs_file, spec.supervision.restart)
     p.feed("sensors", files=24, seed=31)
 
@@ -580,7 +580,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
                                                                                      "resume", "start", "running")}
         raise AssertionError(f"the rebuild did not start: {states}; runs of stream_sensors: "
                              f"{p.airflow.runs('stream_sensors')}") from None
-    ingested = last_batch(f"{layout.checkpoint_root}/{INGEST_QUERY}", "commits")
+    ingested = last_batch(f"{layout.checkpoint_root}/{INGEST_FLOW}", "commits")
     table_batch = last_batch(f"{layout.checkpoint_root}/device_status", "commits")
     feed(42)  # input during the rebuild: the unchanged flows take it meanwhile
     wait_for(lambda: p.state("stream_sensors_upgrade", upgrade_run) in ("success", "failed"), "the upgrade to end",
@@ -598,8 +598,8 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     # the unchanged flows committed while the window output was held (their freshness during the upgrade)
     during = [e for e in events if e.get("event") == "progress" and held < e["logged_at"] < released
               and e.get("input_rows")]
-    assert {e["query"] for e in during} >= {INGEST_QUERY, "device_status"}, during
-    assert last_batch(f"{layout.checkpoint_root}/{INGEST_QUERY}", "commits") > ingested
+    assert {e["query"] for e in during} >= {INGEST_FLOW, "device_status"}, during
+    assert last_batch(f"{layout.checkpoint_root}/{INGEST_FLOW}", "commits") > ingested
     assert last_batch(f"{layout.checkpoint_root}/device_status", "commits") > table_batch
     # never a mix: every read saw one window size
     assert seen and all(len(s) == 1 for s, _ in seen), sorted(set(seen))[:10]
@@ -634,7 +634,7 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
     p = platform
     spec, layout = p.stream("quiet")
     continuous = p.spec_path("quiet").read_text()
-    ingestion = compile_plan(spec, layout).checkpoint(INGEST_QUERY)
+    ingestion = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
     p.feed("quiet", files=4, seed=51)
     deploy(p.airflow, "quiet")
     first = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")), None), "the supervisor run",

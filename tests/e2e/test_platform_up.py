@@ -70,7 +70,7 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
 
         def every_stream_committed() -> bool:
             plans = [compile_plan(specs[n], layouts[n]) for n in specs]
-            return all(len(batch_ids(plan.checkpoint(plan.queries[0]), "commits")) >= 3 for plan in plans)
+            return all(len(batch_ids(plan.checkpoint(plan.flows[0]), "commits")) >= 3 for plan in plans)
 
         wait_for(lambda: every_stream_committed() or proc.poll() is not None,
                  "every stream to commit three batches", timeout=420, every=2)

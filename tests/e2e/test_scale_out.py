@@ -58,7 +58,7 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.runtime.standby import READY, standbys
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 from streamops.tenure import Tenure
@@ -163,7 +163,7 @@ class Stream:
     def __post_init__(self) -> None:
         self.spec = load_spec(self.spec_path)
         self.layout = Layout(self.spec, self.data_root, self.spec_path.parent)
-        self.ingestion = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_QUERY))
+        self.ingestion = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_FLOW))
 
     def feed(self, files: int) -> None:
         self.seed += 1

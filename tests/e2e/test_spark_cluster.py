@@ -32,7 +32,7 @@ from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e
@@ -135,7 +135,7 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     (package / "rules.py").write_text(RULES_MODULE)
     spec = load_spec(spec_dir / "sensors.yaml")
     layout = Layout(spec, data_root, spec_dir)
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
+    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
     assert generate.main(["--spec", str(spec_dir / "sensors.yaml"), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "9"]) == 0
 
@@ -177,7 +177,7 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     report = verify.compare(spark, spec, layout, manifest)
     assert report.ok, report.describe()
     # the UDF ran in the executors on the workers (tasks never run in a client-mode driver), for every accepted row
-    readings = spark.read.parquet(compile_plan(layout.spec, layout).accepted)
+    readings = spark.read.parquet(compile_plan(layout.spec, layout).accepted_path)
     labels = spark.read.parquet(str(data_root / "sinks" / "labels"))
     assert labels.count() == readings.count() > 0
     wrong = labels.join(readings, "event_id").where(

@@ -161,7 +161,7 @@ def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: P
     assert ingestion["accepted_columns"] == {"event_id": "string", "ts": "timestamp", "region": "string",
                                              "temperature": "double", "event_date": "date"}
     assert ingestion["transform_multiplies"] is False
-    assert compile_plan(layout.spec, layout).accepted.endswith("sinks/sensors/readings")  # the pass-through is served: every column
+    assert compile_plan(layout.spec, layout).accepted_path.endswith("sinks/sensors/readings")  # the pass-through is served: every column
     rows = accepted_batch(spark, _plan_ingestion(spark, path, layout)).collect()
     assert sorted((r["event_id"], r["region"]) for r in rows) == [("e3", "SOUTH"), ("e4", "NORTH"), ("e5", "SOUTH")]
 

@@ -38,7 +38,7 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"
@@ -104,7 +104,7 @@ class Outcome:
 
     def batch(self, kind: Kind) -> dict:
         """The progress of the micro-batch that read the kind's file (the i-th batch with data)."""
-        return batches(self.run, INGEST_QUERY)[self.kinds.index(kind)]
+        return batches(self.run, INGEST_FLOW)[self.kinds.index(kind)]
 
 
 def file_name(outcome: Outcome, kind: Kind) -> str:
@@ -153,14 +153,14 @@ def check_totals(outcome: Outcome, queries: list[str]) -> None:
     dropped late; every output read every accepted row once."""
     result, kinds = outcome.run, outcome.kinds
     total = sum(k.rows_read for k in kinds)
-    assert result.total(INGEST_QUERY, "input_rows") == total
-    assert len(batches(result, INGEST_QUERY)) == len(kinds), "one micro-batch per file"
+    assert result.total(INGEST_FLOW, "input_rows") == total
+    assert len(batches(result, INGEST_FLOW)) == len(kinds), "one micro-batch per file"
     for q in queries:
-        if q != INGEST_QUERY:
+        if q != INGEST_FLOW:
             assert result.total(q, "input_rows") == len(outcome.accepted), q
             assert result.total(q, "dropped_by_watermark") == 0, q
-    duplicates = result.total(INGEST_QUERY, "dropped_duplicates")
-    late = result.total(INGEST_QUERY, "dropped_by_watermark")
+    duplicates = result.total(INGEST_FLOW, "dropped_duplicates")
+    late = result.total(INGEST_FLOW, "dropped_by_watermark")
     assert duplicates == sum(k.duplicates for k in kinds)
     assert late == sum(k.late for k in kinds)
     assert len(outcome.accepted) == sum(len(k.accepted) for k in kinds)
@@ -341,7 +341,7 @@ def test_sensors_json_corpus(sensors_run: Outcome, kind: Kind) -> None:
 
 
 def test_sensors_corpus_adds_up_in_every_query(sensors_run: Outcome) -> None:
-    check_totals(sensors_run, sensors_run.run.plan.queries)
+    check_totals(sensors_run, sensors_run.run.plan.flows)
 
 
 def test_sensors_accepted_values_and_coercions(sensors_run: Outcome) -> None:
@@ -395,7 +395,7 @@ def test_clicks_quarantine_is_readable_by_any_parquet_reader(clicks_run: Outcome
 def test_far_future_rows_never_reach_the_watermark(sensors_run: Outcome) -> None:
     result = sensors_run.run
     final = T0 + timedelta(minutes=minute(J["long_line"], 3) - 10)  # the newest accepted event time - 10 minutes
-    watermarks = [p["watermark"] for p in result.progress(INGEST_QUERY) if p["watermark"]]
+    watermarks = [p["watermark"] for p in result.progress(INGEST_FLOW) if p["watermark"]]
     assert max(watermarks) == final.strftime("%Y-%m-%dT%H:%M:%S.000Z")
     assert max(r["last_seen"] for r in result.rows("device_status")) == final + timedelta(minutes=10)
     # sliding windows kept closing after the far-future file, up to the final watermark
@@ -477,7 +477,7 @@ def test_clicks_csv_corpus(clicks_run: Outcome, kind: Kind) -> None:
 
 
 def test_clicks_corpus_adds_up_in_every_query(clicks_run: Outcome) -> None:
-    check_totals(clicks_run, clicks_run.run.plan.queries)
+    check_totals(clicks_run, clicks_run.run.plan.flows)
     rows = {r["event_id"]: r for r in clicks_run.accepted}
     assert rows["tm-ok"]["user_id"] == "u,1"
     assert rows["cu-ok"]["page"] == "/café"
@@ -516,7 +516,7 @@ def test_a_far_future_row_without_the_guard_would_drop_later_rows_as_late(spark,
     result = run(spark, tmp_path, data, files)
     # u-2 is judged by the watermark of the batch before the year-2100 row; u-3 by the one after it
     assert {r["event_id"] for r in result.rows("readings")} == {"u-1", "u-2100", "u-2"}
-    assert result.total(INGEST_QUERY, "dropped_by_watermark") == 1
+    assert result.total(INGEST_FLOW, "dropped_by_watermark") == 1
 
 
 def test_generated_future_events_match_the_ground_truth(spark, tmp_path: Path) -> None:

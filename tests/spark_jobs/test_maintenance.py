@@ -162,7 +162,7 @@ def test_a_vacuum_of_the_accepted_rows_is_refused_while_an_output_has_yet_to_rea
     spec = parse_spec({**spec_data("accepted"), "accepted": {"format": "delta"}})
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
     plan = analysis.resolve_plan(spark, spec, layout)
-    path = plan.ingestion.accepted
+    path = plan.ingestion.accepted_path
     assert plan.delta_tables == {"_accepted": path, **{o.name: o.sink.path for o in plan.outputs}}
     for i in range(3):  # versions 0-2
         spark.createDataFrame([(f"e{i}", "d1", None, None)], plan.ingestion.accepted_ddl).write.format("delta") \

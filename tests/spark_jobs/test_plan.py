@@ -17,7 +17,7 @@ from spark_jobs.spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 SPEC_DIR = default_spec_dir()
 
@@ -34,7 +34,7 @@ def test_every_path_is_resolved_once_under_the_data_root_or_the_spec_folder(tmp_
     assert clicks_plan.source.kind == "kafka" and clicks_plan.source.kafka.topics == ["clicks"]
     assert clicks_plan.source.landing is None  # a topic, no landing directory
     assert ingestion.checkpoint == f"{data}/checkpoints/clicks/_ingest"
-    assert ingestion.accepted == f"{data}/accepted/clicks"
+    assert ingestion.accepted_path == f"{data}/accepted/clicks"
     assert ingestion.quarantine == f"{data}/quarantine/clicks"
     assert [j.path for j in ingestion.joins] == [str((SPEC_DIR.parent / "reference" / "pages.csv").resolve())]
     totals = clicks_plan.output("page_totals")
@@ -56,8 +56,8 @@ def test_the_derived_facts_of_the_outputs_and_the_ingestion(clicks_plan) -> None
     assert per_minute.columns == ["window_start", "window_end", "category", "views", "users", "avg_duration_ms"]
     assert per_minute.key == ["window_start", "window_end", "category"]
     assert clicks_plan.output("page_totals").key == ["page"]  # the table's key
-    assert clicks_plan.queries == [INGEST_QUERY, "views_per_minute", "page_totals"]
-    assert clicks_plan.spark_query_names == {"clicks__ingest": INGEST_QUERY, "clicks__views_per_minute":
+    assert clicks_plan.flows == [INGEST_FLOW, "views_per_minute", "page_totals"]
+    assert clicks_plan.spark_query_names == {"clicks__ingest": INGEST_FLOW, "clicks__views_per_minute":
                                              "views_per_minute", "clicks__page_totals": "page_totals"}
     with pytest.raises(KeyError, match="no output 'nope'"):
         clicks_plan.output("nope")
@@ -88,7 +88,7 @@ def test_a_continuous_stream_has_no_ingestion_and_its_outputs_read_the_source(tm
     """))
     plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
     assert plan.ingestion is None
-    assert plan.queries == ["out"] and plan.output("out").reads_source
+    assert plan.flows == ["out"] and plan.output("out").reads_source
     assert plan.output("out").columns == ["timestamp", "value"]
 
 
@@ -96,14 +96,14 @@ def test_the_plan_is_written_as_json_for_an_operator_to_read(tmp_path: Path, cli
     target = clicks_plan.write(tmp_path / "ckpt" / "_control" / "plan.json")
     data = json.loads(target.read_text())
     assert data["stream"] == "clicks"
-    assert data["ingestion"]["accepted"] == clicks_plan.ingestion.accepted
+    assert data["ingestion"]["accepted_path"] == clicks_plan.ingestion.accepted_path
     assert data["outputs"][1]["query"]["group_by"] == ["page", "category"]
     assert data["ingestion"]["trigger"] == {"processing_time": "5 seconds", "available_now": False}
     assert [p.name for p in target.parent.iterdir()] == ["plan.json"]  # no temporary file left
 
 
 def test_names_and_schemas(clicks_plan) -> None:
-    assert query_name("clicks", INGEST_QUERY) == "clicks__ingest"
+    assert query_name("clicks", INGEST_FLOW) == "clicks__ingest"
     assert clicks_plan.source.reader_ddl == ("`event_id` string, `user_id` string, `page` string, `ts` timestamp, "
                                              "`duration_ms` bigint, `_corrupt_record` string")
     assert ddl({"a": "long", "b b": "timestamp"}) == "`a` bigint, `b b` timestamp"
@@ -150,17 +150,17 @@ def test_a_passthrough_of_the_accepted_rows_is_written_by_the_ingestion(tmp_path
     data = str((tmp_path / "data").resolve())
     raw = plan.output("raw")
     assert raw.written_by_ingestion and raw.checkpoint is None
-    assert plan.ingestion.accepted == raw.sink.path == f"{data}/sinks/meters/raw"  # written once, by the ingestion
+    assert plan.ingestion.accepted_path == raw.sink.path == f"{data}/sinks/meters/raw"  # written once, by the ingestion
     assert plan.ingestion.partition_by == raw.sink.partition_by == ["event_date"]
     assert not plan.output("copy").written_by_ingestion and not plan.output("totals").written_by_ingestion
     assert plan.output("copy").checkpoint == f"{data}/checkpoints/meters/copy"
-    assert plan.queries == [INGEST_QUERY, "totals", "copy"]
-    assert plan.spark_query_names == {"meters__ingest": INGEST_QUERY, "meters__totals": "totals",
+    assert plan.flows == [INGEST_FLOW, "totals", "copy"]
+    assert plan.spark_query_names == {"meters__ingest": INGEST_FLOW, "meters__totals": "totals",
                                       "meters__copy": "copy"}
     shown = json.loads(plan.to_json())
     assert [(o["name"], o["written_by_ingestion"]) for o in shown["outputs"]] == [
         ("totals", False), ("raw", True), ("copy", False)]
-    assert shown["ingestion"]["accepted"] == shown["outputs"][1]["sink"]["path"]
+    assert shown["ingestion"]["accepted_path"] == shown["outputs"][1]["sink"]["path"]
 
 
 @pytest.mark.parametrize("changes", [
@@ -174,7 +174,7 @@ def test_an_output_that_is_not_exactly_the_accepted_rows_keeps_its_own_query(tmp
     spec = served_spec(**changes)
     assert written_by_ingestion(spec).name == "copy"  # raw no longer qualifies; the next one that does is written so
     plan = compile_plan(spec, Layout(spec, tmp_path / "data", SPEC_DIR))
-    assert plan.queries == [INGEST_QUERY, "totals", "raw"]
+    assert plan.flows == [INGEST_FLOW, "totals", "raw"]
     assert plan.output("raw").checkpoint == str((tmp_path / "data" / "checkpoints" / "meters" / "raw").resolve())
 
 
@@ -183,8 +183,8 @@ def test_without_an_output_the_ingestion_writes_the_accepted_rows_have_their_own
     data["outputs"] = data["outputs"][:1]
     spec = parse_spec(data)
     plan = compile_plan(spec, Layout(spec, tmp_path))
-    assert written_by_ingestion(spec) is None and plan.queries == [INGEST_QUERY, "totals"]
-    assert plan.accepted == str(tmp_path / "accepted" / "meters")
+    assert written_by_ingestion(spec) is None and plan.flows == [INGEST_FLOW, "totals"]
+    assert plan.accepted_path == str(tmp_path / "accepted" / "meters")
     assert not any(o.written_by_ingestion for o in clicks_plan.outputs)
 
 
@@ -204,8 +204,8 @@ def test_the_sensors_readings_are_written_by_the_ingestion(tmp_path: Path) -> No
     spec = load_spec(SPEC_DIR / "sensors.yaml")
     plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
     assert written_by_ingestion(spec).name == "readings"
-    assert plan.queries == [INGEST_QUERY, "site_temperature_10m", "device_status"]
-    assert plan.ingestion.accepted == str(tmp_path / "sinks" / "sensors" / "readings")
+    assert plan.flows == [INGEST_FLOW, "site_temperature_10m", "device_status"]
+    assert plan.ingestion.accepted_path == str(tmp_path / "sinks" / "sensors" / "readings")
 
 
 def test_an_application_s_plan_names_its_queries_and_their_checkpoints(tmp_path: Path) -> None:
@@ -213,11 +213,11 @@ def test_an_application_s_plan_names_its_queries_and_their_checkpoints(tmp_path:
         "path": "applications/rate_counts.py", "args": ["--output", "sinks/counts"], "queries": ["counts", "totals"]}})
     plan = compile_plan(spec, Layout(spec, tmp_path, SPEC_DIR))
     assert plan.source is None and plan.ingestion is None and plan.outputs == []
-    assert plan.queries == ["counts", "totals"]
+    assert plan.flows == ["counts", "totals"]
     assert plan.checkpoint("totals") == str(tmp_path / "checkpoints" / "counts" / "totals")
     assert plan.checkpoint_root == str(tmp_path / "checkpoints" / "counts")
     assert plan.application.file == str((SPEC_DIR.parent / "applications" / "rate_counts.py").resolve())
-    with pytest.raises(KeyError, match=r"stream 'counts' has no query 'other'; it has \['counts', 'totals'\]"):
+    with pytest.raises(KeyError, match=r"stream 'counts' has no flow 'other'; it has \['counts', 'totals'\]"):
         plan.checkpoint("other")
 
 

@@ -64,7 +64,7 @@ def test_the_open_windows_are_those_spark_s_state_reader_shows_and_the_accepted_
     watermark = datetime.fromtimestamp(batch_watermark_ms(checkpoint, batch) / 1000, UTC)
     assert windows["watermark"] == watermark.strftime("%Y-%m-%dT%H:%M:%SZ")
     implied: set[tuple[str, str]] = set()
-    for r in spark.read.parquet(plan.accepted).select("ts", "site").collect():
+    for r in spark.read.parquet(plan.accepted_path).select("ts", "site").collect():
         ts = _at(r["ts"])
         first = ts.replace(minute=ts.minute - ts.minute % 5, second=0, microsecond=0) - timedelta(minutes=5)
         for start in (first, first + timedelta(minutes=5)):

@@ -116,7 +116,7 @@ class StreamHook(BaseHook):
         )
         from spark_jobs.runtime.history import History
         from spark_jobs.spec.models import (
-            INGEST_QUERY,
+            INGEST_FLOW,
             FileSource,
         )
 
@@ -129,7 +129,7 @@ class StreamHook(BaseHook):
         values: dict[str, float] = {"backlog_files": health.backlog_files, "backlog_bytes": health.backlog_bytes,
                                     "backlog_rows": 0}
         if health.backlog_files:
-            ingestion = read_query_checkpoint(self.plan.checkpoint(INGEST_QUERY))
+            ingestion = read_query_checkpoint(self.plan.checkpoint(INGEST_FLOW))
             waiting = waiting_files(self.layout.landing, ingestion.processed_files)
             rows = estimate_rows(self.layout.landing, waiting, header=source.format == "csv")
             if rows is None:

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import read_holder, release_dead
 from spark_jobs.runtime.progress import EventLog, rows_read
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops import tenure
 from streamops.health import Health, Status
 from streamops.hooks.stream import StreamHook
@@ -154,7 +154,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
         sup = self.supervisor
         if sup.adaptive is None or sup.available_now:
             return None
-        return sup.quiet(rows_read(self.stream_hook.layout.events_file, INGEST_QUERY, time.time() - sup.quiet_seconds))
+        return sup.quiet(rows_read(self.stream_hook.layout.events_file, INGEST_FLOW, time.time() - sup.quiet_seconds))
 
     def _record(self, decision: Decision) -> None:
         """The decision's event, in the stream's log and history (an adaptive stream's choice of mode)."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from spark_jobs.runtime.history import History
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.cost import CPU, RSS, summary
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,8 +52,8 @@ def test_the_page_sums_the_cost_of_the_last_hour_per_hour_and_per_1000_rows(tmp_
     now = time.time()
     for minutes_ago, cpu, rss in ((50, 12.0, 900.0), (20, 6.0, 1100.0), (5, 0.0, 0.0)):
         history.sample({CPU: cpu, RSS: rss}, at=now - 60 * minutes_ago)
-    history.record(INGEST_QUERY, {"input_rows": 9000}, at=now - 60 * 50)
-    history.record(INGEST_QUERY, {"input_rows": 3000}, at=now - 60 * 20)
+    history.record(INGEST_FLOW, {"input_rows": 9000}, at=now - 60 * 50)
+    history.record(INGEST_FLOW, {"input_rows": 3000}, at=now - 60 * 20)
     history.sample({CPU: 100.0, RSS: 4000.0}, at=now - 2 * 3600)  # before the hour: not counted
     assert summary(history, now - 3600, now) == {"cpu_seconds": 18.0, "cpu_seconds_per_hour": 18.0,
                                                  "peak_memory_mb": 1100, "rows": 12000,

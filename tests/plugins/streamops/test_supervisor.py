@@ -336,7 +336,7 @@ def test_an_adaptive_stream_goes_continuous_when_its_input_arrives_fast_and_back
     ``scheduled_below`` for ``quiet_for`` is stopped between batches, and the task ends; each
     choice is an event with what it was based on."""
     from spark_jobs.runtime.progress import EventLog
-    from spark_jobs.spec.models import INGEST_QUERY, Execution
+    from spark_jobs.spec.models import INGEST_FLOW, Execution
 
     execution = Execution(mode="adaptive", on_input=True, freshness="5 minutes", continuous_above=10,
                           quiet_for="2 minutes")
@@ -348,7 +348,7 @@ def test_an_adaptive_stream_goes_continuous_when_its_input_arrives_fast_and_back
         sup.watch()
         assert sup.available_now  # its run takes what waits and exits
         clock.advance(lasted)
-        events.write({"event": "progress", "query": INGEST_QUERY, "input_rows": rows, "logged_at": clock.wall})
+        events.write({"event": "progress", "query": INGEST_FLOW, "input_rows": rows, "logged_at": clock.wall})
         code, reason = sup.exited("driver exited", (0, ""))
         return sup.run_ended(code, reason, False, None)
 

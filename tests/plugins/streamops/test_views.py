@@ -16,7 +16,7 @@ from spark_jobs.spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops import views
 from streamops.views import iso
 
@@ -29,11 +29,11 @@ def layout(tmp_path: Path) -> Layout:
     layout = Layout(SPEC, tmp_path / "data", default_spec_dir())
     history = History(layout.history_file)
     for i, at in enumerate((NOW - 600, NOW - 300)):
-        history.fold({"event": "progress", "logged_at": at, "query": INGEST_QUERY, "input_rows": 100,
+        history.fold({"event": "progress", "logged_at": at, "query": INGEST_FLOW, "input_rows": 100,
                       "input_rows_per_second": 10.0, "processed_rows_per_second": 40.0 + i,
                       "timestamp": iso(at), "watermark": iso(at - 120), "duration_ms": {"triggerExecution": 2500},
                       "state_rows": 300 + i, "sink_rows": -1, "dropped_duplicates": 5})
-        history.fold({"event": "ingested", "logged_at": at - 1, "query": INGEST_QUERY, "rows": 95, "accepted": 80,
+        history.fold({"event": "ingested", "logged_at": at - 1, "query": INGEST_FLOW, "rows": 95, "accepted": 80,
                       "quarantined": 10, "late": 5})
         history.fold({"event": "progress", "logged_at": at + 2, "query": "device_status", "input_rows": 80,
                       "processed_rows_per_second": 90.0, "timestamp": iso(at), "duration_ms": {"triggerExecution": 900},
@@ -115,7 +115,7 @@ def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layou
 
 def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layout: Layout) -> None:
     health = {"status": "healthy", "reason": "committing", "backlog_files": 3,
-              "last_committed": {INGEST_QUERY: 9, "site_temperature_10m": 8, "device_status": None}}
+              "last_committed": {INGEST_FLOW: 9, "site_temperature_10m": 8, "device_status": None}}
     data = views.flow(SPEC, layout, health, "15m", now=NOW)
     nodes = {n["key"]: n for n in data["nodes"]}
     assert nodes["landing"]["rows_out"] == 200 and "3 file(s) waiting" in nodes["landing"]["detail"]

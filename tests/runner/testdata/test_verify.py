@@ -37,7 +37,7 @@ from spark_jobs.spec.loading import (
     parse_spec,
 )
 from spark_jobs.spec.models import (
-    INGEST_QUERY,
+    INGEST_FLOW,
     SPARK_TYPES,
     Trigger,
 )
@@ -342,9 +342,9 @@ def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -
             edit(lines)
             data = b"".join(lines)
         (landing / src.name).write_bytes(data)
-    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
-    query[INGEST_QUERY].awaitTermination(120)
-    assert query[INGEST_QUERY].exception() is None
+    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
+    query[INGEST_FLOW].awaitTermination(120)
+    assert query[INGEST_FLOW].exception() is None
     return spec
 
 
@@ -436,9 +436,9 @@ def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path)
     assert {"wrong_type", "too_few_fields", "invalid_utf8", "future"} <= {e["reason"] for e in manifest["quarantine"]}
     spec = load_spec(spec_path)
     layout = Layout(spec, tmp_path / "data", spec_path.parent)
-    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_QUERY)
-    query[INGEST_QUERY].awaitTermination(120)
-    assert query[INGEST_QUERY].exception() is None
+    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
+    query[INGEST_FLOW].awaitTermination(120)
+    assert query[INGEST_FLOW].exception() is None
     report = verify.compare(spark, spec, layout, manifest)  # only the ingestion ran
     assert report.quarantine is not None and report.quarantine.ok, report.quarantine.describe()
     assert report.quarantined == len(manifest["quarantine"]) == manifest["counts"]["quarantined"]

@@ -189,8 +189,8 @@ def test_a_batch_that_reads_nothing_runs_the_deduplication_alone_and_commits_bot
     assert sum(e["accepted"] for e in ingested.values()) == 3 and sum(e["quarantined"] for e in ingested.values()) == 1
     # every batch is in both tables' logs; one that read nothing names no file
     last = max(ingested)
-    assert sink_last_batch(plan.accepted) == sink_last_batch(quarantine) == last
-    for table in (plan.accepted, quarantine):
+    assert sink_last_batch(plan.accepted_path) == sink_last_batch(quarantine) == last
+    for table in (plan.accepted_path, quarantine):
         for b in without_input:
             assert sink_files(table, through_batch=b) == sink_files(table, through_batch=b - 1), (table, b)
     assert sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()) == ["e1", "e1", "e2"]
@@ -254,17 +254,17 @@ def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
     del data["deduplicate"]  # no stateful operator: no trailing no-data batch, the last batch holds rows
     spec, layout = setup(tmp_path, data, FILES[:2])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    before = sink_files(compile_plan(layout.spec, layout).accepted)
+    before = sink_files(compile_plan(layout.spec, layout).accepted_path)
     quarantine_before = sink_files(layout.data("quarantine"))
     # the driver died after the batch wrote its tables, before Spark committed it
-    last = sink_last_batch(compile_plan(layout.spec, layout).accepted)
+    last = sink_last_batch(compile_plan(layout.spec, layout).accepted_path)
     assert last == 1
     for name in (str(last), f".{last}.crc"):
         Path(compile_plan(layout.spec, layout).checkpoint("_ingest"), "commits", name).unlink()
     events: list[dict] = []
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     assert [e["batch_id"] for e in events if e["event"] == "ingested"] == [last]  # replayed
-    assert sink_files(compile_plan(layout.spec, layout).accepted) == before
+    assert sink_files(compile_plan(layout.spec, layout).accepted_path) == before
     assert sink_files(layout.data("quarantine")) == quarantine_before
     assert accepted_batch(spark, compile_plan(spec, layout).ingestion).count() == 4  # e1, e2, e3, e3
 
@@ -274,8 +274,8 @@ def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: 
     copy = {**PASSTHROUGH, "name": "copy", "sink": {**PASSTHROUGH["sink"], "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [[reading("a", 1), reading("b", 2), day2]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    assert compile_plan(layout.spec, layout).accepted == layout.data("sinks/rows")  # rows is written by the ingestion; copy has its own query
-    for table in (compile_plan(layout.spec, layout).accepted, layout.data("sinks/copy")):
+    assert compile_plan(layout.spec, layout).accepted_path == layout.data("sinks/rows")  # rows is written by the ingestion; copy has its own query
+    for table in (compile_plan(layout.spec, layout).accepted_path, layout.data("sinks/copy")):
         files = sorted(Path(p).parent.name for p in sink_files(table))
         assert files == ["event_date=2026-01-01", "event_date=2026-01-02"], table
 
@@ -305,7 +305,7 @@ def test_a_spec_edit_that_moves_the_accepted_rows_or_gives_an_output_another_sin
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
-    served_at = compile_plan(layout.spec, layout).accepted
+    served_at = compile_plan(layout.spec, layout).accepted_path
 
     def judged(outputs: list[dict]) -> dict[str, changes.Verdict]:
         edited = parse_spec(make_spec(outputs) | {"name": spec.name})
@@ -340,7 +340,7 @@ def test_a_served_passthrough_output_is_the_accepted_rows_written_once(spark, tm
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), files)
     plan = compile_plan(spec, layout)
     assert written_by_ingestion(spec).name == "rows" and plan.output("rows").written_by_ingestion
-    assert plan.queries == ["_ingest", "windows"]
+    assert plan.flows == ["_ingest", "windows"]
     events: list[dict] = []
     queries = flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
 
@@ -382,7 +382,7 @@ def test_a_checkpoint_from_before_the_output_was_served_is_refused(spark, tmp_pa
     plan = analysis.resolve_plan(spark, spec, layout)
     refuse_incompatible(plan, layout)
     flows.run_available_now(spark, plan)
-    assert [r["event_id"] for r in spark.read.parquet(compile_plan(layout.spec, layout).accepted).collect()] == ["a"]
+    assert [r["event_id"] for r in spark.read.parquet(compile_plan(layout.spec, layout).accepted_path).collect()] == ["a"]
 
 
 def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_processing(spark, tmp_path: Path) -> None:
@@ -392,7 +392,7 @@ def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_p
     columns = {"type": "passthrough", "columns": ["event_id", "device_id", "ts"]}
     copy = {"name": "copy", "mode": "append", "query": columns, "sink": {"type": "parquet", "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [])
-    sinks = {"_ingest": compile_plan(layout.spec, layout).accepted, "copy": layout.data("sinks/copy")}
+    sinks = {"_ingest": compile_plan(layout.spec, layout).accepted_path, "copy": layout.data("sinks/copy")}
     landing = Path(layout.landing)
     trigger_s = 1.0
     queries = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(processing_time="1 second"))
@@ -471,11 +471,11 @@ def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_thr
     spec, layout = setup(tmp_path, data, FILES[:3])
     plan = compile_plan(spec, layout)
     assert plan.ingestion.accepted_is_delta and written_by_ingestion(spec) is None  # the Parquet copy has its flow
-    assert plan.delta_tables == {"_accepted": plan.accepted}
+    assert plan.delta_tables == {"_accepted": plan.accepted_path}
     events: list[dict] = []
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     ingested = {e["batch_id"]: e["accepted"] for e in events if e["event"] == "ingested"}
-    commits = delta_log.batch_commits(plan.accepted)
+    commits = delta_log.batch_commits(plan.accepted_path)
     # one version per batch that accepted rows (a batch without any makes none), each batch once
     assert [c.batch_id for c in commits] == [b for b, n in sorted(ingested.items()) if n]
     assert sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect()) == ["e1", "e2", "e3", "e4"]
@@ -484,14 +484,14 @@ def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_thr
     last = commits[-1].batch_id
     for name in [str(b) for b in range(last, max(ingested) + 1)] + [f".{b}.crc" for b in range(last, max(ingested) + 1)]:
         Path(plan.checkpoint("_ingest"), "commits", name).unlink(missing_ok=True)
-    versions = delta_log.versions(plan.accepted)
+    versions = delta_log.versions(plan.accepted_path)
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    assert delta_log.versions(plan.accepted) == versions  # replayed: Delta's marker skipped the write
+    assert delta_log.versions(plan.accepted_path) == versions  # replayed: Delta's marker skipped the write
     assert accepted_batch(spark, plan.ingestion).count() == 4
 
     # compacted while its readers have read it all, then a new file: the outputs read only the new rows
-    spark.sql(f"OPTIMIZE delta.`{plan.accepted}`").collect()
-    assert DeltaTable.forPath(spark, plan.accepted).history(1).collect()[0].operation == "OPTIMIZE"
+    spark.sql(f"OPTIMIZE delta.`{plan.accepted_path}`").collect()
+    assert DeltaTable.forPath(spark, plan.accepted_path).history(1).collect()[0].operation == "OPTIMIZE"
     land(Path(layout.landing), "json", FILES[3])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     assert sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect()) == [
@@ -500,5 +500,5 @@ def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_thr
     assert all(r.ok for r in reports), [r.describe() for r in reports]
     # every output has read the table whole: the watermark it has seen is the ingestion's last
     ingest = plan.checkpoint("_ingest")
-    assert watermark_seen_by(ingest, plan.accepted, plan.checkpoint("rows"), delta=True) == batch_watermark_ms(
+    assert watermark_seen_by(ingest, plan.accepted_path, plan.checkpoint("rows"), delta=True) == batch_watermark_ms(
         ingest, last_batch(ingest, "commits"))

@@ -31,7 +31,7 @@ from spark_jobs.spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import INGEST_QUERY
+from spark_jobs.spec.models import INGEST_FLOW
 
 SPEC = default_spec_dir() / "sensors.yaml"
 
@@ -61,7 +61,7 @@ def test_committed_files_are_archived_and_the_stream_stays_exactly_once(spark, t
     assert {p.name for p in archived_dir.iterdir()} == set(first.archived)
     assert set(first.archived) | landing_names(layout) == landed and not set(first.archived) & landing_names(layout)
     # only files the ingestion committed before its newest batch (a lost commit replays that one)
-    ckpt = compile_plan(layout.spec, layout).checkpoint(INGEST_QUERY)
+    ckpt = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
     assert set(first.archived) <= {file_name(p) for p in processed_files(ckpt, through_batch=last_batch(ckpt, "commits") - 1)}
 
     # more input, a restart of every query from its checkpoint, archiving again

@@ -61,7 +61,7 @@ def test_the_scratch_plan_reads_and_writes_only_in_the_scratch_folder(spark, tmp
     assert moved.output("per_device").sink.url == f"sqlite:///{tmp_path / 'scratch' / 'tables.db'}"
     assert moved.output("alerts").sink.kind == "parquet"  # no topic written
     assert moved.ingestion.joins == plan.ingestion.joins  # reference data read where it is
-    assert [o.name for o in moved.queried_outputs] == [o.name for o in plan.queried_outputs]
+    assert [o.name for o in moved.outputs_with_flows] == [o.name for o in plan.outputs_with_flows]
 
 
 def test_a_rehearsal_runs_every_query_over_a_sample_and_writes_nothing_of_the_stream(spark, tmp_path: Path,

@@ -277,7 +277,7 @@ def test_layout_resolves_paths(tmp_path: Path, sensors: dict) -> None:
     assert layout.reference("reference/devices.csv") == str(SPEC_DIR.parent / "reference" / "devices.csv")
     assert set(checkpoint_paths(spec)) == {"readings", "site_temperature_10m", "device_status", "_ingest"}
     # readings is written by the ingestion: its sink is the accepted-rows table
-    assert compile_plan(layout.spec, layout).accepted == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
+    assert compile_plan(layout.spec, layout).accepted_path == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
     assert layout.table_url(spec.outputs[2].sink).startswith("sqlite:////")
 
 
