@@ -43,6 +43,7 @@ from spark_jobs.spec.models import (
     Column,
     ConsoleSink,
     DeltaSink,
+    Execution,
     FileSource,
     KafkaSink,
     KafkaSource,
@@ -55,6 +56,7 @@ from spark_jobs.spec.models import (
     SparkSource,
     SqlQuery,
     StreamSpec,
+    Supervision,
     TableSink,
     Transform,
     Trigger,
@@ -469,6 +471,11 @@ class StreamPlan:
     #: each query's checkpoint: the ingestion's, each output's but the one the ingestion writes, an application's
     checkpoints: dict[str, str] = field(default_factory=dict)
     application: ApplicationPlan | None = None
+    #: the stream's own trigger (an output's may differ), how it runs (continuous, scheduled,
+    #: adaptive) and how it is supervised: as the spec says them
+    trigger: Trigger = field(default_factory=lambda: Trigger(processing_time="10 seconds"))
+    execution: Execution = field(default_factory=Execution)
+    supervision: Supervision = field(default_factory=Supervision)
 
     def output(self, name: str) -> OutputPlan:
         for o in self.outputs:
@@ -574,7 +581,7 @@ def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
     src = spec.source
     if isinstance(src, FileSource):
         return SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
-                          landing=layout.landing, max_files_per_trigger=src.max_files_per_trigger)
+                          landing=layout.data(src.path), max_files_per_trigger=src.max_files_per_trigger)
     if isinstance(src, KafkaSource):
         return SourcePlan("kafka", columns=list(src.columns), format=src.format, options=dict(src.options),
                           kafka=KafkaPlan(src.bootstrap_servers, list(src.topics) if src.topics else None, src.pattern,
@@ -599,7 +606,8 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
     if app is not None:
         return StreamPlan(spec.name, None, None, None, [], checkpoint_root=root,
                           checkpoints={q: layout.data(paths[q]) for q in app.queries},
-                          application=ApplicationPlan(layout.application_file, list(app.args), list(app.queries)))
+                          application=ApplicationPlan(layout.include(app.path), list(app.args), list(app.queries)),
+                          trigger=spec.trigger, execution=spec.execution, supervision=spec.supervision)
     source = compile_source(spec, layout)
     et = spec.event_time
     event_time = None if et is None else EventTimePlan(
@@ -636,4 +644,5 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         o.name: o.checkpoint for o in outputs if o.checkpoint is not None}
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
                       transforms_dir=str(layout.transforms_dir) if python else None, checkpoint_root=root,
-                      checkpoints=checkpoints)
+                      checkpoints=checkpoints, trigger=spec.trigger, execution=spec.execution,
+                      supervision=spec.supervision)

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from spark_jobs.spec.models import TRANSFORMS_DIR, FileSource, StreamSpec, TableSink
+from spark_jobs.spec.models import TRANSFORMS_DIR, StreamSpec, TableSink
 
 
 def project_root() -> Path:
@@ -24,14 +24,15 @@ def default_data_root() -> Path:
 
 
 class Layout:
-    """Resolves a spec's own paths: data paths against the data root, reference data and
-    applications against the spec's folder, and the control files beside the checkpoint.
-    What the platform derives from a spec (each query's checkpoint, where the accepted rows
-    live) is in the stream's plan (``spark_jobs.plan``)."""
+    """A stream's roots and control files: the data root and the specs' folder that its spec's
+    relative paths resolve against, and the control files beside its checkpoint. Everything
+    else the platform derives from a spec (each flow's checkpoint, the landing folder, the
+    sinks, where the accepted rows live) is in the stream's plan (``spark_jobs.plan``)."""
 
     def __init__(self, spec: StreamSpec, data_root: str | os.PathLike[str] | None = None,
                  spec_dir: str | os.PathLike[str] | None = None):
-        self.spec = spec
+        self.stream = spec.name
+        self.checkpoint = spec.checkpoint  # as the spec says it
         self.data_root = Path(data_root) if data_root is not None else default_data_root()
         self.spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
 
@@ -51,23 +52,15 @@ class Layout:
             return path
         return str((self.spec_dir.parent / path).resolve())
 
-    @property
-    def checkpoint_root(self) -> str:
-        return self.data(self.spec.checkpoint)
-
-    @property
-    def application_file(self) -> str:
-        """An application stream's main file, resolved against ``include/``."""
-        assert self.spec.application is not None
-        path = self.spec.application.path
-        if re.match(r"^[a-z][a-z0-9+.-]*://", path):  # spark-submit fetches it
+    def include(self, path: str) -> str:
+        """A path in ``include/`` (an application's main file); a URL that spark-submit fetches as it is."""
+        if re.match(r"^[a-z][a-z0-9+.-]*://", path):
             return path
         return str((self.spec_dir.parent / path).resolve())
 
     @property
-    def landing(self) -> str:
-        assert isinstance(self.spec.source, FileSource)
-        return self.data(self.spec.source.path)
+    def checkpoint_root(self) -> str:
+        return self.data(self.checkpoint)
 
     @property
     def stop_marker(self) -> Path:
@@ -90,16 +83,16 @@ class Layout:
     @property
     def quality_dir(self) -> Path:
         """Rules' results, ledger, reports and Data Docs of the stream's validations."""
-        return Path(self.data(f"quality/{self.spec.name}"))
+        return Path(self.data(f"quality/{self.stream}"))
 
     @property
     def maintenance_dir(self) -> Path:
         """The results of the upkeep of the stream's Delta tables (``spark_jobs.maintenance``)."""
-        return Path(self.data(f"maintenance/{self.spec.name}"))
+        return Path(self.data(f"maintenance/{self.stream}"))
 
     def backfill_dir(self, output: str) -> Path:
         """Where the backfills of an output go, one ``range=...`` folder per range."""
-        return Path(self.data(f"backfill/{self.spec.name}/{output}"))
+        return Path(self.data(f"backfill/{self.stream}/{output}"))
 
     @property
     def records_behind_file(self) -> Path:
