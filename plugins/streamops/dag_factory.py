@@ -216,8 +216,9 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
             hook = StreamHook(spec.name, paths["spec_dir"], paths["data_root"])
             spec_file = str(Path(paths["spec_dir"]) / f"{spec.name}.yaml")
             try:
+                event_time = hook.plan.ingestion.event_time if hook.plan.ingestion is not None else None
                 verdicts, rebuild = upgrade.check(hook.plan, previous_plan(hook.layout), spec_file,
-                                                  hook.spec.event_time.watermark if hook.spec.event_time else None)
+                                                  event_time.watermark if event_time else None)
             except upgrade.UpgradeRefused as exc:
                 raise AirflowFailException(str(exc)) from None
             for v in verdicts:

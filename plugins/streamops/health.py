@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.checkpoint import (
     QueryCheckpoint,
     batch_planned_by,
@@ -57,9 +57,7 @@ from spark_jobs.sources.kafka import KafkaUnavailable, lag
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_FLOW,
-    FileSource,
     Restart,
-    StreamSpec,
     duration_seconds,
 )
 from streamops import tenure
@@ -192,23 +190,22 @@ class Health:
                 f"last commit {ago(self.last_commit_age_seconds)}; watermark {self.watermark}; driver pid {self.driver_pid} on {self.driver_host}")
 
 
-def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None,
-             measure: bool = True) -> Snapshot:
-    """What the stream's files say now. ``plan``: the stream's plan, if compiled already.
-    ``measure``: ask a Kafka source's broker how far behind the stream is (and keep the answer
-    for the pages); else take the last answer kept, with its age (a page's request never
+def snapshot(plan: StreamPlan, layout: Layout, now: float | None = None, measure: bool = True) -> Snapshot:
+    """What the stream's files say now: ``plan``, the stream's plan; ``layout``, where its control
+    files are. ``measure``: ask a Kafka source's broker how far behind the stream is (and keep the
+    answer for the pages); else take the last answer kept, with its age (a page's request never
     waits on a broker)."""
     taken_at = time.time() if now is None else now
-    plan = plan or compile_plan(spec, layout)
-    lag_window = duration_seconds(spec.supervision.lag_window)
+    source = plan.source
+    lag_window = duration_seconds(plan.supervision.lag_window)
     queries = {name: read_query_checkpoint(plan.checkpoint(name)) for name in plan.flows}
     backlog = (0, 0)
     trend: dict[str, tuple[int | None, int]] = {}
     ingestion = queries.get(INGEST_FLOW)
     oldest_file = None
-    if isinstance(spec.source, FileSource) and ingestion is not None:
+    if source is not None and source.is_files and source.landing is not None and ingestion is not None:
         # the ingestion's backlog: landed files it has not taken
-        landed = landed_files(layout.landing)
+        landed = landed_files(source.landing)
         waiting_now = waiting_files(landed, ingestion.processed_files)
         backlog = (len(waiting_now), sum(f.size for f in waiting_now))
         oldest_file = waiting_now[0].mtime if waiting_now else None
@@ -235,9 +232,9 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
             driver_started, refused_change = event.get("logged_at"), False
         elif event.get("event") == "driver_failed":
             refused_change = bool(event.get("spec_changed"))
-    changed = _refused_change(spec, layout, plan) if refused_change and not alive else []
+    changed = _refused_change(plan, layout) if refused_change and not alive else []
     kafka: dict[str, Any] = {}
-    if plan.source is not None and plan.source.kafka is not None and ingestion is not None:
+    if source is not None and source.kafka is not None and ingestion is not None:
         progress = last_progress.get(INGEST_FLOW, {})
         kafka = (_kafka_backlog(plan, layout, taken_at, progress) if measure else _measured_backlog(layout, taken_at))
         earlier = History(layout.history_file).series(taken_at - lag_window - 30, taken_at - lag_window,
@@ -246,19 +243,20 @@ def snapshot(spec: StreamSpec, layout: Layout, now: float | None = None, plan: S
         if kafka.get("backlog_records") is not None:
             trend[INGEST_FLOW] = (then, kafka["backlog_records"])
     held = _held_by_upgrade(layout)
-    waiting_since = _waiting_since(queries, trend, oldest_file, driver_started) if spec.execution.scheduled else None
+    scheduled = plan.execution.scheduled
+    waiting_since = _waiting_since(queries, trend, oldest_file, driver_started) if scheduled else None
     kafka["notes"] = [*kafka.get("notes", []), *(f"output {name} is held while upgrade {number} rebuilds it"
                                                  for name, number in held.items())]
     return Snapshot(
         held=held, launching_since=None if alive else _launching_since(layout),
-        stream=spec.name, taken_at=taken_at, driver_alive=alive,
+        stream=plan.stream, taken_at=taken_at, driver_alive=alive,
         driver_pid=holder.pid if holder and alive else None, driver_host=holder.host if holder and alive else None,
         driver_started_at=(holder.started_at if holder and alive else driver_started), queries=queries,
         backlog_files=backlog[0], backlog_bytes=backlog[1],
-        max_files_per_trigger=spec.source.max_files_per_trigger if isinstance(spec.source, FileSource) else 1,
+        max_files_per_trigger=(source.max_files_per_trigger or 1) if source is not None and source.is_files else 1,
         last_progress=last_progress, lag_window_seconds=lag_window, backlog_trend=trend,
         query_started_at=query_started, blocked=kafka.pop("blocked", []) + changed,
-        freshness_seconds=duration_seconds(spec.execution.freshness) if spec.execution.scheduled else None,
+        freshness_seconds=duration_seconds(plan.execution.freshness) if scheduled else None,
         waiting_since=waiting_since, last_run_started_at=driver_started, **kafka,
     )
 
@@ -289,15 +287,15 @@ def _held_by_upgrade(layout: Layout) -> dict[str, int]:
     return {name: record["number"] for name in record["rebuild"]} if record and record.get("online") else {}
 
 
-def _refused_change(spec: StreamSpec, layout: Layout, plan: StreamPlan) -> list[str]:
+def _refused_change(plan: StreamPlan, layout: Layout) -> list[str]:
     """Why the stream's driver refused to start, if the spec still differs so (``spark_jobs.changes``):
     the flows a driver cannot resume, each with its first reason; empty once the spec was restored."""
     from spark_jobs import changes
     from spark_jobs.runtime.checkpoint import previous_plan
 
-    spec_file = str(layout.spec_dir / f"{spec.name}.yaml")
-    verdicts = changes.judge(plan, previous_plan(layout), spec_file,
-                             spec.event_time.watermark if spec.event_time else None)
+    spec_file = str(layout.spec_dir / f"{plan.stream}.yaml")
+    event_time = plan.ingestion.event_time if plan.ingestion is not None else None
+    verdicts = changes.judge(plan, previous_plan(layout), spec_file, event_time.watermark if event_time else None)
     refused = changes.blocking(verdicts)
     if not refused:
         return []
@@ -475,16 +473,16 @@ def _lagging(snap: Snapshot) -> str | None:
     return None
 
 
-def assess(spec: StreamSpec, layout: Layout, now: float | None = None, plan: StreamPlan | None = None,
-           measure: bool = True) -> Health:
-    """The stream's health now; ``measure``: as :func:`snapshot` (False on a page's request path)."""
-    snap = snapshot(spec, layout, now, plan, measure)
-    status, reason = classify(snap, duration_seconds(spec.supervision.stall_window))
+def assess(plan: StreamPlan, layout: Layout, now: float | None = None, measure: bool = True) -> Health:
+    """The stream's health now, from its plan and its control files (``layout``); ``measure``: as
+    :func:`snapshot` (False on a page's request path)."""
+    snap = snapshot(plan, layout, now, measure)
+    status, reason = classify(snap, duration_seconds(plan.supervision.stall_window))
     progress = list(snap.last_progress.values())
     newest = max(progress, key=lambda e: e.get("logged_at", 0), default={})
     last = snap.last_commit_time
     return Health(
-        stream=spec.name, status=status, reason=reason, driver_pid=snap.driver_pid, driver_host=snap.driver_host,
+        stream=plan.stream, status=status, reason=reason, driver_pid=snap.driver_pid, driver_host=snap.driver_host,
         backlog_files=snap.backlog_files, backlog_bytes=snap.backlog_bytes,
         last_committed={name: q.last_committed for name, q in snap.queries.items()},
         last_commit_age_seconds=None if last is None else max(0.0, snap.taken_at - last),

@@ -35,11 +35,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.clock import epoch_seconds
 from spark_jobs.runtime.history import STREAM, History, Point
 from spark_jobs.runtime.standby import READY, TAKING_OVER, WARMING
 from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import INGEST_FLOW, FileSource, KafkaSource, StreamSpec
+from spark_jobs.spec.models import INGEST_FLOW
 from streamops.health import Status
 from streamops.ui_guard import current_user
 
@@ -139,19 +140,19 @@ class StreamFigures:
     """What one stream's series are made of: its status (``ui.stream_status``) and its history's
     figures over the window."""
 
-    spec: StreamSpec
+    plan: StreamPlan
     status: dict[str, Any]
     totals: dict[tuple[str, str], float]
     latest: dict[tuple[str, str], Point]
 
 
-def figures(spec: StreamSpec, layout: Layout, status: dict[str, Any], now: float) -> StreamFigures:
-    """A stream's figures at ``now``: ``status`` as ``ui.stream_status(spec, now)`` gave it, and its
-    history over the last hour: totals as the flow graph sums them, and each (flow, metric)'s
-    newest point."""
+def figures(plan: StreamPlan, layout: Layout, status: dict[str, Any], now: float) -> StreamFigures:
+    """A stream's figures at ``now``: ``status`` as ``ui.stream_status(plan, layout, now)`` gave it,
+    and its history over the last hour (``layout.history_file``): totals as the flow graph sums
+    them, and each (flow, metric)'s newest point."""
     history = History(layout.history_file)
     since = now - WINDOW_SECONDS
-    return StreamFigures(spec, status, history.totals(since, now), history.latest(since, now))
+    return StreamFigures(plan, status, history.totals(since, now), history.latest(since, now))
 
 
 class StreamsCollector(Collector):
@@ -168,7 +169,7 @@ class StreamsCollector(Collector):
         yield from families.values()
 
     def _samples(self, f: StreamFigures) -> Iterator[tuple[str, list[str], float]]:
-        s, name, now = f.status, f.spec.name, self.now
+        s, name, now, source = f.status, f.plan.stream, self.now, f.plan.source
 
         def number(value: object) -> float | None:
             return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -189,10 +190,10 @@ class StreamsCollector(Collector):
         yield from one("streams_last_commit_age_seconds", s.get("last_commit_age_seconds"))
         yield from one("streams_input_rows_per_second", s.get("input_rows_per_second"))
         yield from one("streams_processed_rows_per_second", s.get("processed_rows_per_second"))
-        if isinstance(f.spec.source, FileSource):
+        if source is not None and source.is_files:
             yield from one("streams_backlog_files", s.get("backlog_files"))
             yield from one("streams_backlog_bytes", s.get("backlog_bytes"))
-        if isinstance(f.spec.source, KafkaSource):
+        if source is not None and source.kafka is not None:
             yield from one("streams_backlog_records", s.get("backlog_records"))
             if (measured := number(s.get("backlog_measured_at"))) is not None:
                 yield "streams_backlog_measurement_age_seconds", [name], max(0.0, now - measured)

@@ -26,15 +26,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import processed_files
 from spark_jobs.runtime.progress import batches_logged
-from spark_jobs.spec.models import INGEST_FLOW, FileSource, KafkaSource, duration_seconds
+from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
 
 if TYPE_CHECKING:
     from spark_jobs.plan import StreamPlan
     from spark_jobs.spec.layout import Layout
-    from spark_jobs.spec.models import StreamSpec
     from streamops.health import Health
 
 #: a recommendation is recorded again once it differs from the last by this share
@@ -86,21 +84,23 @@ class Sizer:
     """A supervisor's sizing of one stream: observes it each ``every`` and says when a recommendation
     is worth recording (:meth:`observe`)."""
 
-    def __init__(self, spec: StreamSpec, layout: Layout, plan: StreamPlan | None = None):
-        sizing = spec.execution.sizing
-        assert sizing is not None and spec.trigger.processing_time is not None
-        self.stream, self.sizing, self.layout = spec.name, sizing, layout
-        self.checkpoint = (plan or compile_plan(spec, layout)).checkpoint(INGEST_FLOW)
-        self.files = isinstance(spec.source, FileSource)
+    def __init__(self, plan: StreamPlan, layout: Layout):
+        """``plan``: the stream's (its sizing, trigger, source and ingestion's checkpoint); ``layout``:
+        where its progress events are."""
+        sizing, source = plan.execution.sizing, plan.source
+        assert sizing is not None and plan.trigger.processing_time is not None and source is not None
+        self.stream, self.sizing, self.layout = plan.stream, sizing, layout
+        self.checkpoint = plan.checkpoint(INGEST_FLOW)
+        self.files = source.is_files
         if self.files:
-            self.current: int | None = spec.source.max_files_per_trigger
+            self.current: int | None = source.max_files_per_trigger
         else:
-            assert isinstance(spec.source, KafkaSource)
-            self.current = spec.source.max_offsets_per_trigger
+            assert source.kafka is not None
+            self.current = source.kafka.max_offsets_per_trigger
         high = sizing.max_per_trigger or max(sizing.min_per_trigger, DEFAULT_MAX_FACTOR * (self.current or 1))
         self.bounds = (sizing.min_per_trigger, high)
         self.every = duration_seconds(sizing.every)
-        self.trigger_seconds = duration_seconds(spec.trigger.processing_time)
+        self.trigger_seconds = duration_seconds(plan.trigger.processing_time)
         self._start: tuple[float, int] | None = None  # when the window began, and the backlog then
         self.last: Recommendation | None = None  # the last one recorded
 

@@ -42,6 +42,7 @@ from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.clock import ago
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.session import uses_delta
@@ -132,31 +133,42 @@ def _layout(spec: StreamSpec) -> Layout:
     return Layout(spec, default_data_root(), default_spec_dir())
 
 
-def stream_status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
-    """What an operator wants to know about a stream, from its files (no Spark)."""
+def _compiled(spec: StreamSpec) -> tuple[StreamPlan, Layout]:
+    """The stream's plan, compiled once for a request, and its layout (its control files)."""
+    layout = _layout(spec)
+    return compile_plan(spec, layout), layout
+
+
+def _status(spec: StreamSpec, now: float | None = None) -> dict[str, Any]:
+    """:func:`stream_status` of a stream whose plan the request needs for nothing else."""
+    return stream_status(*_compiled(spec), now, description=spec.description)
+
+
+def stream_status(plan: StreamPlan, layout: Layout, now: float | None = None, description: str = "") -> dict[str, Any]:
+    """What an operator wants to know about a stream, from its plan and files (no Spark);
+    ``description``: its spec's."""
     from streamops.health import assess
     from streamops.restarts import RestartBudget
 
     now = time.time() if now is None else now
-    layout = _layout(spec)
-    status: dict[str, Any] = {"stream": spec.name, "description": spec.description}
+    status: dict[str, Any] = {"stream": plan.stream, "description": description}
     try:
-        health = assess(spec, layout, now, measure=False)  # a broker's figures as the supervisor measured them
+        health = assess(plan, layout, now, measure=False)  # a broker's figures as the supervisor measured them
         status.update(health.to_dict())
     except (OSError, ValueError) as exc:
         status.update(status="unknown", reason=f"cannot read the checkpoint: {exc}")
     try:
-        budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+        budget = RestartBudget(layout.runs_file, plan.supervision.restart)
         status["restarts_last_day"] = budget.restarts_since(now - DAY)
         status["failures_in_a_row"] = budget.consecutive_failures()
         status["failures_in_period"] = budget.failures_in_period(now)
     except ValueError as exc:
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = layout.hold_marker.exists()
-    status["execution"] = spec.execution.describe()
+    status["execution"] = plan.execution.describe()
     status["cost"] = cost_summary(History(layout.history_file), now - HOUR, now)  # what its drivers used
     status["standby"] = [{"host": s.host, "pid": s.pid, "state": s.state, "since": s.since}
-                         for s in standbys(layout.lease_dir)] if spec.supervision.standby else None
+                         for s in standbys(layout.lease_dir)] if plan.supervision.standby else None
     try:
         summary = json.loads((layout.quality_dir / "summary.json").read_text(encoding="utf-8"))
         last = summary.get("last_run") or {}
@@ -176,17 +188,17 @@ def _driver_cell(s: dict[str, Any]) -> str:
 @app.get("/", response_class=HTMLResponse)
 def index(user: User) -> str:
     return TEMPLATES.get_template("index.html").render(
-        statuses=[stream_status(spec) for spec in _readable(user)], refresh=True, static="")
+        statuses=[_status(spec) for spec in _readable(user)], refresh=True, static="")
 
 
 @app.get("/api/status")
 def status_json(user: User) -> JSONResponse:
-    return JSONResponse([stream_status(spec) for spec in _readable(user)])
+    return JSONResponse([_status(spec) for spec in _readable(user)])
 
 
 @app.get("/api/trends")
 def trends_json(user: User) -> JSONResponse:
-    return JSONResponse([views.trend(spec, _layout(spec)) for spec in _readable(user)])
+    return JSONResponse([views.trend(*_compiled(spec)) for spec in _readable(user)])
 
 
 #: what ``/static/`` serves: the pages' script, and Plotly's from the plotly package
@@ -217,20 +229,22 @@ def _range(value: str) -> str:
 
 @app.get("/{stream}/api/charts")
 def charts_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
-    spec = _spec(stream, user)
-    return JSONResponse(views.charts(spec, _layout(spec), _range(range)))
+    plan, layout = _compiled(_spec(stream, user))
+    return JSONResponse(views.charts(plan, layout, _range(range)))
 
 
 @app.get("/{stream}/api/flow")
 def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
     spec = _spec(stream, user)
-    return JSONResponse(views.flow(spec, _layout(spec), stream_status(spec), _range(range)))
+    plan, layout = _compiled(spec)
+    return JSONResponse(views.flow(plan, layout, stream_status(plan, layout, description=spec.description),
+                                   _range(range)))
 
 
 @app.get("/{stream}/row", response_class=HTMLResponse)
 def stream_row(stream: str, user: User) -> str:
     """The stream's status row, which its page refreshes."""
-    return TEMPLATES.get_template("row.html").render(s=stream_status(_spec(stream, user)), prefix="../", row_url="row")
+    return TEMPLATES.get_template("row.html").render(s=_status(_spec(stream, user)), prefix="../", row_url="row")
 
 
 @app.get("/dag/{dag}")
@@ -290,15 +304,16 @@ def _recent_runs(dag: str) -> list[dict[str, Any]]:
 def stream_page(stream: str, request: Request, user: User, triggered: str | None = None,
                 range: str = views.DEFAULT_RANGE) -> str:
     spec = _spec(stream, user)
+    plan, layout = _compiled(spec)
     chosen = _range(range)
     actions = [{"name": action, "what": what, "dag": dag_id(stream, role)}
                for action, (role, what) in _actions(spec).items()]
-    tables = views.delta_tables(spec, _layout(spec)) if uses_delta(spec) else []
+    tables = views.delta_tables(plan) if uses_delta(spec) else []
     maintenance = dag_id(stream, "maintenance")
     runs = _recent_runs(maintenance) if tables and _allowed(user, maintenance) else []
-    status = stream_status(spec)
-    held = views.state(spec, _layout(spec), status.get("last_committed") or {}) if spec.application is None else None
-    history = views.plans(spec, _layout(spec)) if spec.application is None else None
+    status = stream_status(plan, layout, description=spec.description)
+    held = views.state(layout, status.get("last_committed") or {}) if plan.application is None else None
+    history = views.plans(plan, layout) if plan.application is None else None
     return TEMPLATES.get_template("stream.html").render(
         stream=stream, description=spec.description, triggered=triggered, status=status, state=held, plans=history,
         ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
@@ -323,11 +338,10 @@ def act(stream: str, action: str, user: Actor, mode: Annotated[str | None, Form(
         conf["mode"] = mode
     if action == "backfill":
         from spark_jobs.backfill import BackfillError, check_held, parse_range
-        from spark_jobs.plan import compile_plan
 
         try:
             lo, hi = parse_range(start or "", end or "")
-            check_held(compile_plan(spec, _layout(spec)), lo, hi, spec.name)
+            check_held(_compiled(spec)[0], lo, hi, spec.name)
         except BackfillError as exc:
             raise HTTPException(400, str(exc)) from None
         conf.update(start=lo.isoformat(), end=hi.isoformat())
@@ -380,5 +394,8 @@ def metrics_text(reader: Annotated[object, Depends(metrics.reader)]) -> Response
     caller may read, or every stream for the scrapers' token; the page's figures at one moment."""
     now = time.time()
     specs = [spec for _, spec in sorted(_specs().items())] if reader is metrics.SCRAPER else _readable(reader)
-    return metrics.response([metrics.figures(spec, _layout(spec), stream_status(spec, now), now) for spec in specs],
-                            now)
+    figures = []
+    for spec in specs:
+        plan, layout = _compiled(spec)
+        figures.append(metrics.figures(plan, layout, stream_status(plan, layout, now, spec.description), now))
+    return metrics.response(figures, now)

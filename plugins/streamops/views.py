@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset
 from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.runtime.clock import epoch_seconds, iso
 from spark_jobs.runtime.history import (
@@ -26,12 +26,6 @@ from spark_jobs.runtime.history import (
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_FLOW,
-    DeltaSink,
-    FileSource,
-    Output,
-    ParquetSink,
-    StreamSpec,
-    TableSink,
     duration_seconds,
 )
 from streamops.cost import CPU, RSS
@@ -65,9 +59,10 @@ def _queries(data: dict[tuple[str, str], list[Point]]) -> list[str]:
     return sorted({q for q, _ in data if q != STREAM}, key=lambda q: (q != INGEST_FLOW, q))
 
 
-def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now: float | None = None) -> dict[str, Any]:
+def charts(plan: StreamPlan, layout: Layout, range_key: str = DEFAULT_RANGE, now: float | None = None) -> dict[str, Any]:
     """The stream's charts over the range: each a title, a y-axis title and its traces; and the
-    markers (restarts, stops, validations) to draw on every chart's time axis."""
+    markers (restarts, stops, validations) to draw on every chart's time axis. ``plan``: the
+    stream's; ``layout``: where its history, runs and quality ledger are."""
     seconds = range_seconds(range_key)
     now = time.time() if now is None else now
     since = now - seconds
@@ -76,7 +71,7 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
     data = history.series(since, now, tier=tier)
     per_minute = tier == MINUTE
     queries = _queries(data)
-    ingesting = compile_plan(spec, layout).ingestion is not None
+    ingesting = plan.ingestion is not None
 
     def points(query: str, metric: str) -> list[Point]:
         return data.get((query, metric), [])
@@ -92,13 +87,14 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
                             line={"dash": "solid" if q == INGEST_FLOW else "dot"}))
 
     durations = [_trace(_label(q), points(q, "batch_ms"), lambda p: p.mean / 1000) for q in queries]
-    trigger = spec.trigger.processing_time if spec.application is None else None  # an application has its own
+    trigger = plan.trigger.processing_time if plan.application is None else None  # an application has its own
     if trigger:
         interval = duration_seconds(trigger)
         durations.append({"name": f"trigger interval ({trigger})", "x": [iso(since), iso(now)],
                           "y": [interval, interval], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
 
-    kafka = spec.source is not None and spec.source.type == "kafka"
+    source = plan.source
+    kafka = source is not None and source.kafka is not None
     if kafka:  # records behind: the checkpoint against the broker, beside Spark's own count
         backlog = [_trace("records behind (checkpoint against broker)", points(STREAM, "backlog_records"),
                           lambda p: p.max),
@@ -108,9 +104,10 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
         backlog = [_trace("files waiting", points(STREAM, "backlog_files"), lambda p: p.max),
                    _trace("rows waiting (estimated)", points(STREAM, "backlog_rows"), lambda p: p.max, yaxis="y2")]
 
-    sizing = spec.execution.sizing
-    if sizing is not None and ingesting:  # what a batch may take: the source's own limit, and what sizing recommends
-        own = spec.source.max_offsets_per_trigger if kafka else spec.source.max_files_per_trigger
+    sizing = plan.execution.sizing
+    if sizing is not None and ingesting and source is not None:
+        # what a batch may take: the source's own limit, and what sizing recommends
+        own = source.kafka.max_offsets_per_trigger if source.kafka is not None else source.max_files_per_trigger
         if own:
             backlog.append({"name": f"per trigger: the source's own ({own})", "x": [iso(since), iso(now)],
                             "y": [own, own], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
@@ -129,7 +126,7 @@ def charts(spec: StreamSpec, layout: Layout, range_key: str = DEFAULT_RANGE, now
 
     every = "per minute" if per_minute else "per batch"
     return {
-        "stream": spec.name, "range": range_key, "since": iso(since), "until": iso(now),
+        "stream": plan.stream, "range": range_key, "since": iso(since), "until": iso(now),
         "resolution": every,
         "charts": [
             {"id": "rates", "title": f"Rows per second ({every})", "y": "rows/s", "traces": rates},
@@ -202,7 +199,7 @@ def quality_of(layout: Layout, output: str) -> dict[str, Any] | None:
             "last": None if last is None else {k: last.get(k) for k in ("unit", "status", "validated_at", "docs")}}
 
 
-def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: str = DEFAULT_RANGE,
+def flow(plan: StreamPlan, layout: Layout, health: dict[str, Any], range_key: str = DEFAULT_RANGE,
          now: float | None = None) -> dict[str, Any]:
     """The stream's flow graph over the range: nodes (landing directory, ingestion, accepted
     rows, quarantine, dropped rows, each output and its sink) with their rows in and out, status
@@ -211,7 +208,6 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
     now = time.time() if now is None else now
     totals = History(layout.history_file).totals(now - seconds, now)
     committed = health.get("last_committed") or {}
-    plan = compile_plan(spec, layout)
     nodes: list[dict[str, Any]] = []
     links: list[dict[str, Any]] = []
 
@@ -234,13 +230,14 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
 
     status = str(health.get("status", "unknown"))
     if plan.ingestion is not None:
-        source = spec.source
-        if plan.source is not None and plan.source.kafka is not None:
+        source = plan.source
+        assert source is not None  # a stream with an ingestion reads a source
+        if source.kafka is not None:
             behind = health.get("backlog_records")
-            landing = node("landing", "Kafka", f"topics {plan.source.kafka.subscription}; "
+            landing = node("landing", "Kafka", f"topics {source.kafka.subscription}; "
                                                f"{behind if behind is not None else '?'} record(s) behind")
         else:
-            where = layout.landing if isinstance(source, FileSource) else f"{source.type} source"
+            where = source.landing if source.is_files else f"{source.kind} source"
             backlog = health.get("backlog_files")
             landing = node("landing", "landing", f"{where}; {backlog if backlog is not None else '?'} file(s) waiting")
         ingest = node("ingestion", "ingestion", f"{status}: {health.get('reason', '')}; {batch_of(INGEST_FLOW)}; "
@@ -256,8 +253,8 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
         link(ingest, node("duplicates", "duplicates", "dropped by the deduplication"),
              total(INGEST_FLOW, "duplicates"), "duplicates")
         link(ingest, node("late", "dropped late", "behind the watermark"), total(INGEST_FLOW, "late"), "late")
-        for output in spec.outputs:
-            served = plan.output(output.name).written_by_ingestion
+        for output in plan.outputs:
+            served = output.written_by_ingestion
             rows_in = total(INGEST_FLOW, "accepted") if served else total(output.name, "input_rows")
             o = node(f"output:{output.name}", output.name,
                      "written by the ingestion: its sink is the accepted-rows table" if served else
@@ -265,13 +262,13 @@ def flow(spec: StreamSpec, layout: Layout, health: dict[str, Any], range_key: st
                      status if served or committed.get(output.name) is not None else "starting")
             link(accepted, o, rows_in, "accepted rows read")
             written = total(output.name, "sink_rows")
-            sink = _sink_node(node, spec, layout, output)
+            sink = _sink_node(node, layout, output)
             link(o, sink, rows_in if served or not written else written, "rows written" if written else "rows")
     else:  # an application of the user's own: its queries, as Spark reports them
-        app = node("application", spec.name, f"{status}: {health.get('reason', '')}", status, url="#charts")
+        app = node("application", plan.stream, f"{status}: {health.get('reason', '')}", status, url="#charts")
         for query in plan.flows:
             link(app, node(f"output:{query}", query, batch_of(query)), total(query, "input_rows"), "rows read")
-    return {"stream": spec.name, "range": range_key, "nodes": nodes, "links": links}
+    return {"stream": plan.stream, "range": range_key, "nodes": nodes, "links": links}
 
 
 def _accounting(layout: Layout) -> str:
@@ -284,11 +281,12 @@ def _accounting(layout: Layout) -> str:
     return f"accounting {'balances' if last['accounting'].get('ok') else 'FAILS'} (validation of {last.get('at')})"
 
 
-def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, output: Output) -> int:
+def _sink_node(node: Callable[..., int], layout: Layout, output: OutputPlan) -> int:
+    """An output's sink, with its latest data-quality result (``layout``: where its ledger is)."""
     sink = output.sink
-    where = (layout.data(sink.path) if isinstance(sink, ParquetSink) else
-             f"Delta table {layout.data(sink.path)}" if isinstance(sink, DeltaSink) else
-             f"table {sink.table}" if isinstance(sink, TableSink) else f"{sink.type} sink (not kept)")
+    where = (sink.path if isinstance(sink, ParquetDataset) else
+             f"Delta table {sink.path}" if isinstance(sink, DeltaDataset) else
+             f"table {sink.table}" if isinstance(sink, TableDataset) else f"{sink.kind} sink (not kept)")
     quality = quality_of(layout, output.name)
     if quality is None:
         detail, status = f"{where}; not validated yet", ""
@@ -300,7 +298,7 @@ def _sink_node(node: Callable[..., int], spec: StreamSpec, layout: Layout, outpu
     return node(f"sink:{output.name}", f"{output.name} sink", detail, status, url="quality/")
 
 
-def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[str, Any]:
+def trend(plan: StreamPlan, layout: Layout, now: float | None = None) -> dict[str, Any]:
     """The overview's small trend: processed rows per second and files waiting, last 15 minutes."""
     now = time.time() if now is None else now
     data = History(layout.history_file).series(now - TREND_SECONDS, now)
@@ -308,18 +306,18 @@ def trend(spec: StreamSpec, layout: Layout, now: float | None = None) -> dict[st
     first = INGEST_FLOW if INGEST_FLOW in queries else (queries[0] if queries else None)
     processed = _trace("processed rows/s", data.get((first, "processed_rps"), []) if first else [],
                        lambda p: p.mean)
-    if spec.source is not None and spec.source.type == "kafka":
+    if plan.source is not None and plan.source.kafka is not None:
         backlog = _trace("records behind", data.get((STREAM, "backlog_records"), []), lambda p: p.max, yaxis="y2")
     else:
         backlog = _trace("files waiting", data.get((STREAM, "backlog_files"), []), lambda p: p.max, yaxis="y2")
-    return {"stream": spec.name, "since": iso(now - TREND_SECONDS), "until": iso(now), "traces": [processed, backlog]}
+    return {"stream": plan.stream, "since": iso(now - TREND_SECONDS), "until": iso(now), "traces": [processed, backlog]}
 
 
 #: how far back a table's history is read for its last compaction and vacuum
 HISTORY_SCANNED = 1000
 
 
-def delta_tables(spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
+def delta_tables(plan: StreamPlan) -> list[dict[str, Any]]:
     """Per Delta table of the stream (a Delta accepted-rows table, its Delta sinks): files,
     bytes and version of its newest version, its last compaction and vacuum. Read with the
     ``deltalake`` library, no JVM."""
@@ -327,7 +325,7 @@ def delta_tables(spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
     from deltalake.exceptions import TableNotFoundError
 
     tables = []
-    for name, path in compile_plan(spec, layout).delta_tables.items():
+    for name, path in plan.delta_tables.items():
         # every entry has every key, so that a page never meets a missing one
         entry: dict[str, Any] = {"output": name, "path": path, "note": None, "files": None, "bytes": None,
                                  "version": None, "compacted": None, "vacuumed": None}
@@ -350,7 +348,7 @@ def _last(history: list[dict[str, Any]], operation: str) -> str | None:
     return iso(stamp / 1000) if stamp is not None else None
 
 
-def state(spec: StreamSpec, layout: Layout, last_committed: dict[str, int | None]) -> dict[str, Any] | None:
+def state(layout: Layout, last_committed: dict[str, int | None]) -> dict[str, Any] | None:
     """What the stream's state held when it was last read (``spark_jobs.state``, the stream's
     ``_state`` DAG), per flow and stateful operator, with how many batches each flow has committed
     since (``last_committed``: the health's); None if it was never read."""
@@ -371,7 +369,7 @@ def state(spec: StreamSpec, layout: Layout, last_committed: dict[str, int | None
 PLANS_SHOWN = 10
 
 
-def plans(spec: StreamSpec, layout: Layout) -> dict[str, Any]:
+def plans(plan: StreamPlan, layout: Layout) -> dict[str, Any]:
     """The plans the stream started with (``_control/plans/``, newest first) and, if its spec has
     changed since the last, each flow's verdict on the change (``spark_jobs.changes``): what a
     driver would do with the spec as it is now, before anything runs."""
@@ -383,8 +381,9 @@ def plans(spec: StreamSpec, layout: Layout) -> dict[str, Any]:
     previous = previous_plan(layout)
     pending: list[dict[str, Any]] = []
     if previous:
-        verdicts = changes.judge(compile_plan(spec, layout), previous, str(layout.spec_dir / f"{spec.name}.yaml"),
-                                 spec.event_time.watermark if spec.event_time else None)
+        event_time = plan.ingestion.event_time if plan.ingestion is not None else None
+        verdicts = changes.judge(plan, previous, str(layout.spec_dir / f"{plan.stream}.yaml"),
+                                 event_time.watermark if event_time else None)
         if any(v.verdict != changes.UNCHANGED for v in verdicts):
             pending = [{"flow": _label(v.flow), "verdict": v.verdict, "runnable": v.runnable, "reasons": v.reasons}
                        for v in verdicts]

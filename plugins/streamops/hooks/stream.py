@@ -83,25 +83,25 @@ class StreamHook(BaseHook):
         return self._in_file[1]
 
     def health(self, now: float | None = None) -> Health:
-        return assess(self.spec, self.layout, now, plan=self.plan)
+        return assess(self.plan, self.layout, now)
 
     def record(self, health: Health) -> None:
         """What each look of the supervisor adds to the stream's history: the backlog, the drivers'
         cost, and with ``execution.sizing`` a recommendation when one is due (``streamops.sizing``)."""
         self.record_backlog(health)
         self.record_cost()
-        if self.spec.execution.sizing is None:
+        if self.plan.execution.sizing is None:
             return
         from spark_jobs.runtime.history import History
         from spark_jobs.runtime.progress import EventLog
         from streamops.sizing import Sizer
 
         if self._sizer is None:
-            self._sizer = Sizer(self.spec, self.layout, self.plan)
+            self._sizer = Sizer(self.plan, self.layout)
         try:
             event = self._sizer.observe(health, time.time())
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a recommendation never stops the supervisor
-            self.log.warning("stream %s: no sizing recommendation this window: %s", self.spec.name, exc)
+            self.log.warning("stream %s: no sizing recommendation this window: %s", self.stream, exc)
             return
         if event is not None:
             EventLog(self.layout.events_file, history=History(self.layout.history_file)).write(event)
@@ -115,23 +115,20 @@ class StreamHook(BaseHook):
             waiting_files,
         )
         from spark_jobs.runtime.history import History
-        from spark_jobs.spec.models import (
-            INGEST_FLOW,
-            FileSource,
-        )
+        from spark_jobs.spec.models import INGEST_FLOW
 
-        source = self.spec.source
+        source = self.plan.source
         if health.backlog_records is not None:  # a Kafka source: records behind the broker
             History(self.layout.history_file).sample({"backlog_records": health.backlog_records}, at=health.checked_at)
             return
-        if not isinstance(source, FileSource):
+        if source is None or not source.is_files or source.landing is None:
             return
         values: dict[str, float] = {"backlog_files": health.backlog_files, "backlog_bytes": health.backlog_bytes,
                                     "backlog_rows": 0}
         if health.backlog_files:
             ingestion = read_query_checkpoint(self.plan.checkpoint(INGEST_FLOW))
-            waiting = waiting_files(self.layout.landing, ingestion.processed_files)
-            rows = estimate_rows(self.layout.landing, waiting, header=source.format == "csv")
+            waiting = waiting_files(source.landing, ingestion.processed_files)
+            rows = estimate_rows(source.landing, waiting, header=source.format == "csv")
             if rows is None:
                 del values["backlog_rows"]
             else:

@@ -89,7 +89,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
         from spark_jobs.spec.models import SpecError
 
         try:
-            result = run_without_spark(hook.spec, hook.layout, load_rules(hook.spec, hook.spec_dir))
+            result = run_without_spark(hook.plan, hook.layout, load_rules(hook.spec, hook.spec_dir))
         except NeedsSpark as exc:
             self.log.info("validating %s with Spark (spark-submit): %s", self.stream, exc)
             return False

@@ -78,7 +78,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         hook = self.stream_hook
-        if not hook.spec.execution.scheduled:
+        if not hook.plan.execution.scheduled:
             return self._run(context)
         previous = run_began(hook.layout.lease_dir)  # the input's watcher asks for no other run meanwhile
         try:
@@ -89,20 +89,20 @@ class StreamSupervisorOperator(StreamDriverOperator):
 
     def _run(self, context: Context, previous_began: float | None = None) -> dict[str, Any]:
         hook, sup = self.stream_hook, self.supervisor
-        ti = context.get("ti")
+        plan, ti = hook.plan, context.get("ti")
         sup.begin(tenure.begin(hook.layout.lease_dir, f"{getattr(ti, 'dag_id', '?')} run {getattr(ti, 'run_id', '?')} "
                                                       f"try {getattr(ti, 'try_number', '?')}"),
-                  RestartBudget(hook.layout.runs_file, hook.spec.supervision.restart),
+                  RestartBudget(hook.layout.runs_file, plan.supervision.restart),
                   events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
                   available_now=hook.spec.available_now,
-                  adaptive=hook.spec.execution if hook.spec.execution.adaptive else None, previous_began=previous_began)
+                  adaptive=plan.execution if plan.execution.adaptive else None, previous_began=previous_began)
         hook.release_hold()
         self._driver_env(hook)
-        app = hook.spec.application
+        app = plan.application
         if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
             from spark_jobs.runtime.driver import APP_SPEC_ENV
 
-            self.application, self.application_args = hook.layout.application_file, list(app.args)
+            self.application, self.application_args = app.file, list(app.args)
             self.env_vars[APP_SPEC_ENV] = str(hook.layout.spec_dir / f"{self.stream}.yaml")
             if self.data_root:
                 self.env_vars["STREAMS_DATA_DIR"] = str(self.data_root)
@@ -262,7 +262,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
 
     def _keep_standby(self, health: Health) -> None:
         """Report a standby that ended, and launch one when the supervisor says so."""
-        ended, launch = self.supervisor.keep_standby(health, self.stream_hook.spec.supervision)
+        ended, launch = self.supervisor.keep_standby(health, self.stream_hook.plan.supervision)
         if ended is not None:
             code, error = ended.result()
             self.log.warning("stream %s: standby %s ended (exit %s%s)", self.stream, ended.driver_id, code,
@@ -275,7 +275,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
         from spark_jobs.runtime.archive import archive
 
         try:
-            result = archive(hook.spec, hook.layout)
+            result = archive(hook.plan)
         except OSError as exc:
             self.log.warning("stream %s: archiving committed input failed (tried again later): %s", self.stream, exc)
             return

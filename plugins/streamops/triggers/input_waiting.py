@@ -70,7 +70,7 @@ class InputWaitingTrigger(BaseEventTrigger):
 
         now = time.time() if now is None else now
         hook = self._hook()
-        execution = hook.spec.execution
+        execution = hook.plan.execution
         if not (execution.scheduled and execution.on_input) or hook.held_by() is not None or hook.driver_alive():
             return None
         control, freshness = hook.layout.lease_dir, duration_seconds(execution.freshness)

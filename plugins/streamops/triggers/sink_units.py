@@ -83,12 +83,11 @@ class SinkUnitsTrigger(BaseEventTrigger):
         state = tuple(file_state(f) for f in files)
         if self._loaded is not None and self._loaded[1] == state:
             return self._loaded[0]
-        spec = hook.spec
-        rules = load_rules(spec, hook.spec_dir)
-        output = spec.output(self.output)
+        rules = load_rules(hook.spec, hook.spec_dir)
+        output = hook.plan.output(self.output)
         # an output validation cannot cut into units (a SQL or Python result, known to Spark only):
         # announced per committed batch, like a table
-        target = next((t for t in targets(spec, rules)[0] if t.output.name == self.output),
+        target = next((t for t in targets(hook.plan, rules)[0] if t.output.name == self.output),
                       Target(output, "snapshot", None, None, None, [], []))
         loaded = (hook, hook.layout, rules, target)
         self._loaded = (loaded, state)

@@ -176,7 +176,7 @@ def stalling_specs(tmp_path: Path, max_attempts: int = 5) -> Path:
 def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: Path, tmp_path: Path) -> None:
     specs = stalling_specs(tmp_path)
     stream = StreamHook("sensors", str(specs), str(data_root))
-    (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
+    (Path(stream.plan.source.landing) / "part-999999.json").write_text("{}\n")  # input waiting
     driver = start_driver(data_root, "ignore")  # alive, holds the lease, commits nothing, ignores the marker
     op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
                                   data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2,
@@ -194,7 +194,7 @@ def test_supervisor_stops_a_stalled_driver_graceful_first_then_hard(data_root: P
 
 def test_supervisor_archives_committed_input_while_the_stream_runs(data_root: Path) -> None:
     stream = hook(data_root)
-    landing = Path(stream.layout.landing)
+    landing = Path(stream.plan.source.landing)
     old = time.time() - 3600  # landed an hour ago: past the spec's archive_after
     for f in landing.iterdir():
         os.utime(f, (old, old))
@@ -228,7 +228,7 @@ def test_a_stalled_driver_that_stops_when_asked_is_restarted_not_left_stopped(da
                                                                               monkeypatch) -> None:
     specs = stalling_specs(tmp_path, max_attempts=1)  # one failed run spends the budget: the test ends there
     stream = StreamHook("sensors", str(specs), str(data_root))
-    (Path(stream.layout.landing) / "part-999999.json").write_text("{}\n")  # input waiting
+    (Path(stream.plan.source.landing) / "part-999999.json").write_text("{}\n")  # input waiting
     # "spark-submit" here starts a driver that holds the lease, commits nothing and exits 0 when asked to stop
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
@@ -574,7 +574,7 @@ def test_a_scheduled_run_starts_no_driver_when_nothing_waits_or_the_stream_was_s
         task.execute({"dag_run": Run("asset_triggered")})
     run = read_json(control / RUN_FILE)
     assert run["ended"] >= run["began"]  # the watcher may ask for the next run
-    (Path(task.stream_hook.layout.landing) / "part-90001.json").write_text('{"event_id": "x"}\n')
+    (Path(task.stream_hook.plan.source.landing) / "part-90001.json").write_text('{"event_id": "x"}\n')
     task.stream_hook.hold("stream_sensors_stop run manual__1 (graceful)")
     with pytest.raises(AirflowSkipException, match="stopped on purpose"):
         task.execute({"dag_run": Run("scheduled")})

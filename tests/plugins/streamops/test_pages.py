@@ -128,12 +128,14 @@ def client(site: Path, monkeypatch, metadata_db):  # a fastapi TestClient
 
 def _supervisor_measures(stream: str) -> None:
     """What a stream's supervisor does at each check (streamops.hooks.stream): ask the broker."""
+    from spark_jobs.plan import compile_plan
     from spark_jobs.spec.layout import Layout, default_data_root, default_spec_dir
     from spark_jobs.spec.loading import load_spec
     from streamops.health import assess
 
     spec = load_spec(default_spec_dir() / f"{stream}.yaml")
-    assess(spec, Layout(spec, default_data_root(), default_spec_dir()))
+    layout = Layout(spec, default_data_root(), default_spec_dir())
+    assess(compile_plan(spec, layout), layout)
 
 
 def _paths(stream: str) -> list[str]:

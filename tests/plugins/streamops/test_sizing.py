@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.progress import EventLog
 from spark_jobs.spec.layout import Layout, default_spec_dir
@@ -41,7 +42,8 @@ def stream(tmp_path: Path):
     data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
     data["execution"] = {"sizing": {"catch_up": "5 minutes", "every": "1 minute"}}
     spec = parse_spec(data)
-    return spec, Layout(spec, tmp_path / "data", default_spec_dir())
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    return compile_plan(spec, layout), layout
 
 
 def progress(layout: Layout, at: float, batch_id: int, rows: int, ms: int) -> None:
@@ -51,12 +53,12 @@ def progress(layout: Layout, at: float, batch_id: int, rows: int, ms: int) -> No
 
 
 def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_changed_enough(stream, monkeypatch) -> None:
-    spec, layout = stream
+    plan, layout = stream
     files_through = {-1: 0}  # the ingestion's checkpoint: files taken through each batch
     monkeypatch.setattr(sizing, "processed_files",
                         lambda checkpoint, through_batch: set(range(files_through[through_batch])))
-    sizer = Sizer(spec, layout)
-    assert sizer.current == spec.source.max_files_per_trigger and sizer.bounds == (1, 10 * sizer.current)
+    sizer = Sizer(plan, layout)
+    assert sizer.current == plan.source.max_files_per_trigger and sizer.bounds == (1, 10 * sizer.current)
     backlog = lambda files: SimpleNamespace(backlog_files=files, backlog_records=None)  # noqa: E731
     assert sizer.observe(backlog(300), T0) is None  # the window begins
     for b in range(12):  # 12 batches of 5 files in the minute, 2.5 s each
@@ -69,8 +71,8 @@ def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_chan
                                   "capacity_per_s", "demand_per_s", "per_trigger", "current", "enough_cores")} == {
         "unit": "files", "taken": 60, "busy_seconds": 30.0, "backlog_before": 300, "backlog": 300,
         "arrival_per_s": 1.0, "capacity_per_s": 2.0, "demand_per_s": 2.0,
-        "per_trigger": math.ceil(2.0 * duration_seconds(spec.trigger.processing_time)),
-        "current": spec.source.max_files_per_trigger, "enough_cores": False}
+        "per_trigger": math.ceil(2.0 * duration_seconds(plan.trigger.processing_time)),
+        "current": plan.source.max_files_per_trigger, "enough_cores": False}
     # the same load a minute later: nothing new to record
     for b in range(12, 24):
         progress(layout, T0 + 60 + 5 * (b - 12) + 1, b, 500, 2500)
@@ -86,8 +88,8 @@ def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_chan
     log = EventLog(layout.events_file, history=History(layout.history_file))
     log.write({**event, "logged_at": T0 + 60})
     log.write({**quiet, "logged_at": T0 + 180})
-    traces = {t["name"]: t for t in next(c for c in views.charts(spec, layout, "1h", now=T0 + 240)["charts"]
+    traces = {t["name"]: t for t in next(c for c in views.charts(plan, layout, "1h", now=T0 + 240)["charts"]
                                          if c["id"] == "backlog")["traces"]}
     assert traces["per trigger: recommended (sizing by lag)"]["y"] == [event["per_trigger"], quiet["per_trigger"]]
-    assert f"per trigger: the source's own ({spec.source.max_files_per_trigger})" in traces
+    assert f"per trigger: the source's own ({plan.source.max_files_per_trigger})" in traces
     assert json.loads(layout.events_file.read_text().splitlines()[-1])["event"] == "sizing_decision"

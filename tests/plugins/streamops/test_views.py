@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.history import History
 from spark_jobs.spec.layout import (
     Layout,
@@ -59,8 +59,13 @@ def layout(tmp_path: Path) -> Layout:
     return layout
 
 
-def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout: Layout) -> None:
-    data = views.charts(SPEC, layout, "15m", now=NOW)
+@pytest.fixture
+def plan(layout: Layout) -> StreamPlan:
+    return compile_plan(SPEC, layout)
+
+
+def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout: Layout, plan: StreamPlan) -> None:
+    data = views.charts(plan, layout, "15m", now=NOW)
     assert data["resolution"] == "per batch"
     charts = {c["id"]: {t["name"]: t["y"] for t in c["traces"]} for c in data["charts"]}
     assert charts["rates"]["input"] == [10.0, 10.0]
@@ -76,7 +81,7 @@ def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout:
         ("validation failed", "validated 2 unit(s), 1 failed"), ("stop", "stop requested")]
 
 
-def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout) -> None:
+def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout, plan: StreamPlan) -> None:
     from streamops.cost import CPU, RSS
 
     history = History(layout.history_file)
@@ -84,13 +89,13 @@ def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout)
     for at, cpu, rss in ((start + 5, 2.0, 800.0), (start + 10, 3.0, 950.0), (start + 125, 1.5, 700.0)):
         history.sample({CPU: cpu, RSS: rss}, at=at)
     for range_key in ("15m", "24h"):
-        charts = {c["id"]: c for c in views.charts(SPEC, layout, range_key, now=NOW)["charts"]}
+        charts = {c["id"]: c for c in views.charts(plan, layout, range_key, now=NOW)["charts"]}
         traces = {t["name"]: t["y"] for t in charts["cost"]["traces"]}
         assert traces == {"driver CPU seconds per minute": [5.0, 1.5], "driver memory (MB)": [950.0, 700.0]}, traces
         assert charts["cost"]["y2"] == "MB"
 
 
-def test_an_adaptive_streams_choices_of_mode_are_marked_with_their_rates(layout: Layout) -> None:
+def test_an_adaptive_streams_choices_of_mode_are_marked_with_their_rates(layout: Layout, plan: StreamPlan) -> None:
     from spark_jobs.runtime.progress import EventLog
 
     events = EventLog(layout.events_file, history=History(layout.history_file))
@@ -98,25 +103,25 @@ def test_an_adaptive_streams_choices_of_mode_are_marked_with_their_rates(layout:
         events.write({"event": "execution_decision", "stream": "sensors", "mode": mode, "rows": 1, "rate": rate,
                       "logged_at": at})
     for range_key in ("15m", "24h"):
-        marked = [(m["kind"], m["text"]) for m in views.charts(SPEC, layout, range_key, now=NOW)["markers"]
+        marked = [(m["kind"], m["text"]) for m in views.charts(plan, layout, range_key, now=NOW)["markers"]
                   if m["kind"] in ("continuous", "scheduled")]
         assert marked == [("continuous", "adaptive: runs continuous (5.404 records/s)"),
                           ("scheduled", "adaptive: runs scheduled (0 records/s)")], marked
 
 
-def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout) -> None:
-    day = views.charts(SPEC, layout, "24h", now=NOW)
+def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout, plan: StreamPlan) -> None:
+    day = views.charts(plan, layout, "24h", now=NOW)
     assert day["resolution"] == "per minute"
     rates = next(c for c in day["charts"] if c["id"] == "rates")
     assert sum(next(t for t in rates["traces"] if t["name"] == "input")["y"]) == pytest.approx(200 / 60, abs=0.01)
     with pytest.raises(views.RangeError, match="range must be one of 15m, 1h, 24h"):
-        views.charts(SPEC, layout, "7d")
+        views.charts(plan, layout, "7d")
 
 
-def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layout: Layout) -> None:
+def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layout: Layout, plan: StreamPlan) -> None:
     health = {"status": "healthy", "reason": "committing", "backlog_files": 3,
               "last_committed": {INGEST_FLOW: 9, "site_temperature_10m": 8, "device_status": None}}
-    data = views.flow(SPEC, layout, health, "15m", now=NOW)
+    data = views.flow(plan, layout, health, "15m", now=NOW)
     nodes = {n["key"]: n for n in data["nodes"]}
     assert nodes["landing"]["rows_out"] == 200 and "3 file(s) waiting" in nodes["landing"]["detail"]
     ingestion = nodes["ingestion"]
@@ -133,8 +138,8 @@ def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layo
     assert all(0 <= link["source"] < len(data["nodes"]) for link in data["links"])
 
 
-def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout) -> None:
-    trend = views.trend(SPEC, layout, now=NOW)
+def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout, plan: StreamPlan) -> None:
+    trend = views.trend(plan, layout, now=NOW)
     processed, backlog = trend["traces"]
     assert processed["y"] == [40.0, 41.0] and backlog["y"] == [3]
 
@@ -149,9 +154,10 @@ def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> Non
                             "sink": {"type": "console"}})
     spec = parse_spec(data)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    flow = views.flow(spec, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
+    plan = compile_plan(spec, layout)
+    flow = views.flow(plan, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
     assert next(n for n in flow["nodes"] if n["key"] == "sink:peek")["detail"].startswith("console sink (not kept)")
-    assets = sink_assets(compile_plan(spec, layout), {"spec_dir": None, "data_root": None})
+    assets = sink_assets(plan, {"spec_dir": None, "data_root": None})
     assert [a.name for a in assets] == ["stream_sensors.readings", "stream_sensors.site_temperature_10m",
                                         "stream_sensors.device_status"]
     assert quality_schedule(parse_rules({"on_new_output": False}, spec), assets) is None  # by hand only
@@ -173,7 +179,8 @@ def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_
     path = layout.data("delta/rows")
     for i in range(3):
         spark.range(i * 10, i * 10 + 10).toDF("value").coalesce(1).write.format("delta").mode("append").save(path)
-    first = {t["output"]: t for t in views.delta_tables(spec, layout)}
+    plan = compile_plan(spec, layout)
+    first = {t["output"]: t for t in views.delta_tables(plan)}
     assert (first["rows"]["files"], first["rows"]["version"], first["rows"]["compacted"]) == (3, 2, None)
     assert first["rows"]["bytes"] == sum(p.stat().st_size for p in Path(path).glob("*.parquet"))
     assert first["later"] == {"output": "later", "path": layout.data("delta/later"), "note": "no table yet",
@@ -182,6 +189,6 @@ def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_
 
     maintenance.optimize(spark, path)
     maintenance.vacuum(spark, path, 0)
-    (table,) = [t for t in views.delta_tables(spec, layout) if t["output"] == "rows"]
+    (table,) = [t for t in views.delta_tables(plan) if t["output"] == "rows"]
     assert table["files"] == 1 and table["version"] == 5  # OPTIMIZE, then VACUUM START and END
     assert table["compacted"] <= table["vacuumed"] <= iso(time.time())
