@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING
 
 from spark_jobs import frames, user_code
 from spark_jobs.plan import (
+    DeltaDataset,
+    KafkaDataset,
+    SourcePlan,
     StreamPlan,
     Transformed,
     compile_plan,
-    compile_source,
     ddl,
     joined_columns,
-    spark_options,
 )
 from spark_jobs.quality.rules import load_rules, rules_path, unknown_columns
 from spark_jobs.sinks.table import spec_type
@@ -46,10 +47,8 @@ from spark_jobs.spec.models import (
     INPUT_VIEW,
     SPARK_TYPES,
     KafkaSink,
-    KafkaSource,
     Output,
     ParquetSink,
-    SparkSource,
     SpecError,
     StreamSpec,
     TableSink,
@@ -216,10 +215,9 @@ def result_columns(spark: SparkSession, spec: StreamSpec, plan: StreamPlan,
     return columns, problems
 
 
-def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
+def _kafka_problems(spark: SparkSession, source: SourcePlan) -> list[tuple[str, str]]:
     """Spark's Kafka connector must be on the driver's class path, and Spark must take the
     source's options. Building the reader contacts no broker (``_probe_brokers`` does)."""
-    source = compile_source(spec, layout)
     kafka = source.kafka
     assert kafka is not None
     try:
@@ -243,28 +241,28 @@ def _kafka_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
     return []
 
 
-def _kafka_sink_problems(spec: StreamSpec) -> list[tuple[str, str]]:
+def _kafka_sink_problems(plan: StreamPlan) -> list[tuple[str, str]]:
     """A Kafka sink's ``${VAR}`` must be set in the driver's environment."""
     problems = []
-    for i, out in enumerate(spec.outputs):
-        if isinstance(out.sink, KafkaSink):
+    for i, out in enumerate(plan.outputs):
+        if isinstance(out.sink, KafkaDataset):
             try:
                 kafka_source.servers(out.sink.bootstrap_servers, f"outputs[{i}].sink.bootstrap_servers")
-                kafka_source.source_options(spark_options(out.sink.options))
+                kafka_source.source_options(out.sink.options)
             except kafka_source.KafkaUnavailable as exc:
                 problems.append((exc.field, exc.message))
     return problems
 
 
-def _delta_problems(spark: SparkSession, spec: StreamSpec) -> list[tuple[str, str]]:
+def _delta_problems(spark: SparkSession, plan: StreamPlan) -> list[tuple[str, str]]:
     """A stream with Delta tables needs Delta Lake's jars on the driver's class path, and a
     session with its extension (``spark_jobs.runtime.session``), before any batch runs."""
     from py4j.java_gateway import JavaClass
 
     from spark_jobs.runtime.session import DELTA_CONF
 
-    fields = [f"outputs[{i}].sink.type" for i, out in enumerate(spec.outputs) if out.sink.type == "delta"]
-    if spec.accepted.format == "delta":
+    fields = [f"outputs[{i}].sink.type" for i, out in enumerate(plan.outputs) if isinstance(out.sink, DeltaDataset)]
+    if plan.ingestion is not None and plan.ingestion.accepted_is_delta:
         fields.insert(0, "accepted.format")
     if not fields:
         return []
@@ -278,32 +276,30 @@ def _delta_problems(spark: SparkSession, spec: StreamSpec) -> list[tuple[str, st
     return []
 
 
-def _probe_brokers(spec: StreamSpec, layout: Layout) -> None:
+def _probe_brokers(plan: StreamPlan) -> None:
     """The brokers a stream reads and writes must answer and hold its topics, else
     :class:`KafkaUnavailable` naming the field (a situation to restart from, not a bad spec)."""
-    if isinstance(spec.source, KafkaSource):
-        source = compile_source(spec, layout)
-        assert source.kafka is not None
+    source = plan.source
+    if source is not None and source.kafka is not None:
         kafka_source.probe(source.kafka, source.reader_options)
-    for i, out in enumerate(spec.outputs):
-        if isinstance(out.sink, KafkaSink):
+    for i, out in enumerate(plan.outputs):
+        if isinstance(out.sink, KafkaDataset):
             field = f"outputs[{i}].sink"
             bootstrap = kafka_source.servers(out.sink.bootstrap_servers, f"{field}.bootstrap_servers")
-            options = spark_options(out.sink.options)
+            options = out.sink.options
             name = out.sink.bootstrap_servers  # as the spec says it, never expanded
             if out.sink.topic not in kafka_source.topics_on(bootstrap, options, field=f"{field}.bootstrap_servers",
                                                             name=name):
                 raise kafka_source.missing_topic(out.sink.topic, name, f"{field}.topic")
 
 
-def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[tuple[str, str]]:
+def source_problems(spark: SparkSession, source: SourcePlan | None) -> list[tuple[str, str]]:
     """A Spark source (``source: {type: spark}``) must load and give every declared column
     in a type that casts to the declared one; a Kafka source needs Spark's connector."""
-    if isinstance(spec.source, KafkaSource):
-        return _kafka_problems(spark, spec, layout)
-    if not isinstance(spec.source, SparkSource):
+    if source is not None and source.kind == "kafka":
+        return _kafka_problems(spark, source)
+    if source is None or source.kind != "spark":
         return []
-    source = compile_source(spec, layout)
     reader = spark.readStream.format(source.format).options(**source.reader_options)
     try:
         if source.reader_schema:
@@ -314,7 +310,7 @@ def source_problems(spark: SparkSession, spec: StreamSpec, layout: Layout) -> li
         return [("source", f"Spark cannot read the {source.format} source: {spark_message(exc)}")]
     types = {f.name: f.dataType for f in given.schema.fields}
     problems = []
-    for i, c in enumerate(spec.source.columns):
+    for i, c in enumerate(source.columns):
         if c.name not in types:
             problems.append((f"source.columns[{i}].name", f"the {source.format} source gives no column {c.name!r}; "
                                                           f"it has {list(types)}"))
@@ -370,17 +366,17 @@ def analyze(spark: SparkSession, spec: StreamSpec, layout: Layout,
     if spec.application is not None:
         return None
     path = spec_path if spec_path is not None else layout.spec_dir / f"{spec.name}.yaml"
-    problems = source_problems(spark, spec, layout)
-    if problems:
-        raise SpecError(path, problems)
-    problems = _kafka_sink_problems(spec) + _delta_problems(spark, spec)
-    if problems:
-        raise SpecError(path, problems)
-    _probe_brokers(spec, layout)
     transformed, problems = transform_result(spark, spec, layout.transforms_dir)
     if problems:
         raise SpecError(path, problems)
-    plan = compile_plan(spec, layout, transformed)
+    plan = compile_plan(spec, layout, transformed)  # once; what follows checks it
+    problems = source_problems(spark, plan.source)
+    if problems:
+        raise SpecError(path, problems)
+    problems = _kafka_sink_problems(plan) + _delta_problems(spark, plan)
+    if problems:
+        raise SpecError(path, problems)
+    _probe_brokers(plan)
     columns, problems = result_columns(spark, spec, plan)
     if problems:
         raise SpecError(path, problems)

@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.plan import StreamPlan, has_ingestion
+from spark_jobs.plan import DeltaDataset, OutputPlan, StreamPlan
 from spark_jobs.quality import closing
 from spark_jobs.runtime.checkpoint import accepted_last_batch, sink_files
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
@@ -51,10 +51,7 @@ from spark_jobs.spec.models import (
     EVENT_DATE_COLUMN,
     WINDOW_END,
     WINDOW_START,
-    DeltaSink,
-    Output,
     SpecError,
-    StreamSpec,
 )
 
 if TYPE_CHECKING:
@@ -110,38 +107,39 @@ def range_label(lo: datetime, hi: datetime) -> str:
     return f"range={compact(lo)}_{compact(hi)}"
 
 
-def output_dir(spec: StreamSpec, layout: Layout, output: str, lo: datetime, hi: datetime) -> Path:
+def output_dir(layout: Layout, output: str, lo: datetime, hi: datetime) -> Path:
     return layout.backfill_dir(output) / range_label(lo, hi)
 
 
-def run(spark: SparkSession, spec: StreamSpec, layout: Layout, start: str, end: str) -> dict[str, int]:
-    """Write every output for the range; rows written per output."""
+def run(spark: SparkSession, plan: StreamPlan, layout: Layout, start: str, end: str) -> dict[str, int]:
+    """Write every output for the range; rows written per output. ``plan``: the stream's, its
+    transform analyzed (``analysis.resolve_plan``)."""
     from pyspark.sql import functions as F
 
-    from spark_jobs import analysis, frames
+    from spark_jobs import frames
 
-    if not has_ingestion(spec) or spec.event_time is None:
-        raise BackfillError(f"stream {spec.name} cannot be backfilled: it needs accepted rows and event_time")
+    event_time = plan.event_time_column
+    if plan.ingestion is None or event_time is None:
+        raise BackfillError(f"stream {plan.stream} cannot be backfilled: it needs accepted rows and event_time")
     lo, hi = parse_range(start, end)
-    plan = analysis.resolve_plan(spark, spec, layout)
-    assert plan.ingestion is not None
     if accepted_last_batch(plan.ingestion) is None:
-        raise BackfillError(f"stream {spec.name} has no accepted rows yet ({plan.accepted_path} holds no committed batch)")
-    ts = F.col(spec.event_time.column)
+        raise BackfillError(f"stream {plan.stream} has no accepted rows yet ({plan.accepted_path} holds no committed batch)")
+    ts = F.col(event_time)
     accepted = frames.accepted_batch(spark, plan.ingestion)
     in_range = accepted.where((ts >= F.lit(lo.replace(tzinfo=None))) & (ts < F.lit(hi.replace(tzinfo=None)))).cache()
     if in_range.limit(1).count() == 0:
-        raise BackfillError(f"stream {spec.name} has no accepted rows with {spec.event_time.column} in "
+        raise BackfillError(f"stream {plan.stream} has no accepted rows with {event_time} in "
                             f"[{lo.isoformat()}, {hi.isoformat()})")
-    results = [(output, frames.output_frame(in_range, plan, plan.output(output.name))) for output in spec.outputs]
+    results = [(output, frames.output_frame(in_range, plan, output)) for output in plan.outputs]
     in_place = {o.name: in_place_range(plan, o, frame.columns, lo, hi) for o, frame in results}  # all checked first
     written: dict[str, int] = {}
     for output, frame in results:
         condition = in_place[output.name]
         if condition is None:
-            written[output.name] = _write_folder(spark, output, frame, output_dir(spec, layout, output.name, lo, hi))
+            written[output.name] = _write_folder(spark, output, frame, output_dir(layout, output.name, lo, hi))
         else:
-            written[output.name] = _replace_range(spark, spec, layout, output, frame, condition, range_label(lo, hi))
+            written[output.name] = _replace_range(spark, plan.stream, layout, output, frame, condition,
+                                                  range_label(lo, hi))
     in_range.unpersist()
     return written
 
@@ -150,12 +148,12 @@ def _sql_time(value: datetime) -> str:
     return f"TIMESTAMP '{value.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f')}'"  # the session's time zone is UTC
 
 
-def in_place_range(plan: StreamPlan, output: Output, columns: list[str], lo: datetime, hi: datetime) -> str | None:
+def in_place_range(plan: StreamPlan, output: OutputPlan, columns: list[str], lo: datetime, hi: datetime) -> str | None:
     """The condition (SQL) selecting the rows of the range in the output's Delta table, if
     the output is rewritten there: windows wholly inside ``[lo, hi)``, or rows whose event
     time is in it. None for an output written to the backfill folder. Refused (with the
     reason) when the stream could still write rows of the range into the table."""
-    if not isinstance(output.sink, DeltaSink) or output.mode != "append":
+    if not isinstance(output.sink, DeltaDataset) or output.mode != "append":
         return None
     event_time = plan.event_time_column
     if WINDOW_START in columns and WINDOW_END in columns:
@@ -176,7 +174,7 @@ def in_place_range(plan: StreamPlan, output: Output, columns: list[str], lo: dat
     return condition
 
 
-def _write_folder(spark: SparkSession, output: Output, frame: DataFrame, target: Path) -> int:
+def _write_folder(spark: SparkSession, output: OutputPlan, frame: DataFrame, target: Path) -> int:
     staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     writer = frame.write.mode("overwrite")
     partitions = getattr(output.sink, "partition_by", [])
@@ -193,19 +191,19 @@ def _write_folder(spark: SparkSession, output: Output, frame: DataFrame, target:
     return rows
 
 
-def _replace_range(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output, frame: DataFrame,
+def _replace_range(spark: SparkSession, stream: str, layout: Layout, output: OutputPlan, frame: DataFrame,
                    condition: str, label: str) -> int:
     """One commit of the table: its rows matching ``condition`` replaced by the range's result
     (a commit that loses to the stream's or a compaction's is tried again)."""
     from delta.tables import DeltaTable
 
-    assert isinstance(output.sink, DeltaSink)
-    path = layout.data(output.sink.path)
+    assert isinstance(output.sink, DeltaDataset)
+    path = output.sink.path
     if not DeltaTable.isDeltaTable(spark, path):
         raise BackfillError(f"output {output.name}: there is no Delta table at {path} yet to rewrite a range of")
     rows = frame.where(condition).cache()
     count = rows.count()
-    metadata = json.dumps({"stream": spec.name, "output": output.name, "backfill": label, "condition": condition,
+    metadata = json.dumps({"stream": stream, "output": output.name, "backfill": label, "condition": condition,
                            "run": uuid.uuid4().hex}, sort_keys=True)  # this run's commit, found by it below
 
     def commit() -> None:
@@ -252,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_session(f"backfill:{spec.name}", spec)
     try:
-        written = run(spark, spec, Layout(spec, args.data_root, Path(args.spec).resolve().parent), args.start, args.end)
+        from spark_jobs.analysis import resolve_plan
+
+        layout = Layout(spec, args.data_root, Path(args.spec).resolve().parent)
+        written = run(spark, resolve_plan(spark, spec, layout), layout, args.start, args.end)
     except BackfillError as exc:
         log.error("%s", exc)
         return 2

@@ -53,6 +53,7 @@ from spark_jobs.spec.models import (
     Passthrough,
     PythonQuery,
     RateSource,
+    Spark,
     SparkSource,
     SqlQuery,
     StreamSpec,
@@ -246,6 +247,9 @@ class SourcePlan:
     rows_per_second: int | None = None
     reader_schema: str | None = None  # spark: the schema handed to the reader, if the spec gives one
     kafka: KafkaPlan | None = None
+    #: files: where landed files go once ingested (``spark_jobs.runtime.archive``), and how long after they landed
+    archive_path: str | None = None
+    archive_after: str | None = None
 
     @property
     def reader_options(self) -> dict[str, str]:
@@ -434,6 +438,9 @@ class OutputPlan:
     reads_source: bool  # a continuous output reads the source itself (no table between the stages)
     #: the ingestion writes this output: its sink is the accepted-rows table (:func:`written_by_ingestion`)
     written_by_ingestion: bool = False
+    #: the output the ingestion writes: where a flow of its own kept its checkpoint before (nothing is
+    #: written there; a checkpoint still there is refused, ``runtime.checkpoint``)
+    former_checkpoint: str | None = None
 
     @property
     def emits_by_watermark(self) -> bool:
@@ -476,6 +483,8 @@ class StreamPlan:
     trigger: Trigger = field(default_factory=lambda: Trigger(processing_time="10 seconds"))
     execution: Execution = field(default_factory=Execution)
     supervision: Supervision = field(default_factory=Supervision)
+    #: the session's settings (its ``spark.conf``, memory, the connection that says where Spark runs)
+    spark: Spark = field(default_factory=Spark)
 
     def output(self, name: str) -> OutputPlan:
         for o in self.outputs:
@@ -581,7 +590,9 @@ def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
     src = spec.source
     if isinstance(src, FileSource):
         return SourcePlan("files", columns=list(src.columns), format=src.format, options=dict(src.options),
-                          landing=layout.data(src.path), max_files_per_trigger=src.max_files_per_trigger)
+                          landing=layout.data(src.path), max_files_per_trigger=src.max_files_per_trigger,
+                          archive_path=layout.data(src.archive_path) if src.archive_path else None,
+                          archive_after=src.archive_after)
     if isinstance(src, KafkaSource):
         return SourcePlan("kafka", columns=list(src.columns), format=src.format, options=dict(src.options),
                           kafka=KafkaPlan(src.bootstrap_servers, list(src.topics) if src.topics else None, src.pattern,
@@ -607,7 +618,8 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         return StreamPlan(spec.name, None, None, None, [], checkpoint_root=root,
                           checkpoints={q: layout.data(paths[q]) for q in app.queries},
                           application=ApplicationPlan(layout.include(app.path), list(app.args), list(app.queries)),
-                          trigger=spec.trigger, execution=spec.execution, supervision=spec.supervision)
+                          trigger=spec.trigger, execution=spec.execution, supervision=spec.supervision,
+                          spark=spec.spark)
     source = compile_source(spec, layout)
     et = spec.event_time
     event_time = None if et is None else EventTimePlan(
@@ -636,7 +648,8 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         name=o.name, query_name=query_name(spec.name, o.name), query=o.query, mode=o.mode,
         trigger=trigger_for(spec, o), checkpoint=None if o is written else layout.data(paths[o.name]),
         columns=result_columns(spec, o), key=result_key(spec, o), sink=_sink(layout, o.sink),
-        reads_source=trigger_for(spec, o).kind == "continuous", written_by_ingestion=o is written)
+        reads_source=trigger_for(spec, o).kind == "continuous", written_by_ingestion=o is written,
+        former_checkpoint=layout.data(paths[o.name]) if o is written else None)
         for o in spec.outputs]
     python = (any(isinstance(o.query, PythonQuery) for o in spec.outputs)
               or (spec.transform is not None and spec.transform.python is not None))
@@ -645,4 +658,4 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
                       transforms_dir=str(layout.transforms_dir) if python else None, checkpoint_root=root,
                       checkpoints=checkpoints, trigger=spec.trigger, execution=spec.execution,
-                      supervision=spec.supervision)
+                      supervision=spec.supervision, spark=spec.spark)

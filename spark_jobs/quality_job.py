@@ -25,13 +25,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import SpecError
 
 if TYPE_CHECKING:
     from spark_jobs.quality.rules import QualityRules
-    from spark_jobs.spec.models import StreamSpec
 
 log = logging.getLogger("quality_job")
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("--without-spark validates what closed since the last run; backfills and runs again need Spark")
             return 2
         try:
-            result = run_without_spark(spec, layout, rules)
+            result = run_without_spark(compile_plan(spec, layout), layout, rules)
         except NeedsSpark as exc:
             log.error("this run needs Spark: %s", exc)
             return 3
@@ -79,12 +79,14 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", exc)
             return 2
     else:
+        from spark_jobs.analysis import resolve_plan
         from spark_jobs.runtime.session import build_session
 
         spark = build_session(f"quality:{spec.name}", spec)
         try:
+            plan = resolve_plan(spark, spec, layout)  # its transform analyzed
             with run_lock(layout.quality_dir):
-                result = Validator(spark, spec, layout, rules).run(backfill_label=label, again=args.again)
+                result = Validator(spark, plan, layout, rules).run(backfill_label=label, again=args.again)
         except (SpecError, UnknownRun) as exc:
             log.error("%s", exc)
             return 2
@@ -98,22 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_without_spark(spec: StreamSpec, layout: Layout, rules: QualityRules) -> dict:
+def run_without_spark(plan: StreamPlan, layout: Layout, rules: QualityRules) -> dict:
     """Validate what closed since the last run in this process, without a JVM: the rows read
     with pyarrow or deltalake, Great Expectations' pandas engine, the same suites, ledger and
     Data Docs as the Spark job's (``spark_jobs.quality.pandas_engine``). Raises
     :class:`~spark_jobs.quality.pandas_engine.NeedsSpark` before anything is validated when
     the run needs Spark: the spec or rules (a transform, a SQL output, an expectation only Spark
-    computes so), or more rows of an output than ``pandas_max_rows``."""
+    computes so), or more rows of an output than ``pandas_max_rows``. ``plan``: ``compile_plan``'s
+    (a stream whose plan needs Spark's analysis, one with a transform, needs Spark)."""
     from spark_jobs.quality.ledger import run_lock
     from spark_jobs.quality.pandas_engine import NeedsSpark, PandasRows, needs_spark
     from spark_jobs.quality.validation import Validator
 
-    reason = needs_spark(spec, rules)
+    reason = needs_spark(plan, rules)
     if reason is not None:
         raise NeedsSpark(reason)
     with run_lock(layout.quality_dir):
-        return Validator(None, spec, layout, rules, rows=PandasRows(rules.pandas_max_rows)).run()
+        return Validator(None, plan, layout, rules, rows=PandasRows(rules.pandas_max_rows, plan.event_time_column)).run()
 
 
 def describe(result: dict) -> list[str]:

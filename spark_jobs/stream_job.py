@@ -33,9 +33,11 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
+from typing import TYPE_CHECKING
 
-from spark_jobs.plan import has_ingestion
+from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.driver import (
     EXIT_BAD_SPEC,
     EXIT_FAILED,
@@ -67,8 +69,12 @@ from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     INGEST_FLOW,
     SpecError,
+    StreamSpec,
     Trigger,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("stream_job")
 #: a standby that took the stream over starts its outputs once the ingestion's first trigger ended, or after this
@@ -111,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
         return exc.code
     if spec.application is not None:
         log.error("%s: stream %s is an application; the supervisor runs %s itself", args.spec, spec.name,
-                  layout.application_file)
+                  layout.include(spec.application.path))
         return EXIT_BAD_SPEC
-    lease = lease_of(spec, layout)
+    lease = lease_of(layout, spec.supervision)
     if not args.standby:
         try:
             lease.acquire()
@@ -126,37 +132,24 @@ def run(args: argparse.Namespace) -> int:
         lease.release()
 
 
-def _trigger(args: argparse.Namespace, spec) -> Trigger | None:
+def _trigger(args: argparse.Namespace, plan: StreamPlan) -> Trigger | None:
     """The trigger the arguments ask for; None: the spec's (a scheduled stream's runs are available-now)."""
-    if args.trigger == "available-now" or (spec.execution.mode == "scheduled" and not args.processing_time):
+    if args.trigger == "available-now" or (plan.execution.mode == "scheduled" and not args.processing_time):
         return Trigger(available_now=True)
     if args.processing_time:
         return Trigger(processing_time=args.processing_time)
     return None
 
 
-def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:
-    from spark_jobs import changes, upgrade
+def _run(spec: StreamSpec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:
+    """The driver's one compilation: the session its analysis needs, then the plan (:func:`_drive` runs it)."""
     from spark_jobs.analysis import analyze
-    from spark_jobs.flows import queries
-    from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
-    from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import build_session, fence_lease
-    from spark_jobs.runtime.warmup import rehearse
 
     stop_requested = prepare_to_stop()
-    standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
-                            args.supervisor) if args.standby else None
     spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
     events = EventLog(layout.events_file, history=History(layout.history_file), tags={"host": host_id()})
     report_loss(lease, events, spec.name)
-    trigger = _trigger(args, spec)
-    # available-now: the ingestion takes what waits, then the outputs take what it committed;
-    # otherwise every query runs at once
-    phases: list = [None]
-    if (trigger or spec.trigger).available_now and has_ingestion(spec):
-        phases = [lambda name: name == INGEST_FLOW, lambda name: name != INGEST_FLOW]
-    code, cause, started = EXIT_OK, "", False
     try:
         try:
             plan = analyze(spark, spec, layout, args.spec)  # the plan, once every check only Spark can make passed
@@ -164,39 +157,65 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             log.error("%s", exc)
             # a restart would fail alike: the supervisor stops on this event instead
             events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:4000], "invalid_spec": True})
-            code = EXIT_BAD_SPEC
-            return code
+            return EXIT_BAD_SPEC
         except KafkaUnavailable as exc:  # the broker or a topic is not there (yet): a failure to restart from
-            code = _start_failed(spec, layout, events, exc)
-            return code
+            return _start_failed(layout, events, exc)
+        return _drive(spark, plan, layout, args, lease, events, stop_requested)
+    finally:
+        fence_lease(spark, None, None)  # a session that outlives this driver (a test's) holds no lease
+        spark.stop()
+
+
+def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse.Namespace, lease: DriverLease,
+           events: EventLog, stop_requested: threading.Event) -> int:
+    """Judge the plan against its checkpoint, start its flows (after a takeover, for a standby) and supervise them."""
+    from spark_jobs import changes, upgrade
+    from spark_jobs.flows import queries
+    from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
+    from spark_jobs.runtime.progress import ProgressListener
+    from spark_jobs.runtime.session import fence_lease
+    from spark_jobs.runtime.warmup import rehearse
+
+    stream = plan.stream
+    standby = StandbyRecord(layout.lease_dir, os.environ.get(DRIVER_ID_ENV) or f"{host_id()}-{os.getpid()}",
+                            args.supervisor) if args.standby else None
+    trigger = _trigger(args, plan)
+    # available-now: the ingestion takes what waits, then the outputs take what it committed;
+    # otherwise every flow runs at once
+    phases: list = [None]
+    if (trigger or plan.trigger).available_now and plan.ingestion is not None:
+        phases = [lambda name: name == INGEST_FLOW, lambda name: name != INGEST_FLOW]
+    code, cause, started = EXIT_OK, "", False
+    try:
         unfinished = upgrade.unfinished(layout)
         held = upgrade.held_outputs(unfinished, args.spec)  # rebuilt beside their sinks while the others run
         if unfinished is not None and held is None:
             message = (f"upgrade {unfinished['number']} of the stream is unfinished ({unfinished['phase']}): run it "
                        "again to finish it, or roll it back (docs/changes.md)")
-            log.error("stream %s: %s; nothing started", spec.name, message)
-            events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
+            log.error("stream %s: %s; nothing started", stream, message)
+            events.write({"event": "driver_failed", "stream": stream, "invalid_spec": True, "spec_changed": True,
                           "error": message})
             code = EXIT_BAD_SPEC
             return code
         held = held or []
         previous = previous_plan(layout)
-        verdicts = changes.judge(plan, previous, args.spec, spec.event_time.watermark if spec.event_time else None)
+        watermark = plan.ingestion.event_time.watermark if plan.ingestion and plan.ingestion.event_time else None
+        verdicts = changes.judge(plan, previous, args.spec, watermark)
         refused = [v for v in changes.blocking(verdicts) if v.flow not in held]
         if refused:  # resumed under its checkpoint, a sink would mix old and new results
             log.error("stream %s: the spec changed in ways its checkpoint cannot honestly resume; nothing started. "
-                      "Restore the spec, or carry the change out as docs/changes.md says. Per flow:\n%s", spec.name,
+                      "Restore the spec, or carry the change out as docs/changes.md says. Per flow:\n%s", stream,
                       changes.report(verdicts))
-            events.write({"event": "driver_failed", "stream": spec.name, "invalid_spec": True, "spec_changed": True,
+            events.write({"event": "driver_failed", "stream": stream, "invalid_spec": True, "spec_changed": True,
                           "error": "spec changed: an upgrade is needed (docs/changes.md)\n" + changes.report(refused)[:3800],
                           "verdicts": {v.flow: v.verdict for v in verdicts}})
             code = EXIT_BAD_SPEC
             return code
-        try:  # everything up to the queries' start, before a standby waits
+        try:  # everything up to the flows' start, before a standby waits
             refuse_incompatible(plan, layout)
             planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
         except Exception as exc:  # reported, then exit non-zero
-            code = _start_failed(spec, layout, events, exc)
+            code = _start_failed(layout, events, exc)
             return code
         if standby is not None:
             rehearse(spark, plan)  # the first batches' compiling done before a takeover, not after it
@@ -205,8 +224,8 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             standby.remove()  # a standby no more
         fence_lease(spark, lease.records_dir, lease.epoch)  # Spark's own checkpoint writes, from now on
         events.tags["epoch"] = lease.epoch
-        events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(),
-                      "trigger": "available-now" if (trigger or spec.trigger).available_now else args.trigger,
+        events.write({"event": "driver_started", "stream": stream, "pid": os.getpid(),
+                      "trigger": "available-now" if (trigger or plan.trigger).available_now else args.trigger,
                       "standby": args.standby})
         started = True
         now = time.time()
@@ -214,11 +233,11 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
             log.info("a removed output's checkpoint archived in %s (its sink is kept)", archived)
         changes.keep(layout, args.spec, plan, now)
         upgrade.write_running_plan(layout, plan, previous, held)
-        ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
+        ProgressListener(events, stream, plan.spark_query_names).add(spark)
         if held:
             log.info("upgrade %d: outputs %s are held while they are rebuilt; they start once it swapped them in",
                      unfinished["number"], ", ".join(held))
-            events.write({"event": "outputs_held", "stream": spec.name, "outputs": held,
+            events.write({"event": "outputs_held", "stream": stream, "outputs": held,
                           "upgrade": unfinished["number"]})
         release = upgrade.Release(layout, unfinished, [p for p in planned if p.name in held], spark, events)
         runnable = [p for p in planned if p.name not in held]
@@ -229,7 +248,7 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
                 else:
                     started_queries = queries.start_planned(spark, runnable, only)
             except Exception as exc:  # reported, then exit non-zero
-                code = _start_failed(spec, layout, events, exc)
+                code = _start_failed(layout, events, exc)
                 return code
             code, cause, stopped = supervise_queries(plan, layout, started_queries, stop_requested, events, lease,
                                                      args.grace_seconds, release=release)
@@ -239,21 +258,19 @@ def _run(spec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> 
         if standby is not None:
             standby.remove()
         if started:
-            events.write({"event": "driver_stopped", "stream": spec.name, "exit_code": code})
-        fence_lease(spark, None, None)  # a session that outlives this driver (a test's) holds no lease
-        spark.stop()
+            events.write({"event": "driver_stopped", "stream": stream, "exit_code": code})
     if code != EXIT_OK:
-        log.error("stream %s failed: %s", spec.name, cause)
+        log.error("stream %s failed: %s", stream, cause)
     return code
 
 
-def _start_failed(spec, layout: Layout, events: EventLog, exc: Exception) -> int:
-    log.error("stream %s could not start: %s", spec.name, first_line(exc))
+def _start_failed(layout: Layout, events: EventLog, exc: Exception) -> int:
+    log.error("stream %s could not start: %s", layout.stream, first_line(exc))
     if layout.checkpoint_root in str(exc):
         log.error("the checkpoint %s looks unreadable. It is not reset automatically: inspect it, or "
                   "move it aside together with the stream's file sinks to reprocess from scratch.",
                   layout.checkpoint_root)
-    events.write({"event": "driver_failed", "stream": spec.name, "error": str(exc)[:2000]})
+    events.write({"event": "driver_failed", "stream": layout.stream, "error": str(exc)[:2000]})
     return EXIT_FAILED
 
 

@@ -55,7 +55,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from spark_jobs import changes
-from spark_jobs.plan import DeltaDataset, KafkaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset
+from spark_jobs.plan import (
+    DeltaDataset,
+    KafkaDataset,
+    OutputPlan,
+    ParquetDataset,
+    StreamPlan,
+    TableDataset,
+    compile_plan,
+)
 from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
 from spark_jobs.runtime.clock import iso
 from spark_jobs.runtime.files import exchange, write_atomically
@@ -174,7 +182,7 @@ def _save(record: dict[str, Any], **changes_: Any) -> dict[str, Any]:
 
 def pin_file(layout: Layout) -> Path:
     """The spec a rollback pinned the stream to: the one it ran before the upgrade it undid."""
-    return layout.lease_dir / "pinned" / f"{layout.spec.name}.yaml"
+    return layout.lease_dir / "pinned" / f"{layout.stream}.yaml"
 
 
 def pinned_spec(layout: Layout, spec_file: str | os.PathLike[str]) -> Path | None:
@@ -308,14 +316,12 @@ def _without_url(sink: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sink.items() if k != "url"}
 
 
-def _table_url(layout: Layout, name: str) -> str:
+def _table_url(plan: StreamPlan, name: str) -> str:
     """The URL of an output's database, from the spec (and the environment) as they are now."""
-    from spark_jobs.spec.models import TableSink
-
-    output = next((o for o in layout.spec.outputs if o.name == name), None)
-    if output is None or not isinstance(output.sink, TableSink):
-        raise UpgradeRefused(f"output {name} has no table sink in {layout.spec.name}'s spec to roll back")
-    return layout.table_url(output.sink)
+    output = next((o for o in plan.outputs if o.name == name), None)
+    if output is None or not isinstance(output.sink, TableDataset):
+        raise UpgradeRefused(f"output {name} has no table sink in {plan.stream}'s spec to roll back")
+    return output.sink.url
 
 
 def staged_plan(plan: StreamPlan, record: dict[str, Any]) -> StreamPlan:
@@ -486,8 +492,8 @@ def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
     log.info("upgrade %d of %s done: the next start runs the new plan", record["number"], plan.stream)
 
 
-def rollback(spark: SparkSession, layout: Layout, record: dict[str, Any]) -> None:
-    """Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
+def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
+    """``plan``: the spec's as it is now (its database URLs). Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
     folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
     and the plan; the staged results go. The other flows' checkpoints and sinks stay as they are."""
     folder, number = Path(record["folder"]), record["number"]
@@ -514,7 +520,7 @@ def rollback(spark: SparkSession, layout: Layout, record: dict[str, Any]) -> Non
         elif place["kind"] == "table":
             from spark_jobs.sinks.table import open_database
 
-            open_database(_table_url(layout, name)).restore_table(live["table"], before_table(live["table"], number),
+            open_database(_table_url(plan, name)).restore_table(live["table"], before_table(live["table"], number),
                                                                   staged)
         # its checkpoint as the savepoint has it; the other flows' go on from where they are (their
         # sinks hold their batches since: a checkpoint put back would plan those batches anew)
@@ -565,7 +571,7 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
             raise UpgradeRefused(f"upgrade {number} of {spec.name} is not its newest ({newest['number']}): only the "
                                  "newest is rolled back")
         with lease:
-            rollback(spark, layout, newest)
+            rollback(spark, compile_plan(spec, layout), layout, newest)
         return newest
     if record is not None and record.get("spec") != text:
         raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "

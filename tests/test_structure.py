@@ -100,3 +100,24 @@ def test_the_image_makes_every_package_folder_before_its_editable_install() -> N
     needed = {folder(p) for p in setuptools["packages"]}
     # a folder is made with its parents
     assert {f for f in needed if not any(m == f or m.startswith(f + "/") for m in made)} == set()
+
+
+#: where a stream's spec and its layout meet: the spec's own package, the plan's compilation
+#: (``plan``, and ``analysis``, which completes it with what only Spark knows), and the driver's
+#: one call of it; everything else works from the compiled plan
+COMPILATION = ("spark_jobs/spec/", "spark_jobs/plan.py", "spark_jobs/analysis.py")
+COMPILES = {("spark_jobs/stream_job.py", "_run")}
+
+
+def test_only_the_plan_s_compilation_takes_a_spec_and_a_layout_together() -> None:
+    found = []
+    for name, path in modules(REPOSITORY).items():
+        where = str(path.relative_to(ROOT))
+        if where.startswith(COMPILATION) or name.startswith("tests."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (where, node.name) not in COMPILES:
+                args = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if {"spec", "layout"} <= args:
+                    found.append(f"{where}:{node.lineno} {node.name}")
+    assert found == []

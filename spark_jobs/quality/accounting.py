@@ -47,15 +47,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_jobs.spec.models import (
-    Aggregation,
-    DeltaSink,
-    Output,
-    ParquetSink,
-    Passthrough,
-    StreamSpec,
-    TableSink,
-)
+from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, TableDataset
+from spark_jobs.spec.models import Aggregation, Passthrough
 
 BALANCED, UNBALANCED, PENDING, INCOMPLETE, NOT_CHECKABLE = (
     "balanced", "unbalanced", "pending", "incomplete", "not checkable")
@@ -137,14 +130,14 @@ def fold(totals: Totals, events: list[dict[str, Any]], query_id: str | None, las
     return out
 
 
-def accepted_measure(spec: StreamSpec, output: Output) -> str | None:
+def accepted_measure(output: OutputPlan) -> str | None:
     """How an output's accepted rows are read from its sink, or None if they cannot be."""
     q = output.query
-    if isinstance(q, Passthrough) and (isinstance(output.sink, ParquetSink)
-                                       or (isinstance(output.sink, DeltaSink) and output.mode == "append")):
+    if isinstance(q, Passthrough) and (isinstance(output.sink, ParquetDataset)
+                                       or (isinstance(output.sink, DeltaDataset) and output.mode == "append")):
         return "rows"
     if isinstance(q, Aggregation) and q.window is None and (
-            isinstance(output.sink, TableSink) or (isinstance(output.sink, DeltaSink) and output.mode != "append")):
+            isinstance(output.sink, TableDataset) or (isinstance(output.sink, DeltaDataset) and output.mode != "append")):
         for agg in q.aggregates:
             if agg.fn == "count" and agg.column is None:
                 return f"sum:{agg.name}"

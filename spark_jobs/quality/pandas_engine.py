@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.plan import OutputPlan, StreamPlan
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.clock import EPOCH, from_ms
 from spark_jobs.sinks import delta_log
@@ -50,9 +50,7 @@ from spark_jobs.spec.models import (
     WINDOW_END,
     WINDOW_START,
     Aggregation,
-    Output,
     Passthrough,
-    StreamSpec,
 )
 
 if TYPE_CHECKING:
@@ -61,7 +59,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
     from spark_jobs.quality.rules import QualityRules
-    from spark_jobs.spec.layout import Layout
 
 #: where Spark keeps a Parquet file's schema (its own types) in the file's footer
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
@@ -127,20 +124,20 @@ def portable_regex(pattern: Any) -> bool:  # a rules file's value
     return True
 
 
-def needs_spark(spec: StreamSpec, rules: QualityRules) -> str | None:
-    """Why the stream's validation needs Spark whatever its rows (the spec and rules alone), or
+def needs_spark(plan: StreamPlan, rules: QualityRules) -> str | None:
+    """Why the stream's validation needs Spark whatever its rows (its plan and rules alone), or
     None if the pandas engine gives Spark's results."""
     if rules.pandas_max_rows == 0:
         return "the rules say pandas_max_rows: 0 (always Spark)"
-    if spec.transform is not None:
+    if plan.ingestion is not None and plan.ingestion.transform is not None:
         return "its transform's result columns are known to Spark's analysis only"
-    code = [o.name for o in spec.outputs if isinstance(o.query, CODE_QUERIES)]
+    code = [o.name for o in plan.outputs if isinstance(o.query, CODE_QUERIES)]
     if code:
         return f"the result columns of its SQL or Python output(s) {code} are known to Spark's analysis only"
-    zone = spec.spark.conf.get("spark.sql.session.timeZone", "UTC")
+    zone = plan.spark.conf.get("spark.sql.session.timeZone", "UTC")
     if zone not in UTC_NAMES:
         return f"its Spark session's time zone is {zone!r} (the pandas engine reads times in UTC)"
-    reading = [k for k in spec.spark.conf if k.startswith(READING_CONF)]
+    reading = [k for k in plan.spark.conf if k.startswith(READING_CONF)]
     if reading:
         return f"its spark.conf sets how Spark reads files ({', '.join(sorted(reading))})"
     for name, out_rules in rules.outputs.items():
@@ -173,7 +170,7 @@ def simple_type(name: str) -> DataType:
     return types[name]()
 
 
-def spec_schema(plan: StreamPlan, output: Output) -> StructType:
+def spec_schema(plan: StreamPlan, output: OutputPlan) -> StructType:
     """The schema an output's query gives, as Spark's analysis of it does
     (``validation.expected_schema``), from the plan alone: a pass-through's columns, or a
     windowed or grouped aggregation's bounds, keys and aggregates."""
@@ -545,18 +542,11 @@ class PandasRows:
 
     engine = "pandas"
 
-    def __init__(self, max_rows: int):
+    def __init__(self, max_rows: int, event_time: str | None = None):
         self.max_rows = max_rows
-        self.event_time: str | None = None
+        self.event_time = event_time  # the stream's event-time column (its event_date partitions prune)
 
-    def plan(self, spec: StreamSpec, layout: Layout) -> StreamPlan:
-        if spec.transform is not None:
-            raise NeedsSpark("its transform's result columns are known to Spark's analysis only")
-        plan = compile_plan(spec, layout)
-        self.event_time = plan.event_time_column
-        return plan
-
-    def schema(self, plan: StreamPlan, output: Output) -> StructType:
+    def schema(self, plan: StreamPlan, output: OutputPlan) -> StructType:
         return spec_schema(plan, output)
 
     def datasource(self, context: Any, name: str) -> Any:

@@ -16,7 +16,6 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 
 from spark_jobs.quality.ledger import Ledger
 from spark_jobs.runtime.files import write_atomically
-from spark_jobs.spec.models import StreamSpec
 
 SHOWN_UNITS = 300
 
@@ -26,7 +25,7 @@ PAGES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates")
                     undefined=StrictUndefined)
 
 
-def summary(spec: StreamSpec, ledger: Ledger) -> dict[str, Any]:
+def summary(stream: str, ledger: Ledger) -> dict[str, Any]:
     outputs = {}
     for name, entry in ledger.data["outputs"].items():
         units = list(entry["units"].values())
@@ -39,12 +38,12 @@ def summary(spec: StreamSpec, ledger: Ledger) -> dict[str, Any]:
     runs = ledger.data["runs"]
     last = runs[-1] if runs else None
     accounting = next((r["accounting"] for r in reversed(runs) if r.get("accounting")), None)
-    return {"stream": spec.name, "outputs": outputs, "last_run": last, "accounting": accounting,
+    return {"stream": stream, "outputs": outputs, "last_run": last, "accounting": accounting,
             "ok": bool(last and last["ok"])}
 
 
-def render(spec: StreamSpec, ledger: Ledger) -> str:
-    s = summary(spec, ledger)
+def render(stream: str, ledger: Ledger) -> str:
+    s = summary(stream, ledger)
 
     def newest_first(units: Any) -> list[dict[str, Any]]:
         return sorted(units, key=lambda u: u["unit"], reverse=True)
@@ -52,17 +51,17 @@ def render(spec: StreamSpec, ledger: Ledger) -> str:
     outputs = [(name, s["outputs"][name], newest_first(entry["units"].values()))
                for name, entry in ledger.data["outputs"].items()]
     backfills = [(name, newest_first(ranges.values())) for name, ranges in ledger.data["backfills"].items()]
-    return PAGES.get_template("summary.html").render(stream=spec.name, accounting=s["accounting"], outputs=outputs,
+    return PAGES.get_template("summary.html").render(stream=stream, accounting=s["accounting"], outputs=outputs,
                                                      backfills=backfills, shown=SHOWN_UNITS)
 
 
-def write_summary(spec: StreamSpec, ledger: Ledger, directory: Path, docs_index: Path) -> Path:
+def write_summary(stream: str, ledger: Ledger, directory: Path, docs_index: Path) -> Path:
     """Write the page and its JSON; ``docs/`` beside them links to the Data Docs site."""
     directory.mkdir(parents=True, exist_ok=True)
     docs = directory / "docs"
     if not docs.is_symlink():
         docs.symlink_to(os.path.relpath(docs_index.parent, directory), target_is_directory=True)
-    for name, text in (("index.html", render(spec, ledger)),
-                       ("summary.json", json.dumps(summary(spec, ledger), indent=1, default=str))):
+    for name, text in (("index.html", render(stream, ledger)),
+                       ("summary.json", json.dumps(summary(stream, ledger), indent=1, default=str))):
         write_atomically(directory / name, text)
     return directory / "index.html"

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from spark_jobs.plan import result_columns, result_key
+from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset, result_columns
 from spark_jobs.spec.loading import (
     load_yaml,
     yaml_problem,
@@ -46,15 +46,11 @@ from spark_jobs.spec.models import (
     WINDOW_END,
     WINDOW_START,
     Aggregation,
-    DeltaSink,
     Duration,
-    Output,
-    ParquetSink,
     Passthrough,
     SpecError,
     StreamSpec,
     Strict,
-    TableSink,
 )
 from spark_jobs.spec.validation import field_problems
 
@@ -180,7 +176,7 @@ def unknown_columns(where: str, out_rules: OutputRules, columns: list[str]) -> l
 class Target:
     """One output to validate: which column cuts it into units, and its checks."""
 
-    output: Output
+    output: OutputPlan
     #: ``window``: one unit per window (by ``window_end``); ``period``: event-time periods of a
     #: pass-through output; ``snapshot``: a table, whole, at each newly applied batch.
     kind: str
@@ -193,7 +189,7 @@ class Target:
     declared: list[tuple[str, dict[str, Any]]]
 
 
-def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[str]] | None = None,
+def targets(plan: StreamPlan, rules: QualityRules, code_columns: dict[str, list[str]] | None = None,
             ) -> tuple[list[Target], list[str]]:
     """The outputs that can be validated, and a note for each that cannot. ``code_columns``:
     the result columns of SQL and Python outputs to Parquet, as Spark analyzes them: one
@@ -202,23 +198,24 @@ def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[
     from spark_jobs.spec.models import duration_seconds
 
     found, skipped = [], []
-    for output in spec.outputs:
+    event_time = plan.event_time_column
+    for output in plan.outputs:
         r = rules.for_output(output.name)
         q = output.query
         freshness = duration_seconds(r.freshness) if r.freshness else None
-        checks = (derived_expectations(spec, output), [next(iter(e.items())) for e in r.expectations])
-        if isinstance(output.sink, TableSink) or (isinstance(output.sink, DeltaSink) and output.mode != "append"):
+        checks = (derived_expectations(plan, output), [next(iter(e.items())) for e in r.expectations])
+        if isinstance(output.sink, TableDataset) or (isinstance(output.sink, DeltaDataset) and output.mode != "append"):
             found.append(Target(output, "snapshot", None, None, None, *checks))  # a table: whole, as of a batch
-        elif output.sink.type == "kafka":
+        elif output.sink.kind == "kafka":
             skipped.append(f"{output.name}: a Kafka topic is not validated (Parquet, Delta and table sinks are)")
-        elif not isinstance(output.sink, ParquetSink | DeltaSink):
-            skipped.append(f"{output.name}: the {output.sink.type} sink is not persisted; not validated")
+        elif not isinstance(output.sink, ParquetDataset | DeltaDataset):
+            skipped.append(f"{output.name}: the {output.sink.kind} sink is not persisted; not validated")
         elif isinstance(q, CODE_QUERIES):
             columns = (code_columns or {}).get(output.name, [])
             if WINDOW_START in columns and WINDOW_END in columns:
                 found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
-            elif spec.event_time and spec.event_time.column in columns:
-                found.append(Target(output, "period", spec.event_time.column, duration_seconds(r.unit or "1 hour"),
+            elif event_time and event_time in columns:
+                found.append(Target(output, "period", event_time, duration_seconds(r.unit or "1 hour"),
                                     freshness, *checks))
             else:
                 skipped.append(f"{output.name}: a {q.label} query's result has neither {WINDOW_START} and "
@@ -226,37 +223,38 @@ def targets(spec: StreamSpec, rules: QualityRules, code_columns: dict[str, list[
                                "(a table sink is, whole)")
         elif isinstance(q, Aggregation) and q.window is not None:
             found.append(Target(output, "window", WINDOW_END, None, freshness, *checks))
-        elif (isinstance(q, Passthrough) and spec.event_time  # every column (None) holds the event time
-              and (q.columns is None or spec.event_time.column in q.columns)):
+        elif (isinstance(q, Passthrough) and event_time  # every column (None) holds the event time
+              and (q.columns is None or event_time in q.columns)):
             unit = duration_seconds(r.unit or "1 hour")
-            found.append(Target(output, "period", spec.event_time.column, unit, freshness, *checks))
+            found.append(Target(output, "period", event_time, unit, freshness, *checks))
         else:
             skipped.append(f"{output.name}: no event-time column to cut closed units by; not validated")
     return found, skipped
 
 
-def derived_expectations(spec: StreamSpec, output: Output) -> list[tuple[str, dict[str, Any]]]:
+def derived_expectations(plan: StreamPlan, output: OutputPlan) -> list[tuple[str, dict[str, Any]]]:
     """Checks that follow from the spec: schema, nulls, unique keys.
 
     Column types are added by the validation job from the query's real Spark schema.
     """
-    columns = result_columns(spec, output)
+    columns = output.columns
     q = output.query
     checks: list[tuple[str, dict[str, Any]]] = []
     if columns is not None:  # a SQL or Python query's column set and types come from Spark's schema of it
         checks.append(("expect_table_columns_to_match_set", {"column_set": columns, "exact_match": True}))
-        required = {c.name for c in spec.source.columns if c.required}
+        required = {c.name for c in (plan.source.columns if plan.source else []) if c.required}
         not_null = [c for c in columns if c in required]
         if isinstance(q, Aggregation) and q.window is not None:
             not_null = [WINDOW_START, WINDOW_END] + not_null
-        et = spec.event_time
-        if et is not None and et.column in columns and et.column not in not_null:
-            not_null.append(et.column)
+        et = plan.event_time_column
+        if et is not None and et in columns and et not in not_null:
+            not_null.append(et)
         checks += [("expect_column_values_to_not_be_null", {"column": c}) for c in not_null]
     if isinstance(q, Aggregation) or columns is None:
-        key = result_key(spec, output)
+        key = output.key
     else:
-        key = [k for k in (spec.deduplicate.key if spec.deduplicate else []) if k in columns]
+        dedup = plan.ingestion.deduplicate if plan.ingestion else None
+        key = [k for k in (dedup or []) if k in columns]
     if len(key) == 1:
         checks.append(("expect_column_values_to_be_unique", {"column": key[0]}))
     elif key:

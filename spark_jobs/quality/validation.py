@@ -42,8 +42,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs import analysis, backfill, frames
-from spark_jobs.plan import StreamPlan, has_ingestion, result_columns
+from spark_jobs import backfill, frames
+from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, StreamPlan
 from spark_jobs.quality import accounting as acc
 from spark_jobs.quality import closing
 from spark_jobs.quality.ledger import Ledger
@@ -64,11 +64,7 @@ from spark_jobs.spec.models import (
     CODE_QUERIES,
     INGEST_FLOW,
     WINDOW_START,
-    DeltaSink,
-    Output,
-    ParquetSink,
     SpecError,
-    StreamSpec,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +82,7 @@ EXAMPLES_PREFIX = ", e.g. "
 RESULT_FORMAT = {"result_format": "COMPLETE", "partial_unexpected_count": EXAMPLES, "return_unexpected_index_query": False}
 
 
-def docs_index(spec: StreamSpec, layout: Layout) -> Path:
+def docs_index(layout: Layout) -> Path:
     return layout.quality_dir / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
 
 
@@ -148,10 +144,7 @@ class SparkRows:
     def __init__(self, spark: SparkSession):
         self.spark = spark
 
-    def plan(self, spec: StreamSpec, layout: Layout) -> StreamPlan:
-        return analysis.resolve_plan(self.spark, spec, layout)
-
-    def schema(self, plan: StreamPlan, output: Output) -> StructType:
+    def schema(self, plan: StreamPlan, output: OutputPlan) -> StructType:
         return expected_schema(self.spark, plan, output.name)
 
     def datasource(self, context: Any, name: str) -> Any:
@@ -240,20 +233,21 @@ class SparkRows:
 class Validator:
     """One validation run of one stream."""
 
-    def __init__(self, spark: SparkSession | None, spec: StreamSpec, layout: Layout, rules: QualityRules,
+    def __init__(self, spark: SparkSession | None, plan: StreamPlan, layout: Layout, rules: QualityRules,
                  run_id: str | None = None, rows: SparkRows | PandasRows | None = None):
-        """``spark``: the session of the Spark engine; None with ``rows``, the engine (e.g.
-        :class:`~spark_jobs.quality.pandas_engine.PandasRows`)."""
+        """``plan``: the stream's, its transform analyzed (``analysis.resolve_plan``; without Spark,
+        ``compile_plan`` for a stream without one). ``spark``: the session of the Spark engine; None
+        with ``rows``, the engine (e.g. :class:`~spark_jobs.quality.pandas_engine.PandasRows`)."""
         if rows is None:
             if spark is None:
                 raise ValueError("a Validator needs a Spark session or the engine that reads its rows")
             rows = SparkRows(spark)
         self.rows = rows
-        self.spec, self.layout, self.rules = spec, layout, rules
+        self.plan, self.layout, self.rules = plan, layout, rules
         self.run_id = run_id or f"{compact(datetime.now(UTC))}-{uuid.uuid4().hex[:6]}"
         self.dir = layout.quality_dir
         self.ledger = Ledger(self.dir / "ledger.json")
-        self.rules_file = str(rules_path(layout.spec_dir, spec.name))
+        self.rules_file = str(rules_path(layout.spec_dir, plan.stream))
         self._suites: dict[str, Any] = {}  # stored once per run, shared by the screening and detail runs
         self._checkpoints: dict[str, Any] = {}
         self._schemas: dict[str, StructType] = {}
@@ -289,14 +283,9 @@ class Validator:
 
     @cached_property
     def source(self) -> Any:  # a data source of the engine's kind, named for the stream
-        return self.rows.datasource(self.context, self.spec.name)
+        return self.rows.datasource(self.context, self.plan.stream)
 
-    @cached_property
-    def plan(self) -> StreamPlan:
-        """The stream's plan, resolved once per run (a transform is analyzed by Spark)."""
-        return self.rows.plan(self.spec, self.layout)
-
-    def schema(self, output: Output) -> StructType:
+    def schema(self, output: OutputPlan) -> StructType:
         if output.name not in self._schemas:
             self._schemas[output.name] = self.rows.schema(self.plan, output)
         return self._schemas[output.name]
@@ -310,7 +299,7 @@ class Validator:
         made = []
         platform = {"source": "platform (from the stream spec)"}
         checks = [(n, kw, platform, None) for n, kw in target.derived]
-        if result_columns(self.spec, target.output) is None:  # its columns are those of Spark's schema of the query
+        if target.output.columns is None:  # its columns are those of Spark's schema of the query
             checks.append(("expect_table_columns_to_match_set",
                            {"column_set": [f.name for f in schema.fields], "exact_match": True}, platform, None))
         checks += [("expect_column_values_to_be_of_type", {"column": f.name, "type_": type(f.dataType).__name__},
@@ -342,7 +331,7 @@ class Validator:
         """
         import great_expectations as gx
 
-        base = f"{self.spec.name}.{target.output.name}" + (f".{label}" if label else "")
+        base = f"{self.plan.stream}.{target.output.name}" + (f".{label}" if label else "")
         name = base + (".details" if detail else "")
         if name in self._checkpoints:
             return self._checkpoints[name]
@@ -355,7 +344,7 @@ class Validator:
             batch = asset.get_batch_definition("rows")
         except KeyError:
             batch = asset.add_batch_definition_whole_dataframe("rows")
-        suite_name = f"{self.spec.name}.{target.output.name}"
+        suite_name = f"{self.plan.stream}.{target.output.name}"
         if suite_name not in self._suites:
             self._suites[suite_name] = self.context.suites.add_or_update(
                 gx.ExpectationSuite(name=suite_name, expectations=self._expectations(target, schema)))
@@ -432,7 +421,7 @@ class Validator:
             url = self.context.get_docs_sites_urls(resource_identifier=identifier)[0]["site_url"]
         except Exception:  # a missing link must not fail the validation
             return None
-        root = str(docs_index(self.spec, self.layout).parent)
+        root = str(docs_index(self.layout).parent)
         path = url.removeprefix("file://")
         return path[len(root) + 1:] if path.startswith(root) else None
 
@@ -444,13 +433,14 @@ class Validator:
                   "validated_at": iso(datetime.now(UTC))}
         return record | ({"version": version} if version is not None else {})
 
-    def _sink_rows(self, output: Output, version: int | None = None) -> tuple[DataFrame | None, int | None]:
+    def _sink_rows(self, output: OutputPlan, version: int | None = None) -> tuple[DataFrame | None, int | None]:
         """An output's committed rows: a Parquet sink's through its log; a Delta table's as of
         ``version`` (default: the version this run read it at first, its newest then), which
         is returned with them: a unit validated again at that version sees the same rows,
         whatever was written since."""
-        path = self.layout.data(output.sink.path)
-        if not isinstance(output.sink, DeltaSink):
+        assert isinstance(output.sink, ParquetDataset | DeltaDataset)
+        path = output.sink.path
+        if not isinstance(output.sink, DeltaDataset):
             return self.rows.parquet(path), None
         if version is None:
             version = self._versions.get(output.name)
@@ -548,7 +538,7 @@ class Validator:
 
     def _prepare_snapshot(self, target: Target, schema: StructType, query_id: str | None,
                           entry: dict[str, Any], report: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        if isinstance(target.output.sink, DeltaSink):
+        if isinstance(target.output.sink, DeltaDataset):
             return self._prepare_delta_snapshot(target, schema, query_id, entry, report)
         writer = self._table_writer(target.output, schema, query_id)
         for _ in range(5):  # a batch applied while reading: read again
@@ -570,8 +560,7 @@ class Validator:
         """A Delta table whole, as of its newest version: the unit is the last batch it holds."""
         output = target.output
         frame, version = self._sink_rows(output)
-        last = None if version is None else self.rows.delta_last_batch(
-            self.layout.data(output.sink.path), query_id, version)
+        last = None if version is None else self.rows.delta_last_batch(output.sink.path, query_id, version)
         if frame is None or last is None or last == entry.get("snapshot_batch"):
             report["note"] = "no batch applied since the last run"
             return lambda: report
@@ -595,11 +584,10 @@ class Validator:
 
         return validate
 
-    def _table_writer(self, output: Output, schema: StructType, query_id: str | None) -> Any:
+    def _table_writer(self, output: OutputPlan, schema: StructType, query_id: str | None) -> Any:
 
         columns = [(f.name, table_sink.spec_type(f.dataType)) for f in schema.fields]
-        return table_sink.table_writer(columns, self.plan.output(output.name),
-                                     table_sink.table_sink_id(self.spec.name, output.name, query_id))
+        return table_sink.table_writer(columns, output, table_sink.table_sink_id(self.plan.stream, output.name, query_id))
 
     # ---- backfilled ranges ------------------------------------------------------------------
 
@@ -630,7 +618,7 @@ class Validator:
         self.ledger.record_backfill(output.name, units[unit])
         return report
 
-    def _checkpoint_of(self, output: Output) -> str:
+    def _checkpoint_of(self, output: OutputPlan) -> str:
         return closing.checkpoint_of(self.plan, output.name)
 
     def _check_readable(self) -> None:
@@ -647,7 +635,7 @@ class Validator:
 
     def account(self) -> acc.StreamAccounting | None:
         """The stream's balance from its ingestion, then each output's (see accounting)."""
-        if not has_ingestion(self.spec):
+        if self.plan.ingestion is None:
             return None
         events = list(read_events(self.layout.events_file))
         totals = self.ledger.data["totals"]
@@ -667,12 +655,12 @@ class Validator:
         balances = [acc.ingestion_balance(
             ingested, accepted_rows, accepted_batch,
             quarantined, sink_last_batch(quarantine_path) if quarantine_path else ingested.through_batch)]
-        for output in self.spec.outputs:
-            if self.plan.output(output.name).written_by_ingestion:
+        for output in self.plan.outputs:
+            if output.written_by_ingestion:
                 balances.append(acc.written_by_ingestion_balance(output.name, ingested, accepted_rows, accepted_batch))
                 continue
             t, ck = committed(output.name)
-            measure = acc.accepted_measure(self.spec, output)
+            measure = acc.accepted_measure(output)
             measured, measured_batch = self._accepted(output, measure, ck.query_id)
             balances.append(acc.output_balance(output.name, t, measured, measured_batch, measure))
         return acc.StreamAccounting(ingested.input, quarantined, self.rules.max_quarantine_rate, balances)
@@ -696,12 +684,12 @@ class Validator:
         last = delta_log.last_batch(ingestion.accepted_path, query=query_id, through=version)
         return rows, (ingested_through if last is None or last <= ingested_through else last)
 
-    def _accepted(self, output: Output, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
+    def _accepted(self, output: OutputPlan, measure: str | None, query_id: str | None) -> tuple[int | None, int | None]:
         if measure is None:
             return None, None
         column = measure.removeprefix("sum:")
-        if isinstance(output.sink, DeltaSink):  # rows and last batch as of one version
-            path = self.layout.data(output.sink.path)
+        if isinstance(output.sink, DeltaDataset):  # rows and last batch as of one version
+            path = output.sink.path
             frame, version = self._sink_rows(output)
             if frame is None or version is None:
                 return 0, None
@@ -710,8 +698,8 @@ class Validator:
                 return self.rows.count(frame), last
             return self.rows.column_sum(frame, column), last
         if measure == "rows":
-            assert isinstance(output.sink, ParquetSink)
-            path = self.layout.data(output.sink.path)
+            assert isinstance(output.sink, ParquetDataset)
+            path = output.sink.path
             frame = self.rows.parquet(path)
             return (0 if frame is None else self.rows.count(frame)), sink_last_batch(path)
         writer = self._table_writer(output, self.schema(output), query_id)
@@ -724,8 +712,8 @@ class Validator:
 
     def _code_result_columns(self) -> dict[str, list[str]]:
         """The result columns of the SQL and Python outputs to Parquet (what cuts them into units)."""
-        return {o.name: list(self.schema(o).names) for o in self.spec.outputs
-                if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetSink | DeltaSink)}
+        return {o.name: list(self.schema(o).names) for o in self.plan.outputs
+                if isinstance(o.query, CODE_QUERIES) and isinstance(o.sink, ParquetDataset | DeltaDataset)}
 
     # ---- an earlier run, again ---------------------------------------------------------------
 
@@ -753,7 +741,7 @@ class Validator:
         if any(u.get("version") is None for u in then):
             report["note"] = f"its sink keeps no versions: the rows run {run_id} read cannot be read again"
             return report
-        schema, path = self.schema(output), self.layout.data(output.sink.path)
+        schema, path = self.schema(output), getattr(output.sink, "path", output.sink.where)
         units: dict[str, dict[str, Any]] = {}
         unread: set[int] = set()
         for version in sorted({u["version"] for u in then}):
@@ -807,7 +795,7 @@ class Validator:
         started = datetime.now(UTC)
         if (backfill_label or again) and not isinstance(self.rows, SparkRows):
             raise NeedsSpark("backfilled ranges and earlier runs are validated with Spark")
-        found, skipped = targets(self.spec, self.rules, self._code_result_columns())
+        found, skipped = targets(self.plan, self.rules, self._code_result_columns())
         outputs = []
         if again is not None:
             then = self.units_of_run(again)
@@ -834,12 +822,12 @@ class Validator:
             problems.append(f"nothing was validated again: no output that run {again} validated keeps versions "
                             f"(only Delta tables can be read as they were)")
         result = {
-            "stream": self.spec.name, "run_id": self.run_id, "engine": self.engine,
+            "stream": self.plan.stream, "run_id": self.run_id, "engine": self.engine,
             "started": iso(started), "finished": iso(datetime.now(UTC)),
             "backfill": backfill_label, "again": again, "outputs": outputs, "skipped": skipped,
             "accounting": accounting.to_dict() if accounting else None, "problems": problems, "ok": not problems,
             "delta_versions": dict(self._versions),  # the one version of each Delta table this run read
-            "docs": str(docs_index(self.spec, self.layout)), "summary": str(self.dir / "index.html"),
+            "docs": str(docs_index(self.layout)), "summary": str(self.dir / "index.html"),
         }
         units = [u for o in outputs for u in o["units"]]
         self.ledger.record_run({"run_id": self.run_id, "at": result["finished"], "engine": self.engine,
@@ -850,7 +838,7 @@ class Validator:
         self.ledger.save()
         from spark_jobs.quality.report import write_summary
 
-        write_summary(self.spec, self.ledger, self.dir, docs_index(self.spec, self.layout))
+        write_summary(self.plan.stream, self.ledger, self.dir, docs_index(self.layout))
         return result
 
 

@@ -24,20 +24,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.checkpoint import (
     file_name,
     landed_files,
     last_batch,
     processed_files,
 )
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
-    INGEST_FLOW,
-    FileSource,
-    StreamSpec,
-    duration_seconds,
-)
+from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
 
 
 @dataclass
@@ -53,29 +47,29 @@ class ArchiveResult:
         return text
 
 
-def archivable(spec: StreamSpec, layout: Layout, now: float | None = None) -> list[str]:
+def archivable(plan: StreamPlan, now: float | None = None) -> list[str]:
     """Names of landing files that may be archived now (see the module's rules)."""
-    src = spec.source
-    if not isinstance(src, FileSource) or not src.archive_path:
+    src = plan.source
+    if src is None or not src.is_files or not src.archive_path or src.landing is None:
         return []
-    checkpoint = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
+    checkpoint = plan.checkpoint(INGEST_FLOW)
     last = last_batch(checkpoint, "commits")
     if last is None or last < 1:
         return []
     committed = {file_name(p) for p in processed_files(checkpoint, through_batch=last - 1)}
     cutoff = (time.time() if now is None else now) - duration_seconds(src.archive_after)
-    return sorted(f.name for f in landed_files(layout.landing) if f.name in committed and f.mtime <= cutoff)
+    return sorted(f.name for f in landed_files(src.landing) if f.name in committed and f.mtime <= cutoff)
 
 
-def archive(spec: StreamSpec, layout: Layout, now: float | None = None) -> ArchiveResult:
+def archive(plan: StreamPlan, now: float | None = None) -> ArchiveResult:
     """Move what :func:`archivable` allows into the archive; safe to run at any time. The caller
     reports the result (the supervisor logs it in its task)."""
     result = ArchiveResult()
-    names = archivable(spec, layout, now)
+    names = archivable(plan, now)
     if not names:
         return result
-    assert isinstance(spec.source, FileSource) and spec.source.archive_path
-    landing, target = Path(layout.landing), Path(layout.data(spec.source.archive_path))
+    assert plan.source is not None and plan.source.landing and plan.source.archive_path
+    landing, target = Path(plan.source.landing), Path(plan.source.archive_path)
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
         src, dst = landing / name, target / name

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from spark_jobs.plan import IngestionPlan, StreamPlan, checkpoint_paths, own_accepted_path
+from spark_jobs.plan import IngestionPlan, StreamPlan, own_accepted_path
 from spark_jobs.sinks import delta_log
 
 if TYPE_CHECKING:
@@ -491,7 +491,7 @@ def _refuse_written_output_layout(plan: StreamPlan, layout: Layout) -> None:
     move = (f"Move aside the checkpoint {layout.checkpoint_root} together with the stream's sinks (including {sink}) "
             "and quarantine to reprocess from the input, or keep the output written by its own query by making it "
             "differ from the accepted rows (e.g. its columns or partitioning).")
-    own = Path(layout.data(checkpoint_paths(layout.spec)[written.name]))
+    own = Path(written.former_checkpoint or Path(layout.checkpoint_root, written.name))
     if own.exists():
         raise RuntimeError(
             f"stream {plan.stream}: output {written.name} is now written by the ingestion (its sink {sink} is the "

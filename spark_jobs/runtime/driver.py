@@ -57,6 +57,7 @@ from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
     SpecError,
     StreamSpec,
+    Supervision,
     duration_seconds,
 )
 
@@ -222,19 +223,19 @@ def prepare_to_stop() -> threading.Event:
 class SupervisedApp:
     """An application's handle on its supervision (:func:`supervised`)."""
 
-    def __init__(self, spark: SparkSession, spec: StreamSpec, layout: Layout, events: EventLog,
+    def __init__(self, spark: SparkSession, plan: StreamPlan, layout: Layout, events: EventLog,
                  stop_requested: threading.Event, grace_seconds: float, lease: DriverLease):
-        assert spec.application is not None
-        self.spark, self.spec, self.layout, self.events, self.lease = spark, spec, layout, events, lease
-        self.plan = compile_plan(spec, layout)
+        assert plan.application is not None
+        self.spark, self.plan, self.layout, self.events, self.lease = spark, plan, layout, events, lease
+        self.declared = plan.application.queries
         self.stop_requested, self.grace_seconds = stop_requested, grace_seconds
         self.queries: dict[str, StreamingQuery] = {}
 
     def checkpoint(self, query: str) -> str:
         """The checkpoint location of a declared query (``application.queries``)."""
-        if query not in self.spec.application.queries:
-            raise ValueError(f"stream {self.spec.name}: query {query!r} is not declared in application.queries "
-                             f"{self.spec.application.queries}; declare it, so that the platform watches it")
+        if query not in self.declared:
+            raise ValueError(f"stream {self.plan.stream}: query {query!r} is not declared in application.queries "
+                             f"{self.declared}; declare it, so that the platform watches it")
         return self.plan.checkpoint(query)
 
     def data(self, path: str) -> str:
@@ -253,16 +254,16 @@ class SupervisedApp:
         micro-batches). Queries started without :meth:`start` count if named as declared."""
         queries = dict(self.queries)
         for q in self.spark.streams.active:
-            if q.name in self.spec.application.queries:
+            if q.name in self.declared:
                 queries.setdefault(q.name, q)
-        missing = [q for q in self.spec.application.queries if q not in queries]
+        missing = [q for q in self.declared if q not in queries]
         if missing:
-            raise ValueError(f"stream {self.spec.name}: declared queries {missing} were not started; start each "
+            raise ValueError(f"stream {self.plan.stream}: declared queries {missing} were not started; start each "
                              "with app.start(name, writer), or name it so (queryName) with app.checkpoint(name)")
         code, cause, _ = supervise_queries(self.plan, self.layout, queries, self.stop_requested, self.events,
                                            self.lease, self.grace_seconds)
         if code != EXIT_OK:
-            log.error("stream %s failed: %s", self.spec.name, cause)
+            log.error("stream %s failed: %s", self.plan.stream, cause)
             raise SystemExit(code)
 
 
@@ -300,9 +301,9 @@ def report_loss(lease: DriverLease, events: EventLog, stream: str) -> None:
     lease.on_lost = on_lost
 
 
-def lease_of(spec: StreamSpec, layout: Layout) -> DriverLease:
+def lease_of(layout: Layout, supervision: Supervision) -> DriverLease:
     """The stream's single-driver lease, not yet taken."""
-    return DriverLease(layout.lease_dir, stream=spec.name, ttl=duration_seconds(spec.supervision.lease))
+    return DriverLease(layout.lease_dir, stream=layout.stream, ttl=duration_seconds(supervision.lease))
 
 
 def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
@@ -311,7 +312,7 @@ def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
     single-driver lease (release it when done); refused with exit code 3 while another live
     driver holds it."""
     spec, layout = load(spec_path, data_root, application)
-    lease = lease_of(spec, layout)
+    lease = lease_of(layout, spec.supervision)
     try:
         lease.acquire()
     except LeaseHeld as exc:
@@ -353,7 +354,7 @@ def supervised(spark: SparkSession, spec_path: str | os.PathLike[str] | None = N
         listener.add(spark)
         listening = True
         events.write({"event": "driver_started", "stream": spec.name, "pid": os.getpid(), "application": True})
-        app = SupervisedApp(spark, spec, layout, events, stop_requested, grace_seconds, lease)
+        app = SupervisedApp(spark, compile_plan(spec, layout), layout, events, stop_requested, grace_seconds, lease)
         try:
             yield app
         except SystemExit as exc:

@@ -146,9 +146,11 @@ def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: P
                                      "WHERE temperature > 30"}
     path.write_text(yaml.safe_dump(spec_data), encoding="utf-8")
     shutil.copytree(EXAMPLES[0].parent.parent / "reference", tmp_path / "include" / "reference")
-    layout = Layout(load_spec(path), tmp_path / "data", path.parent)
-    Path(layout.landing).mkdir(parents=True)
-    Path(layout.landing, "part-0.json").write_text("".join(
+    spec = load_spec(path)
+    layout = Layout(spec, tmp_path / "data", path.parent)
+    landing = compile_plan(spec, layout).source.landing
+    Path(landing).mkdir(parents=True)
+    Path(landing, "part-0.json").write_text("".join(
         f'{{"event_id": "e{i}", "device_id": "dev-00{i % 2}", "ts": "2026-01-01T00:0{i}:00Z", "temperature": {25 + 2 * i}}}\n'
         for i in range(6)), encoding="utf-8")
     monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
@@ -161,7 +163,7 @@ def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: P
     assert ingestion["accepted_columns"] == {"event_id": "string", "ts": "timestamp", "region": "string",
                                              "temperature": "double", "event_date": "date"}
     assert ingestion["transform_multiplies"] is False
-    assert compile_plan(layout.spec, layout).accepted_path.endswith("sinks/sensors/readings")  # the pass-through is served: every column
+    assert compile_plan(spec, layout).accepted_path.endswith("sinks/sensors/readings")  # the pass-through is served: every column
     rows = accepted_batch(spark, _plan_ingestion(spark, path, layout)).collect()
     assert sorted((r["event_id"], r["region"]) for r in rows) == [("e3", "SOUTH"), ("e4", "NORTH"), ("e5", "SOUTH")]
 
@@ -269,8 +271,9 @@ def test_a_stream_with_delta_tables_is_refused_without_delta_s_jars_or_extension
     spec = parse_spec({"name": "to_delta", "checkpoint": "checkpoints/to_delta", "source": {"type": "rate"},
                        "outputs": [{"name": "rows", "mode": "append", "query": {"type": "passthrough"},
                                     "sink": {"type": "delta", "path": "delta/rows"}}]})
-    assert _delta_problems(spark, spec) == []  # the tests' session has both
+    plan = compile_plan(spec, Layout(spec))
+    assert _delta_problems(spark, plan) == []  # the tests' session has both
     no_jars = SimpleNamespace(_jvm=SimpleNamespace(io=SimpleNamespace(delta=SimpleNamespace(tables=SimpleNamespace(
         DeltaTable=object())))))  # what py4j gives for a class the JVM does not have: no JavaClass
-    ((field, message),) = _delta_problems(no_jars, spec)
+    ((field, message),) = _delta_problems(no_jars, plan)
     assert field == "outputs[0].sink.type" and "Delta Lake's jars are not on the driver's class path" in message

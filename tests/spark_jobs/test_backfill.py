@@ -13,6 +13,7 @@ from examples import clicks_on_files, include_with
 from runner.testdata import generate
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
+from spark_jobs.plan import compile_plan
 from spark_jobs.spec.layout import (
     Layout,
     default_spec_dir,
@@ -42,16 +43,16 @@ def snapshot(spark, spec, layout) -> dict[str, list[str]]:
     lo, hi = backfill.parse_range(START, END)
     out = {}
     for o in spec.outputs:
-        rows = spark.read.parquet(str(backfill.output_dir(spec, layout, o.name, lo, hi))).collect()
+        rows = spark.read.parquet(str(backfill.output_dir(layout, o.name, lo, hi))).collect()
         out[o.name] = sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in rows)
     return out
 
 
 def test_backfill_twice_gives_identical_output(spark, stream) -> None:
     spec, layout, root = stream
-    first_counts = backfill.run(spark, spec, layout, START, END)
+    first_counts = backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, START, END)
     first = snapshot(spark, spec, layout)
-    second_counts = backfill.run(spark, spec, layout, START, END)
+    second_counts = backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, START, END)
     assert second_counts == first_counts
     assert snapshot(spark, spec, layout) == first
     # every accepted event in the range, once: not malformed, not a duplicate, not dropped as late
@@ -66,7 +67,7 @@ def test_backfill_twice_gives_identical_output(spark, stream) -> None:
     assert sum(r["readings"] for r in rows["site_temperature_10m"]) == 2 * len(in_range)
     assert sum(r["readings"] for r in rows["device_status"]) == len(in_range)
     assert first_counts["device_status"] == len({r["device_id"] for r in rows["readings"]})
-    parent = backfill.output_dir(spec, layout, "readings", *backfill.parse_range(START, END)).parent
+    parent = backfill.output_dir(layout, "readings", *backfill.parse_range(START, END)).parent
     assert [p.name for p in parent.iterdir()] == ["range=20260101T000100Z_20260101T000300Z"]
 
 
@@ -78,7 +79,7 @@ def test_backfill_twice_gives_identical_output(spark, stream) -> None:
 def test_bad_ranges_are_named(spark, stream, start: str, end: str, message: str) -> None:
     spec, layout, _ = stream
     with pytest.raises(backfill.BackfillError, match=message):
-        backfill.run(spark, spec, layout, start, end)
+        backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, start, end)
 
 
 def test_unknown_stream_and_bad_arguments_exit_2(tmp_path: Path, capsys) -> None:
@@ -96,7 +97,7 @@ def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spar
                         "sink": {"type": "parquet", "path": "sinks/clicks/views"}}]
     spec = parse_spec(data)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    landing = Path(layout.landing)
+    landing = Path(compile_plan(spec, layout).source.landing)
     landing.mkdir(parents=True)
     (landing / "part-0001.csv").write_text(
         "event_id;user_id;page;ts;duration_ms\n"
@@ -107,10 +108,10 @@ def test_a_csv_stream_with_its_own_separator_backfills_the_rows_it_streamed(spar
     streamed = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
                       for r in spark.read.parquet(layout.data("sinks/clicks/views")).collect())
     assert len(streamed) == 3 and spark.read.parquet(layout.data(spec.quarantine.path)).count() == 0
-    backfill.run(spark, spec, layout, "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z")
+    backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z")
     lo, hi = backfill.parse_range("2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z")
     backfilled = sorted(json.dumps(r.asDict(), default=str, sort_keys=True)
-                        for r in spark.read.parquet(str(backfill.output_dir(spec, layout, "views", lo, hi))).collect())
+                        for r in spark.read.parquet(str(backfill.output_dir(layout, "views", lo, hi))).collect())
     assert backfilled == streamed
 
 
@@ -154,7 +155,7 @@ def test_a_delta_table_has_its_range_rewritten_in_place_and_again_identically(sp
     windows.update("window_end <= '2026-01-01 00:40:00'", {"readings": "readings + 1000"})
     assert delta_rows(spark, layout, "readings") != streamed["readings"]
 
-    written = backfill.run(spark, spec, layout, lo, hi)
+    written = backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, lo, hi)
     label = backfill.range_label(*backfill.parse_range(lo, hi))
     assert delta_rows(spark, layout, "readings") == streamed["readings"]
     # the windows wholly inside the range are rewritten; those reaching outside it are not the
@@ -168,11 +169,11 @@ def test_a_delta_table_has_its_range_rewritten_in_place_and_again_identically(sp
         record = backfill.delta_record(layout, output, label)
         assert record is not None and record["rows"] == written[output] > 0
         assert record["version"] == latest_version(spark, record["table"])
-    assert backfill.output_dir(spec, layout, "device_status", *backfill.parse_range(lo, hi)).is_dir()  # update mode
+    assert backfill.output_dir(layout, "device_status", *backfill.parse_range(lo, hi)).is_dir()  # update mode
 
     # twice: the same tables, one more version each
     versions = {o: backfill.delta_record(layout, o, label)["version"] for o in ("readings", "site_temperature_10m")}
-    assert backfill.run(spark, spec, layout, lo, hi) == written
+    assert backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, lo, hi) == written
     assert delta_rows(spark, layout, "readings") == streamed["readings"]
     for output, version in versions.items():
         assert backfill.delta_record(layout, output, label)["version"] == version + 1
@@ -182,7 +183,8 @@ def test_a_delta_table_has_its_range_rewritten_in_place_and_again_identically(sp
             "WRITE", "Overwrite", backfill.delta_record(layout, output, label)["condition"])  # a replaceWhere
 
     # the validation reads the range as of the version the backfill wrote
-    result = Validator(spark, spec, layout, load_rules(spec, layout.spec_dir)).run(backfill_label=label)
+    result = Validator(spark, analysis.resolve_plan(spark, spec, layout), layout,
+                       load_rules(spec, layout.spec_dir)).run(backfill_label=label)
     assert result["ok"], result["problems"]
     by_output = {o["output"]: o for o in result["outputs"]}
     assert by_output["readings"]["version"] == versions["readings"] + 1
@@ -192,5 +194,5 @@ def test_a_delta_table_has_its_range_rewritten_in_place_and_again_identically(sp
     before = {o: latest_version(spark, layout.data(f"delta/sensors/{o}")) for o in versions}
     with pytest.raises(backfill.BackfillError, match=r"output readings: the range ends at 2026-01-01T02:00:00Z, after "
                                                      r"what the stream has finalized in its Delta table"):
-        backfill.run(spark, spec, layout, "2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
+        backfill.run(spark, analysis.resolve_plan(spark, spec, layout), layout, "2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z")
     assert {o: latest_version(spark, layout.data(f"delta/sensors/{o}")) for o in versions} == before

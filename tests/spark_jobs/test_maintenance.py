@@ -12,6 +12,7 @@ import pytest
 
 from spark_jobs import analysis, maintenance
 from spark_jobs.flows import queries as flows
+from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.lease import DriverLease
 from spark_jobs.sinks.delta import committed_batches, is_conflict, read_version, retry_conflicts
 from spark_jobs.spec.layout import Layout, default_spec_dir
@@ -52,7 +53,7 @@ def land(landing: Path, i: int, devices: list[str]) -> None:
 def stream(spark, tmp_path: Path, name: str):
     spec = parse_spec(spec_data(name))
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    Path(layout.landing).mkdir(parents=True)
+    Path(compile_plan(spec, layout).source.landing).mkdir(parents=True)
     return spec, layout, analysis.resolve_plan(spark, spec, layout)
 
 
@@ -62,7 +63,7 @@ def data_files(path: str, partition: str) -> int:
 
 def test_compaction_while_the_stream_writes_keeps_every_batch(spark, tmp_path: Path) -> None:
     _, layout, plan = stream(spark, tmp_path, "compacted")
-    landing = Path(layout.landing)
+    landing = Path(plan.source.landing)
     outputs = flows.start(spark, plan, Trigger(processing_time="100 milliseconds"), only=lambda n: n != "_ingest")
     try:
         for i in range(3):  # each file a batch of every output; a compaction of every table after each

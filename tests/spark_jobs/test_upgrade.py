@@ -326,11 +326,11 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
                                   "--events-per-file", "25", "--seed", "10",
                                   "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
             wait(lambda: last_batch(checkpoint, "commits") != released, "the window output commits after its release")
-            plan = compile_plan(layout.spec, layout)
+            plan = compile_plan(load_spec(spec_file), layout)
 
             def read_all() -> bool:  # every landed file ingested, every accepted file read by the window output
                 ingested = read_query_checkpoint(plan.checkpoint("_ingest")).processed_files
-                return (not landing_backlog(layout.landing, ingested)[0]
+                return (not landing_backlog(plan.source.landing, ingested)[0]
                         and unread_accepted_files(plan, read_query_checkpoint(checkpoint)) == 0)
 
             wait(read_all, "the window output read every row the ingestion accepted")

@@ -49,7 +49,7 @@ PER_DEVICE = {"name": "per_device", "mode": "update", "sink": {"type": "table", 
 def setup(tmp_path: Path, spec_data: dict, files: list[list[str]]) -> tuple:
     spec = parse_spec(spec_data)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    landing = Path(layout.landing)
+    landing = Path(compile_plan(spec, layout).source.landing)
     landing.mkdir(parents=True)
     for lines in files:
         land(landing, spec.source.format, lines)
@@ -102,14 +102,14 @@ def test_a_quarantine_written_before_raw_bytes_existed_is_written_on_and_read(
 
     monkeypatch.undo()  # this version, resuming from the checkpoint
     bad = b'{"event_id": "e9", "device_id": "dev-\xff\x80", "ts": "2026-01-01T00:30:00.000Z"}'
-    land(Path(layout.landing), "json", [reading("e7", 20), bad])
+    land(Path(compile_plan(spec, layout).source.landing), "json", [reading("e7", 20), bad])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     rows = spark.read.schema(QUARANTINE_DDL).parquet(quarantine).collect()
     assert sorted((r["raw"], r["raw_bytes"]) for r in rows) == [
         ("not json", None), ("not json", None), (bad.decode("utf-8", "replace"), bytearray(bad))]
     # its readers: the quality's accounting (its count), the ground truth's comparison
     assert read_committed(spark, quarantine).count() == 3
-    assert sorted(r["raw"] for r in verify.read_quarantine(spark, spec, layout)) == sorted(r["raw"] for r in rows)
+    assert sorted(r["raw"] for r in verify.read_quarantine(spark, compile_plan(spec, layout))) == sorted(r["raw"] for r in rows)
     # the new batch's file, read by any Parquet reader
     (new,) = {unquote(urlsplit(p).path) for p in sink_files(quarantine) - sink_files(quarantine, through_batch=before)}
     assert [(r["raw"], r["raw_bytes"]) for r in pq.read_table(new).to_pylist()] == [
@@ -138,7 +138,7 @@ def test_an_empty_batch_committed_again_is_skipped_and_the_log_compacts_over_emp
 def test_a_batch_that_reads_nothing_runs_the_deduplication_alone_and_commits_both_tables(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH]), [])
-    plan = compile_plan(layout.spec, layout)
+    plan = compile_plan(spec, layout)
     checkpoint, quarantine = plan.checkpoint("_ingest"), plan.ingestion.quarantine
     without_input: list[int] = []
     run_alone = IngestBatch.without_input
@@ -170,13 +170,13 @@ def test_a_batch_that_reads_nothing_runs_the_deduplication_alone_and_commits_bot
 
     waited: list[int] = []
     try:
-        land(Path(layout.landing), "json", [reading("e1", 1)])
+        land(Path(compile_plan(spec, layout).source.landing), "json", [reading("e1", 1)])
         first = committed(1)
         committed(0)  # the watermark moved to 23:51 of the day before
-        land(Path(layout.landing), "json", [reading("e1", 2), reading("e2", 30), "not json"])
+        land(Path(compile_plan(spec, layout).source.landing), "json", [reading("e1", 2), reading("e2", 30), "not json"])
         committed(2)  # the repeated e1 dropped by the deduplication: its state outlived the batch that read nothing
         evicting = committed(0)  # the watermark at 00:20: e1 (00:01, kept until 00:11) leaves the state
-        land(Path(layout.landing), "json", [reading("e1", 25)])
+        land(Path(compile_plan(spec, layout).source.landing), "json", [reading("e1", 25)])
         committed(1)
         progress = {p["batchId"]: p for p in (json.loads(q.json) for q in ingest.recentProgress)}
     finally:
@@ -222,13 +222,13 @@ def test_every_row_is_decided_once_and_counted(spark, tmp_path: Path) -> None:
     assert [(r["device_id"], r["n"]) for r in table] == [("dev-001", len(accepted))]
 
     # every output equals its query run as a batch over the accepted rows
-    reports = verify.agreement(spark, spec, layout)
+    reports = verify.agreement(spark, analysis.resolve_plan(spark, spec, layout))
     assert [r.name for r in reports] == ["rows", "windows", "per_device"]
     assert all(r.ok for r in reports), [r.describe() for r in reports]
     assert next(r for r in reports if r.name == "windows").actual == 2  # 00:00, 00:10 closed (watermark 00:31)
     with sqlite3.connect(layout.table_url(spec.output("per_device").sink).removeprefix("sqlite:///")) as db:
         db.execute("UPDATE per_device SET n = n + 1")
-    broken = {r.name: r for r in verify.agreement(spark, spec, layout)}["per_device"]
+    broken = {r.name: r for r in verify.agreement(spark, analysis.resolve_plan(spark, spec, layout))}["per_device"]
     assert not broken.ok and broken.different[0][0] == ("dev-001",)
 
 
@@ -254,17 +254,17 @@ def test_a_replayed_batch_writes_nothing_twice(spark, tmp_path: Path) -> None:
     del data["deduplicate"]  # no stateful operator: no trailing no-data batch, the last batch holds rows
     spec, layout = setup(tmp_path, data, FILES[:2])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    before = sink_files(compile_plan(layout.spec, layout).accepted_path)
+    before = sink_files(compile_plan(spec, layout).accepted_path)
     quarantine_before = sink_files(layout.data("quarantine"))
     # the driver died after the batch wrote its tables, before Spark committed it
-    last = sink_last_batch(compile_plan(layout.spec, layout).accepted_path)
+    last = sink_last_batch(compile_plan(spec, layout).accepted_path)
     assert last == 1
     for name in (str(last), f".{last}.crc"):
-        Path(compile_plan(layout.spec, layout).checkpoint("_ingest"), "commits", name).unlink()
+        Path(compile_plan(spec, layout).checkpoint("_ingest"), "commits", name).unlink()
     events: list[dict] = []
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout), on_batch=events.append)
     assert [e["batch_id"] for e in events if e["event"] == "ingested"] == [last]  # replayed
-    assert sink_files(compile_plan(layout.spec, layout).accepted_path) == before
+    assert sink_files(compile_plan(spec, layout).accepted_path) == before
     assert sink_files(layout.data("quarantine")) == quarantine_before
     assert accepted_batch(spark, compile_plan(spec, layout).ingestion).count() == 4  # e1, e2, e3, e3
 
@@ -274,8 +274,8 @@ def test_each_sink_gets_one_file_per_partition_value_per_batch(spark, tmp_path: 
     copy = {**PASSTHROUGH, "name": "copy", "sink": {**PASSTHROUGH["sink"], "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [[reading("a", 1), reading("b", 2), day2]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    assert compile_plan(layout.spec, layout).accepted_path == layout.data("sinks/rows")  # rows is written by the ingestion; copy has its own query
-    for table in (compile_plan(layout.spec, layout).accepted_path, layout.data("sinks/copy")):
+    assert compile_plan(spec, layout).accepted_path == layout.data("sinks/rows")  # rows is written by the ingestion; copy has its own query
+    for table in (compile_plan(spec, layout).accepted_path, layout.data("sinks/copy")):
         files = sorted(Path(p).parent.name for p in sink_files(table))
         assert files == ["event_date=2026-01-01", "event_date=2026-01-02"], table
 
@@ -305,7 +305,7 @@ def test_a_spec_edit_that_moves_the_accepted_rows_or_gives_an_output_another_sin
     spec, layout = setup(tmp_path, make_spec([WINDOWS, PASSTHROUGH]), [[reading("a", 1)]])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     compile_plan(spec, layout).write(layout.plan_file)  # as the stream job does at each start
-    served_at = compile_plan(layout.spec, layout).accepted_path
+    served_at = compile_plan(spec, layout).accepted_path
 
     def judged(outputs: list[dict]) -> dict[str, changes.Verdict]:
         edited = parse_spec(make_spec(outputs) | {"name": spec.name})
@@ -360,7 +360,7 @@ def test_a_served_passthrough_output_is_the_accepted_rows_written_once(spark, tm
     assert all(len(folders) == len(set(folders)) for folders in added.values()), added
     # the other output read the same rows from there; every output agrees with its query over them
     assert sum(p.numInputRows for p in queries["windows"].recentProgress) == accepted
-    reports = verify.agreement(spark, spec, layout)
+    reports = verify.agreement(spark, analysis.resolve_plan(spark, spec, layout))
     assert [r.name for r in reports] == ["windows", "rows"] and all(r.ok for r in reports)
 
 
@@ -382,7 +382,7 @@ def test_a_checkpoint_from_before_the_output_was_served_is_refused(spark, tmp_pa
     plan = analysis.resolve_plan(spark, spec, layout)
     refuse_incompatible(plan, layout)
     flows.run_available_now(spark, plan)
-    assert [r["event_id"] for r in spark.read.parquet(compile_plan(layout.spec, layout).accepted_path).collect()] == ["a"]
+    assert [r["event_id"] for r in spark.read.parquet(compile_plan(spec, layout).accepted_path).collect()] == ["a"]
 
 
 def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_processing(spark, tmp_path: Path) -> None:
@@ -392,8 +392,8 @@ def test_a_landed_file_reaches_the_pass_through_sinks_within_two_triggers_plus_p
     columns = {"type": "passthrough", "columns": ["event_id", "device_id", "ts"]}
     copy = {"name": "copy", "mode": "append", "query": columns, "sink": {"type": "parquet", "path": "sinks/copy"}}
     spec, layout = setup(tmp_path, make_spec([PASSTHROUGH, copy]), [])
-    sinks = {"_ingest": compile_plan(layout.spec, layout).accepted_path, "copy": layout.data("sinks/copy")}
-    landing = Path(layout.landing)
+    sinks = {"_ingest": compile_plan(spec, layout).accepted_path, "copy": layout.data("sinks/copy")}
+    landing = Path(compile_plan(spec, layout).source.landing)
     trigger_s = 1.0
     queries = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(processing_time="1 second"))
 
@@ -492,11 +492,11 @@ def test_a_delta_accepted_table_holds_each_batch_once_and_feeds_every_output_thr
     # compacted while its readers have read it all, then a new file: the outputs read only the new rows
     spark.sql(f"OPTIMIZE delta.`{plan.accepted_path}`").collect()
     assert DeltaTable.forPath(spark, plan.accepted_path).history(1).collect()[0].operation == "OPTIMIZE"
-    land(Path(layout.landing), "json", FILES[3])
+    land(Path(compile_plan(spec, layout).source.landing), "json", FILES[3])
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
     assert sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect()) == [
         "e1", "e2", "e3", "e4", "e5"]
-    reports = verify.agreement(spark, spec, layout)
+    reports = verify.agreement(spark, analysis.resolve_plan(spark, spec, layout))
     assert all(r.ok for r in reports), [r.describe() for r in reports]
     # every output has read the table whole: the watermark it has seen is the ingestion's last
     ingest = plan.checkpoint("_ingest")

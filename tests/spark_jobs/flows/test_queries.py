@@ -21,7 +21,7 @@ from stream_runs import Run, at, land, make_spec, reading, run, stream_name, win
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
-from spark_jobs.plan import query_name
+from spark_jobs.plan import compile_plan, query_name
 from spark_jobs.spec.layout import (
     Layout,
     default_spec_dir,
@@ -131,9 +131,9 @@ def ingested(spark, tmp_path: Path, spec_data: dict, files: list[list[str]], spe
     """Process the files (available-now): the run and the ingestion's ``ingested`` events."""
     spec = parse_spec(spec_data)
     layout = Layout(spec, tmp_path / "data", spec_dir or default_spec_dir())
-    Path(layout.landing).mkdir(parents=True)
+    Path(compile_plan(spec, layout).source.landing).mkdir(parents=True)
     for lines in files:
-        land(Path(layout.landing), spec.source.format, lines)
+        land(Path(compile_plan(spec, layout).source.landing), spec.source.format, lines)
     events: list[dict] = []
     plan = analysis.resolve_plan(spark, spec, layout)
     queries = flows.run_available_now(spark, plan, on_batch=events.append)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spark_jobs.plan import compile_plan
 from spark_jobs.quality.accounting import (
     BALANCED,
     INCOMPLETE,
@@ -16,7 +17,7 @@ from spark_jobs.quality.accounting import (
     output_balance,
     written_by_ingestion_balance,
 )
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import load_spec
 
 
@@ -121,9 +122,9 @@ def test_an_output_balances_the_rows_it_read_against_its_sink_and_its_late_rows(
 def test_which_outputs_have_readable_accepted_rows() -> None:
     sensors = load_spec(default_spec_dir() / "sensors.yaml")
     clicks = load_spec(default_spec_dir() / "clicks.yaml")
-    assert {o.name: accepted_measure(sensors, o) for o in sensors.outputs} == {
+    assert {o.name: accepted_measure(o) for o in compile_plan(sensors, Layout(sensors)).outputs} == {
         "readings": "rows", "site_temperature_10m": None, "device_status": "sum:readings"}
-    assert {o.name: accepted_measure(clicks, o) for o in clicks.outputs} == {
+    assert {o.name: accepted_measure(o) for o in compile_plan(clicks, Layout(clicks)).outputs} == {
         "views_per_minute": None, "page_totals": "sum:views"}
 
 

@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 import yaml
 
+from spark_jobs.analysis import resolve_plan
+from spark_jobs.plan import compile_plan
 from spark_jobs.quality.pandas_engine import (
     NeedsSpark,
     PandasRows,
@@ -62,11 +64,11 @@ def both_ways(spark, include: Path, data_root: Path) -> tuple[dict, Path, dict, 
     """The stream validated with Spark, its quality folder moved aside, then validated again
     from nothing without Spark: each run's result and quality folder."""
     spec, layout, rules = stream(include, data_root)
-    with_spark = Validator(spark, spec, layout, rules).run()
+    with_spark = Validator(spark, resolve_plan(spark, spec, layout), layout, rules).run()
     spark_dir = data_root.parent / f"{data_root.name}-quality-spark"
     shutil.rmtree(spark_dir, ignore_errors=True)
     shutil.move(layout.quality_dir, spark_dir)
-    without = run_without_spark(spec, layout, rules)
+    without = run_without_spark(compile_plan(spec, layout), layout, rules)
     assert (with_spark["engine"], without["engine"]) == ("spark", "pandas")
     return with_spark, spark_dir, without, layout.quality_dir
 
@@ -265,31 +267,36 @@ def test_more_rows_than_pandas_max_rows_need_spark_before_anything_is_validated(
     spec, layout, rules = stream(include, data_root)
     small = rules.model_copy(update={"pandas_max_rows": 50})
     with pytest.raises(NeedsSpark, match=r"\d+ rows of .*readings to validate, more than pandas_max_rows \(50\)"):
-        run_without_spark(spec, layout, small)
+        run_without_spark(compile_plan(spec, layout), layout, small)
     assert not (layout.quality_dir / "ledger.json").exists() and not (layout.quality_dir / "gx").exists()
     with pytest.raises(NeedsSpark, match="pandas_max_rows: 0"):
-        run_without_spark(spec, layout, rules.model_copy(update={"pandas_max_rows": 0}))
-    assert run_without_spark(spec, layout, rules)["ok"]  # the default takes the run's few hundred rows
+        run_without_spark(compile_plan(spec, layout), layout, rules.model_copy(update={"pandas_max_rows": 0}))
+    assert run_without_spark(compile_plan(spec, layout), layout, rules)["ok"]  # the default takes the run's few hundred rows
 
 
 def test_spec_and_rules_that_need_spark_are_named() -> None:
+    from dataclasses import replace
+
     from spark_jobs.spec.layout import default_spec_dir
 
+    def plan_of(spec):
+        return compile_plan(spec, Layout(spec))
+
     spec = load_spec(default_spec_dir() / "sensors.yaml")
-    assert needs_spark(spec, load_rules(spec, default_spec_dir())) is None
-    assert needs_spark(load_spec(default_spec_dir() / "clicks.yaml"), load_rules(
+    plan = plan_of(spec)
+    assert needs_spark(plan, load_rules(spec, default_spec_dir())) is None
+    assert needs_spark(plan_of(load_spec(default_spec_dir() / "clicks.yaml")), load_rules(
         load_spec(default_spec_dir() / "clicks.yaml"), default_spec_dir())) is None
     quantile = parse_rules({"outputs": {"readings": {"expectations": [
         {"expect_column_quantile_values_to_be_between": {"column": "temperature", "quantile_ranges": {
             "quantiles": [0.5], "value_ranges": [[0, 30]]}}}]}}}, spec)
-    assert "expect_column_quantile_values_to_be_between: not among" in needs_spark(spec, quantile)
+    assert "expect_column_quantile_values_to_be_between: not among" in needs_spark(plan, quantile)
     digits = parse_rules({"outputs": {"readings": {"expectations": [
         {"expect_column_values_to_match_regex": {"column": "device_id", "regex": r"^dev-\d{3}$"}}]}}}, spec)
-    assert "a regex that Java and Python may read differently" in needs_spark(spec, digits)
-    transformed = spec.model_copy(update={"transform": object()})
+    assert "a regex that Java and Python may read differently" in needs_spark(plan, digits)
+    transformed = replace(plan, ingestion=replace(plan.ingestion, transform=object()))
     assert "transform" in needs_spark(transformed, parse_rules({}, spec))
-    zoned = spec.model_copy(update={"spark": spec.spark.model_copy(update={"conf": {"spark.sql.session.timeZone":
-                                                                                        "Europe/Paris"}})})
+    zoned = replace(plan, spark=spec.spark.model_copy(update={"conf": {"spark.sql.session.timeZone": "Europe/Paris"}}))
     assert "time zone" in needs_spark(zoned, parse_rules({}, spec))
 
 
@@ -311,7 +318,6 @@ def test_portable_regexes_and_partition_types() -> None:
 
 def test_the_spec_gives_the_schema_sparks_analysis_gives(spark, include: Path, tmp_path: Path) -> None:
     """Every output of the examples, and an aggregation of every function over every type."""
-    from spark_jobs.plan import compile_plan
 
     spec_path = include / "streams" / "sensors.yaml"
     data = yaml.safe_load(spec_path.read_text())
@@ -333,7 +339,7 @@ def test_the_spec_gives_the_schema_sparks_analysis_gives(spark, include: Path, t
     for name in ("sensors", "clicks"):
         spec = load_spec(include / "streams" / f"{name}.yaml")
         plan = compile_plan(spec, Layout(spec, tmp_path, include / "streams"))
-        for output in spec.outputs:
+        for output in plan.outputs:
             ours = [(f.name, f.dataType) for f in spec_schema(plan, output).fields]
             assert ours == [(f.name, f.dataType) for f in expected_schema(spark, plan, output.name).fields], \
                 (name, output.name)
@@ -343,8 +349,8 @@ def test_the_spec_gives_the_schema_sparks_analysis_gives(spark, include: Path, t
 
 def test_without_spark_the_run_says_which_engine_in_its_result_and_the_ledger(include, data_root) -> None:
     spec, layout, rules = stream(include, data_root)
-    result = Validator(None, spec, layout, rules, rows=PandasRows(rules.pandas_max_rows)).run()
+    result = Validator(None, compile_plan(spec, layout), layout, rules, rows=PandasRows(rules.pandas_max_rows)).run()
     assert result["engine"] == "pandas"
     assert json.loads((layout.quality_dir / "ledger.json").read_text())["runs"][-1]["engine"] == "pandas"
     with pytest.raises(NeedsSpark, match="backfilled ranges"):
-        Validator(None, spec, layout, rules, rows=PandasRows(10)).run(backfill_label="x")
+        Validator(None, compile_plan(spec, layout), layout, rules, rows=PandasRows(10)).run(backfill_label="x")

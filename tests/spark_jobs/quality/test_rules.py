@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spark_jobs.plan import compile_plan
 from spark_jobs.quality.rules import derived_expectations, load_rules, parse_rules, rules_path, targets
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import (
     load_spec,
     parse_spec,
@@ -16,6 +17,7 @@ from spark_jobs.spec.loading import (
 from spark_jobs.spec.models import SpecError
 
 SENSORS = load_spec(default_spec_dir() / "sensors.yaml")
+SENSORS_PLAN = compile_plan(SENSORS, Layout(SENSORS))
 CLICKS = load_spec(default_spec_dir() / "clicks.yaml")
 
 
@@ -36,7 +38,7 @@ def test_every_example_stream_has_valid_rules_beside_its_spec() -> None:
 def test_a_stream_without_a_rules_file_gets_the_defaults(tmp_path: Path) -> None:
     rules = load_rules(SENSORS, tmp_path / "streams")
     assert rules.outputs == {} and rules.max_quarantine_rate == 0.05
-    found, skipped = targets(SENSORS, rules)
+    found, skipped = targets(SENSORS_PLAN, rules)
     assert [(t.output.name, t.kind, t.unit_column, t.unit_seconds) for t in found] == [
         ("readings", "period", "ts", 3600.0), ("site_temperature_10m", "window", "window_end", None),
         ("device_status", "snapshot", None, None)]
@@ -100,7 +102,7 @@ def test_a_duplicated_key_in_a_rules_file_is_an_error_naming_the_file_key_and_li
 
 
 def test_derived_checks_cover_schema_nulls_and_unique_keys() -> None:
-    windows = derived_expectations(SENSORS, SENSORS.output("site_temperature_10m"))
+    windows = derived_expectations(SENSORS_PLAN, SENSORS_PLAN.output("site_temperature_10m"))
     assert windows == [
         ("expect_table_columns_to_match_set", {"column_set": ["window_start", "window_end", "site", "readings",
                                                               "avg_temperature", "max_temperature"], "exact_match": True}),
@@ -108,13 +110,13 @@ def test_derived_checks_cover_schema_nulls_and_unique_keys() -> None:
         ("expect_column_values_to_not_be_null", {"column": "window_end"}),
         ("expect_compound_columns_to_be_unique", {"column_list": ["window_start", "window_end", "site"]}),
     ]  # site comes from a left join: it may be null for unknown devices
-    readings = dict((n, kw) for n, kw in derived_expectations(SENSORS, SENSORS.output("readings"))[1:]
+    readings = dict((n, kw) for n, kw in derived_expectations(SENSORS_PLAN, SENSORS_PLAN.output("readings"))[1:]
                     if n != "expect_column_values_to_not_be_null")
-    nulls = [kw["column"] for n, kw in derived_expectations(SENSORS, SENSORS.output("readings"))
+    nulls = [kw["column"] for n, kw in derived_expectations(SENSORS_PLAN, SENSORS_PLAN.output("readings"))
              if n == "expect_column_values_to_not_be_null"]
     assert nulls == ["event_id", "device_id", "ts", "temperature"]
     assert readings == {"expect_column_values_to_be_unique": {"column": "event_id"}}
-    status = derived_expectations(SENSORS, SENSORS.output("device_status"))
+    status = derived_expectations(SENSORS_PLAN, SENSORS_PLAN.output("device_status"))
     assert ("expect_column_values_to_be_unique", {"column": "device_id"}) in status
 
 
@@ -144,7 +146,7 @@ def test_a_sql_output_is_validated_as_a_table_or_by_the_units_its_columns_from_s
         {"expect_column_values_to_not_be_null": {"column": "a_column_only_spark_knows"}}]}}}, spec, "rules.yaml")
     # the result columns Spark's analysis gives the validation job
     columns = {"hot": ["device_id", "ts"], "windows": ["window_start", "window_end", "n"], "ids": ["device_id"]}
-    found, skipped = targets(spec, rules, columns)
+    found, skipped = targets(compile_plan(spec, Layout(spec)), rules, columns)
     assert [(t.output.name, t.kind, t.unit_column) for t in found] == [
         ("hottest", "snapshot", None), ("hot", "period", "ts"), ("windows", "window", "window_end")]
     assert skipped == ["ids: a SQL query's result has neither window_start and window_end nor the event-time column "

@@ -12,6 +12,7 @@ import yaml
 from pyspark.sql import functions as F
 
 from spark_jobs import backfill
+from spark_jobs.analysis import resolve_plan
 from spark_jobs.quality.rules import load_rules, rules_path, targets
 from spark_jobs.quality.validation import UnknownRun, Validator, from_ms, iso
 from spark_jobs.runtime.checkpoint import (
@@ -26,11 +27,11 @@ from spark_jobs.spec.models import SpecError
 def validator(spark, include: Path, data_root: Path) -> Validator:
     spec = load_spec(include / "streams" / "sensors.yaml")
     layout = Layout(spec, data_root, include / "streams")
-    return Validator(spark, spec, layout, load_rules(spec, layout.spec_dir))
+    return Validator(spark, resolve_plan(spark, spec, layout), layout, load_rules(spec, layout.spec_dir))
 
 
 def target(v: Validator, name: str):
-    return next(t for t in targets(v.spec, v.rules)[0] if t.output.name == name)
+    return next(t for t in targets(v.plan, v.rules)[0] if t.output.name == name)
 
 
 def closed_windows(spark, v: Validator) -> set[str]:
@@ -195,13 +196,13 @@ def test_a_backfilled_range_is_validated_and_revalidated_when_rewritten(spark, i
     v = validator(spark, include, data_root)
     lo, hi = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"
     label = backfill.range_label(*backfill.parse_range(lo, hi))
-    backfill.run(spark, v.spec, v.layout, lo, hi)
+    backfill.run(spark, v.plan, v.layout, lo, hi)
     first = v.run(backfill_label=label)
     assert first["ok"], first["problems"]
     assert {o["output"]: [u["unit"] for u in o["units"]] for o in first["outputs"]} == {
         name: [f"backfill {label}"] for name in ("readings", "site_temperature_10m", "device_status")}
 
-    backfill.run(spark, v.spec, v.layout, lo, hi)
+    backfill.run(spark, v.plan, v.layout, lo, hi)
     second = validator(spark, include, data_root).run(backfill_label=label)
     ledger = json.loads((v.dir / "ledger.json").read_text())
     assert list(ledger["backfills"]["readings"]) == [f"backfill {label}"]
@@ -373,7 +374,7 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     v = validator(spark, include, root)
     job_run(v.spec, v.layout)
     manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
-    report = verify.compare(spark, v.spec, v.layout, manifest)
+    report = verify.compare(spark, v.plan, manifest)
     assert report.ok and all(o.actual > 0 for o in report.outputs), report.describe()
 
     result = v.run()

@@ -13,7 +13,7 @@ import yaml
 from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows.queries import run_available_now
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.archive import (
     archivable,
     archive,
@@ -36,8 +36,8 @@ from spark_jobs.spec.models import INGEST_FLOW
 SPEC = default_spec_dir() / "sensors.yaml"
 
 
-def landing_names(layout: Layout) -> set[str]:
-    return {p.name for p in Path(layout.landing).iterdir() if not p.name.startswith((".", "_"))}
+def landing_names(plan: StreamPlan) -> set[str]:
+    return {p.name for p in Path(plan.source.landing).iterdir() if not p.name.startswith((".", "_"))}
 
 
 def test_committed_files_are_archived_and_the_stream_stays_exactly_once(spark, tmp_path: Path) -> None:
@@ -51,26 +51,26 @@ def test_committed_files_are_archived_and_the_stream_stays_exactly_once(spark, t
                               "--events-per-file", "25", "--seed", str(seed)]) == 0
 
     land(8, 3)
-    assert archive(spec, layout).archived == []  # nothing committed yet
+    assert archive(compile_plan(spec, layout)).archived == []  # nothing committed yet
     run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    assert archivable(spec, layout) == []  # committed, but landed less than archive_after (10 minutes) ago
+    assert archivable(compile_plan(spec, layout)) == []  # committed, but landed less than archive_after (10 minutes) ago
 
-    landed = landing_names(layout)
-    first = archive(spec, layout, now=time.time() + 11 * 60)
+    landed = landing_names(compile_plan(spec, layout))
+    first = archive(compile_plan(spec, layout), now=time.time() + 11 * 60)
     assert first.archived and not first.conflicts
     assert {p.name for p in archived_dir.iterdir()} == set(first.archived)
-    assert set(first.archived) | landing_names(layout) == landed and not set(first.archived) & landing_names(layout)
+    assert set(first.archived) | landing_names(compile_plan(spec, layout)) == landed and not set(first.archived) & landing_names(compile_plan(spec, layout))
     # only files the ingestion committed before its newest batch (a lost commit replays that one)
-    ckpt = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
+    ckpt = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
     assert set(first.archived) <= {file_name(p) for p in processed_files(ckpt, through_batch=last_batch(ckpt, "commits") - 1)}
 
     # more input, a restart of every query from its checkpoint, archiving again
     land(6, 4)
     run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    second = archive(spec, layout, now=time.time() + 11 * 60)
+    second = archive(compile_plan(spec, layout), now=time.time() + 11 * 60)
     assert second.archived and not set(second.archived) & set(first.archived)
     manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
-    report = verify.compare(spark, spec, layout, manifest)
+    report = verify.compare(spark, compile_plan(spec, layout), manifest)
     assert report.ok, report.describe()
 
 
@@ -83,14 +83,14 @@ def test_a_cross_device_move_cut_short_is_completed_and_a_different_file_is_left
     assert generate.main(["--spec", str(SPEC), "--data-root", str(root), "--files", "6",
                           "--events-per-file", "10", "--seed", "5"]) == 0
     run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    names = archivable(spec, layout, now=time.time() + 5)
+    names = archivable(compile_plan(spec, layout), now=time.time() + 5)
     assert len(names) >= 2
     archived_dir = Path(layout.data("archive/sensors"))
     archived_dir.mkdir(parents=True)
-    landing = Path(layout.landing)
+    landing = Path(compile_plan(spec, layout).source.landing)
     (archived_dir / names[0]).write_bytes((landing / names[0]).read_bytes())  # copied, not yet removed
     (archived_dir / names[1]).write_text("another file of that name\n")
-    result = archive(spec, layout, now=time.time() + 5)
+    result = archive(compile_plan(spec, layout), now=time.time() + 5)
     assert names[0] in result.archived and not (landing / names[0]).exists()
     assert result.conflicts == [names[1]] and (landing / names[1]).exists()
     assert "left 1 in place" in result.describe()

@@ -10,6 +10,7 @@ from stream_runs import land, make_spec, reading  # tests/stream_runs.py
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
+from spark_jobs.plan import compile_plan
 from spark_jobs.runtime import warmup
 from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import parse_spec
@@ -30,7 +31,7 @@ OUTPUTS = [
 def stream(tmp_path: Path, landed: int = 2):
     spec = parse_spec(make_spec(OUTPUTS))
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    landing = Path(layout.landing)
+    landing = Path(compile_plan(spec, layout).source.landing)
     landing.mkdir(parents=True)
     for i in range(landed):
         land(landing, "json", [reading(f"e{i}-{j}", i * 20 + j, device=f"dev-00{1 + j % 2}") for j in range(5)]

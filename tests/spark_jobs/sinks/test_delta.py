@@ -14,6 +14,7 @@ import pytest
 
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
+from spark_jobs.plan import compile_plan
 from spark_jobs.sinks.delta import DeltaWriter, committed_batches, merge_condition
 from spark_jobs.spec.layout import Layout, default_spec_dir
 from spark_jobs.spec.loading import parse_spec
@@ -65,7 +66,7 @@ def table(spark, path: str) -> list[dict]:
 def test_every_mode_lands_in_its_delta_table_one_version_per_batch(spark, tmp_path: Path) -> None:
     spec = parse_spec(spec_data("to_delta", delta_outputs()))
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
-    landing = Path(layout.landing)
+    landing = Path(compile_plan(spec, layout).source.landing)
     landing.mkdir(parents=True)
     plan = analysis.resolve_plan(spark, spec, layout)
     files = [[record("a1", 1, "d1"), record("b1", 2, None)],

@@ -272,12 +272,12 @@ def test_not_yaml_names_the_file(tmp_path: Path) -> None:
 def test_layout_resolves_paths(tmp_path: Path, sensors: dict) -> None:
     spec = parse_spec(copy.deepcopy(sensors))
     layout = Layout(spec, tmp_path / "data", SPEC_DIR)
-    assert layout.landing == str(tmp_path / "data" / "landing" / "sensors")
+    assert compile_plan(spec, layout).source.landing == str(tmp_path / "data" / "landing" / "sensors")
     assert layout.data(checkpoint_paths(spec)["readings"]) == str(tmp_path / "data" / "checkpoints" / "sensors" / "readings")
     assert layout.reference("reference/devices.csv") == str(SPEC_DIR.parent / "reference" / "devices.csv")
     assert set(checkpoint_paths(spec)) == {"readings", "site_temperature_10m", "device_status", "_ingest"}
     # readings is written by the ingestion: its sink is the accepted-rows table
-    assert compile_plan(layout.spec, layout).accepted_path == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
+    assert compile_plan(spec, layout).accepted_path == str(tmp_path / "data" / "sinks" / "sensors" / "readings")
     assert layout.table_url(spec.outputs[2].sink).startswith("sqlite:////")
 
 
@@ -299,9 +299,9 @@ def test_an_application_stream_declares_its_file_and_queries_instead_of_a_source
     app = {"name": "x", "checkpoint": "checkpoints/x",
            "application": {"path": "applications/rate_counts.py", "args": ["--output", "sinks/x"], "queries": ["counts"]}}
     spec = parse_spec(app)
-    assert compile_plan(spec, Layout(spec)).queries == ["counts"] and not has_ingestion(spec) and written_by_ingestion(spec) is None
+    assert compile_plan(spec, Layout(spec)).flows == ["counts"] and not has_ingestion(spec) and written_by_ingestion(spec) is None
     assert checkpoint_paths(spec) == {"counts": "checkpoints/x/counts"}
-    assert Layout(spec, "/d", "/i/streams").application_file == "/i/applications/rate_counts.py"
+    assert compile_plan(spec, Layout(spec, "/d", "/i/streams")).application.file == "/i/applications/rate_counts.py"
     mixed = {**app, "source": sensors["source"], "outputs": sensors["outputs"]}
     assert any("remove source, outputs" in m for _, m in problems(mixed))
     neither = {"name": "x", "checkpoint": "checkpoints/x"}
