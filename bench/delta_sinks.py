@@ -85,8 +85,7 @@ class DeltaStream(Stream):
 def check_delta(spark, stream: Stream, root: Path) -> dict[str, Any]:
     """Rows per Delta table against the ground truth."""
     truth = stream.manifest_counts()["outputs"]
-    layout = stream.layout(root)
-    counts = {o.name: spark.read.format("delta").load(layout.data(o.sink.path)).count() for o in stream.spec.outputs}
+    counts = {o.name: spark.read.format("delta").load(o.sink.path).count() for o in stream.plan(root).outputs}
     problems = [f"{name} holds {n} rows, the ground truth {truth[name]}" for name, n in counts.items()
                 if n != truth[name]]
     return {"ok": not problems, "counts": counts, "problems": problems}

@@ -47,13 +47,14 @@ from bench.harness import (
     clean_up,
     descendants,
     kill_tree,
+    landing_of,
     pss_bytes,
     working_folder,
 )
 from bench.report import RESULTS, Progress, machine, spread, write_results
 from runner.processes import wait_until
 from spark_jobs import submit
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids, file_name, landed_files, processed_files, waiting_files
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.progress import read_events
@@ -96,11 +97,10 @@ def launch(root: Path, logs: Path, name: str, available_now: bool) -> subprocess
                             start_new_session=True)
 
 
-def freshness(layout: Layout) -> tuple[list[float], int]:
+def freshness(plan: StreamPlan) -> tuple[list[float], int]:
     """Per landed file the ingestion has read: seconds from its landing until every sink had its rows
     (the ingestion batch's commit, and each output's first batch planned after it, committed); and
     how many files no sink had yet."""
-    plan = compile_plan(layout.spec, layout)
     ingestion = plan.checkpoint(INGEST_FLOW)
     commits = Path(ingestion) / "commits"
     batch_of: dict[str, int] = {}
@@ -118,7 +118,7 @@ def freshness(layout: Layout) -> tuple[list[float], int]:
         outputs.append([(os.path.getmtime(cp / "offsets" / str(k)), os.path.getmtime(cp / "commits" / str(k)))
                         for k in batch_ids(cp, "commits")])
     fresh, missing = [], 0
-    landed = {f.name: f.mtime for f in landed_files(layout.landing)}
+    landed = {f.name: f.mtime for f in landed_files(landing_of(plan))}
     for f, b in batch_of.items():
         ingested = os.path.getmtime(commits / str(b))
         done = [ingested]
@@ -139,6 +139,8 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
     logs.mkdir(parents=True)
     spec = load_spec(SPEC)
     layout = Layout(spec, root, SPEC.parent)
+    plan = compile_plan(spec, layout)
+    landing = landing_of(plan)
     memory = Memory()
     memory.start()
     feeder = subprocess.Popen([sys.executable, "-m", "runner.testdata.generate", "--spec", str(SPEC),
@@ -162,7 +164,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
             cpu = reaped_cpu() - before
             runs.append({"exit_code": driver.returncode})
         else:
-            ingestion = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
+            ingestion = plan.checkpoint(INGEST_FLOW)
             due = started + args.every
             while time.time() < end:
                 if args.every:  # the schedule's run: none started when nothing waits
@@ -170,9 +172,9 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
                         time.sleep(min(1.0, due - time.time()))
                         continue
                     due += args.every
-                    if not waiting_files(layout.landing, processed_files(ingestion)):
+                    if not waiting_files(landing, processed_files(ingestion)):
                         continue
-                elif not waiting_files(layout.landing, processed_files(ingestion)):
+                elif not waiting_files(landing, processed_files(ingestion)):
                     time.sleep(args.poll)
                     continue
                 before, launched = reaped_cpu(), time.time()
@@ -192,7 +194,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> 
         for pid in descendants(os.getpid()):
             kill_tree(pid)
     hours = (time.time() - started) / 3600
-    fresh, unread = freshness(layout)
+    fresh, unread = freshness(plan)
     fresh = [round(f, 1) for f in fresh]
     return {"mode": mode, "hours": round(hours, 3), "runs": len(runs), "cpu_s": round(cpu, 1),
             "cpu_s_per_stream_hour": round(cpu / hours, 1), "mb_hours_per_stream_hour": round(memory.mb_seconds / 3600 / hours, 1),

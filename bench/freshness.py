@@ -76,6 +76,7 @@ from bench.harness import (
     clean_up,
     cpu_seconds,
     kill_tree,
+    landing_of,
     prepare_environment,
     submit_command,
     working_folder,
@@ -148,12 +149,12 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
     processes (the JVM and Python) took per file while they landed and were read."""
     root.mkdir(parents=True)
     spec = load_spec(spec_path)
-    layout = Layout(spec, root, spec_path.parent)
+    plan = compile_plan(spec, Layout(spec, root, spec_path.parent))
     tables = {f"{t} table": (root / "tables.db", f"bench_{t}") for t in ("page_totals", "user_activity")}
     unlogged: frozenset[str] = frozenset()
     if variant == "platform":
         args = [*submit_args(), str(STREAM_JOB), "--spec", str(spec_path), "--data-root", str(root)]
-        parquet = {PASS_THROUGH: compile_plan(spec, layout).accepted_path}
+        parquet = {PASS_THROUGH: plan.accepted_path}
     else:
         job = Stream(FOUR, spec_path, root, "a").plain_job(PLAIN[variant], root) \
             | {"processing_time": f"{TRIGGER_S:g} second"}
@@ -168,7 +169,7 @@ def run(variant: str, spec_path: Path, root: Path, files: int, every: float, row
             parquet = {PASS_THROUGH: through}
             assert {(Path(o["sink"]["db"]), o["sink"]["table"]) for o in job["outputs"] if o["sink"]["type"] == "table"} \
                 == set(tables.values()), job["outputs"]
-    lander = Lander(Path(layout.landing), rows)
+    lander = Lander(Path(landing_of(plan)), rows)
     cmd = submit_command(args)
     watcher = Watcher(parquet, tables, unlogged)
     with open(root / "spark-submit.log", "w") as log:

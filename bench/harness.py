@@ -31,7 +31,7 @@ import yaml
 from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
 from runner.testdata import generate
-from spark_jobs.plan import compile_plan, result_columns, result_key, written_by_ingestion
+from spark_jobs.plan import ParquetDataset, StreamPlan, TableDataset, compile_plan, written_by_ingestion
 from spark_jobs.runtime.checkpoint import batch_ids, sink_files
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import holder_alive, read_holder
@@ -44,10 +44,8 @@ from spark_jobs.spec.models import (
     SPARK_TYPES,
     Aggregation,
     FileSource,
-    ParquetSink,
     Passthrough,
     StreamSpec,
-    TableSink,
 )
 
 MASTER = "local[2]"
@@ -339,6 +337,12 @@ def bench_specs(folder: Path, files_per_trigger: int = 10) -> dict[str, Path]:
     return paths
 
 
+def landing_of(plan: StreamPlan) -> str:
+    """The folder a stream reading files takes its input from."""
+    assert plan.source is not None and plan.source.landing is not None, f"stream {plan.stream} reads no files"
+    return plan.source.landing
+
+
 def on_file_sinks(spec: dict) -> dict:
     """An example spec with its Delta tables written as Parquet instead: the plain Spark jobs
     here write Parquet and SQLite (Delta against Parquet is bench/delta_sinks.py's measure)."""
@@ -384,13 +388,19 @@ class Stream:
     def layout(self, root: Path) -> Layout:
         return Layout(self.spec, root, self.spec_path.parent)
 
+    def plan(self, root: Path, variant: str | None = None) -> StreamPlan:
+        """The plan of the stream (of the variant's spec, if given: :meth:`spec_of`) over the data
+        root ``root``, compiled once per call: pass it down."""
+        spec = self.spec if variant is None else self.spec_of(variant)
+        return compile_plan(spec, Layout(spec, root, self.spec_path.parent))
+
     def jars(self) -> list[str]:
         """Jars its drivers need beside Spark's own (none for files)."""
         return []
 
     def prepare(self, root: Path) -> None:
         """A fresh data root holding hard links of the generated landing files (same mtimes)."""
-        src, dst = Path(self.layout(self.input_root).landing), Path(self.layout(root).landing)
+        src, dst = Path(landing_of(self.plan(self.input_root))), Path(landing_of(self.plan(root)))
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src, dst, copy_function=os.link)
 
@@ -399,58 +409,58 @@ class Stream:
         return {"spark.log.level": os.environ.get("STREAMS_SPARK_LOG_LEVEL", "WARN"), **SESSION_CONF,
                 "spark.sql.shuffle.partitions": self.spec.spark.shuffle_partitions, **self.spec.spark.conf}
 
-    def source_job(self, layout: Layout) -> dict[str, Any]:
+    def source_job(self, plan: StreamPlan) -> dict[str, Any]:
         """The job file's ``source``: how ``bench/throughput_plain.py`` reads the input."""
-        src = self.spec.source
-        assert isinstance(src, FileSource)
-        return {"format": src.format, "schema": compile_plan(self.spec, layout).source.reader_ddl,
-                "options": src.options, "landing": layout.landing, "max_files_per_trigger": src.max_files_per_trigger}
+        src = plan.source
+        assert src is not None and src.is_files
+        return {"format": src.format, "schema": src.reader_ddl, "options": src.options, "landing": src.landing,
+                "max_files_per_trigger": src.max_files_per_trigger}
 
     def plain_job(self, variant: str, root: Path) -> dict[str, Any]:
         """The job file of ``bench/throughput_plain.py`` for this stream's spec."""
-        spec, layout, src = self.spec, self.layout(root), self.spec.source
+        plan = self.plan(root)
+        src, ingestion = plan.source, plan.ingestion
+        assert src is not None and ingestion is not None and ingestion.accepted_columns is not None
         outputs = []
-        for o in spec.outputs:
+        for o in plan.outputs:
             q, sink = o.query, o.sink
             out: dict[str, Any] = {"name": o.name, "mode": o.mode}
             if isinstance(q, Passthrough):
-                out.update(query="passthrough", columns=result_columns(spec, o))
+                out.update(query="passthrough", columns=o.columns)
             else:
                 assert isinstance(q, Aggregation)
                 out.update(query="aggregate", group_by=q.group_by,
                            window=q.window and {"duration": q.window.duration, "slide": q.window.slide},
                            aggregates=[{"name": a.name, "fn": a.fn, "column": a.column} for a in q.aggregates])
-            if isinstance(sink, ParquetSink):
-                out["sink"] = {"type": "parquet", "path": layout.data(sink.path), "partition_by": sink.partition_by}
+            if isinstance(sink, ParquetDataset):
+                out["sink"] = {"type": "parquet", "path": sink.path, "partition_by": sink.partition_by}
             else:
-                assert isinstance(sink, TableSink)
-                url = layout.table_url(sink)
+                assert isinstance(sink, TableDataset)
+                url = sink.url
                 if not url.startswith("sqlite:///"):
                     raise ValueError(f"{self.name}.{o.name}: the benchmark writes tables to SQLite only, not {url}")
                 out["sink"] = {"type": "table", "db": url.removeprefix("sqlite:///"), "table": sink.table,
-                               "key": result_key(spec, o)}
+                               "key": o.key}
             outputs.append(out)
-        et = spec.event_time
-        plan = compile_plan(spec, layout)
-        assert plan.ingestion is not None and plan.ingestion.accepted_columns is not None
-        served = written_by_ingestion(spec)
+        et = ingestion.event_time
+        served = plan.output_written_by_ingestion
         conf = {**self.session_conf(), "spark.sql.streaming.numRecentProgressUpdates": 100_000}
         return {
             "app": f"bench-{variant}:{self.name}", "variant": PLAIN_VARIANTS[variant],
             "conf": conf,
-            "source": self.source_job(layout),
+            "source": self.source_job(plan),
             "columns": [c.name for c in src.columns], "required": [c.name for c in src.columns if c.required],
             "event_time": et and {"column": et.column, "watermark": et.watermark},
-            "deduplicate": spec.deduplicate.key if spec.deduplicate else None,
-            "joins": [{"path": layout.reference(e.path), "format": e.format, "key": e.key, "how": e.how,
-                       "columns": [(c.name, SPARK_TYPES[c.type]) for c in e.columns]}
-                      for e in spec.enrich],
+            "deduplicate": ingestion.deduplicate,
+            "joins": [{"path": j.path, "format": j.format, "key": j.key, "how": j.how,
+                       "columns": [(c.name, SPARK_TYPES[c.type]) for c in j.columns]}
+                      for j in ingestion.joins],
             "outputs": outputs,
-            "quarantine": layout.data(spec.quarantine.path) if spec.quarantine else None,
+            "quarantine": ingestion.quarantine,
             # (f): where its first stage writes the accepted rows (a pass-through output's sink, as the platform)
-            "accepted": (layout.data(served.sink.path) if served is not None and isinstance(served.sink, ParquetSink)
+            "accepted": (served.sink.path if served is not None and isinstance(served.sink, ParquetDataset)
                          else str(root / "sinks" / "accepted")),
-            "accepted_columns": list(plan.ingestion.accepted_columns),
+            "accepted_columns": list(ingestion.accepted_columns),
             "parse_sink": str(root / "sinks" / "parse"),
             "checkpoints": str(root / "bench-checkpoints"),
             "result": str(root / "result.json"),
@@ -458,20 +468,20 @@ class Stream:
 
     def file_sinks(self, variant: str, root: Path) -> dict[str, str]:
         """The Parquet sinks a variant writes: name -> path."""
-        layout = self.layout(root)
         if variant == "a":
             return {"parse": str(root / "sinks" / "parse")}
-        sinks = {"accepted": compile_plan(self.spec, layout).accepted_path} if variant == "c" else {}  # e: a Delta table
+        plan = self.plan(root)
+        sinks = {"accepted": plan.accepted_path} if variant == "c" else {}  # e: a Delta table
         if variant == "f":
             sinks["accepted"] = self.plain_job(variant, root)["accepted"]
-        if self.spec.quarantine:
-            sinks["quarantine"] = layout.data(self.spec.quarantine.path)
+        if plan.ingestion is not None and plan.ingestion.quarantine:
+            sinks["quarantine"] = plan.ingestion.quarantine
         served = written_by_ingestion(self.spec_of(variant))
-        for o in self.spec.outputs:
+        for o in plan.outputs:
             if variant in (*PLATFORM, "f") and served is not None and o.name == served.name:
                 continue  # its sink is the accepted-rows table, counted once as "accepted"
-            if isinstance(o.sink, ParquetSink):
-                sinks[o.name] = layout.data(o.sink.path)
+            if isinstance(o.sink, ParquetDataset):
+                sinks[o.name] = o.sink.path
         return sinks
 
     def input_rows(self) -> int:
@@ -503,7 +513,7 @@ def batches_of(stream: Stream, variant: str, root: Path) -> tuple[list[dict], bo
                   "end": epoch(e["timestamp"]) + (e.get("duration_ms") or {}).get("triggerExecution", 0) / 1000,
                   "input_rows": e.get("input_rows", 0), "parts": e.get("duration_ms") or {}}
                  for e in read_events(layout.events_file) if e.get("event") == "progress"]
-        checkpoints = compile_plan(stream.spec, layout).checkpoints
+        checkpoints = stream.plan(root).checkpoints
     else:
         result = json.loads((root / "result.json").read_text())
         found = [{"query": b["query"], "batch_id": b["batch_id"], "start": epoch(b["timestamp"]),

@@ -76,7 +76,7 @@ from bench.harness import (
 from bench.report import Progress, latencies, machine, median_of, results_path, write_results
 from runner.kafka import KafkaBroker, ensure_topics
 from runner.testdata import generate
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import Layout, project_root
 from spark_jobs.spec.loading import load_spec
@@ -101,15 +101,15 @@ class TopicStream(Stream):
     def jars(self) -> list[str]:
         return connector_jars()  # Spark's Kafka connector
 
-    def source_job(self, layout: Layout) -> dict[str, Any]:
-        src = self.spec.source
-        assert isinstance(src, KafkaSource) and src.topics
-        options = {"kafka.bootstrap.servers": self.bootstrap, "subscribe": ",".join(src.topics),
+    def source_job(self, plan: StreamPlan) -> dict[str, Any]:
+        src = plan.source
+        assert src is not None and src.kafka is not None and src.kafka.topics
+        kafka = src.kafka
+        options = {"kafka.bootstrap.servers": self.bootstrap, "subscribe": ",".join(kafka.topics),
                    "startingOffsets": "earliest", "failOnDataLoss": "true",
-                   **({"maxOffsetsPerTrigger": str(src.max_offsets_per_trigger)} if src.max_offsets_per_trigger else {}),
+                   **({"maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger)} if kafka.max_offsets_per_trigger else {}),
                    **{k: str(v) for k, v in src.options.items()}}
-        return {"format": "kafka", "value_format": src.format, "options": options,
-                "schema": compile_plan(self.spec, layout).source.reader_ddl}
+        return {"format": "kafka", "value_format": src.format, "options": options, "schema": src.reader_ddl}
 
 
 def write_specs(folder: Path) -> dict[str, Path]:

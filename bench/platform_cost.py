@@ -65,6 +65,7 @@ from bench.harness import (
     end_everything,
     epoch,
     kill_pids,
+    landing_of,
     run_generator,
     start_airflow,
     working_folder,
@@ -72,7 +73,7 @@ from bench.harness import (
 from bench.report import RESULTS, Progress, machine, median_of, pyplot, save_chart, verdict, write_results
 from runner.processes import wait_for, wait_until
 from runner.testdata.demo import spark_submit
-from spark_jobs.plan import compile_plan, written_by_ingestion
+from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import (
     batch_ids,
     file_name,
@@ -91,7 +92,6 @@ from spark_jobs.spec.layout import (
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
     INGEST_FLOW,
-    StreamSpec,
 )
 from streamops.health import Status, assess
 
@@ -139,20 +139,21 @@ class Stream:
 
     def __init__(self, spec_path: Path, data_root: Path):
         self.spec_path, self.data_root = spec_path, data_root
-        self.spec: StreamSpec = load_spec(spec_path)
-        self.layout = Layout(self.spec, data_root, spec_path.parent)
-        self.plan = compile_plan(self.spec, self.layout)
+        spec = load_spec(spec_path)
+        self.layout = Layout(spec, data_root, spec_path.parent)
+        self.plan = compile_plan(spec, self.layout)
         self.readings = Path(self.plan.checkpoint(INGEST_FLOW))
+        self.landing = landing_of(self.plan)
         self.seed = 1000
 
     def landing_files(self) -> set[str]:
-        return {p.name for p in Path(self.layout.landing).glob(PART)}
+        return {p.name for p in Path(self.landing).glob(PART)}
 
     def feed(self, files: int, events_per_file: int) -> list[Path]:
         before = self.landing_files()
         self.seed += 1
         run_generator(self.spec_path, self.data_root, files, events_per_file, self.seed, empty_files=0)
-        return sorted(Path(self.layout.landing) / n for n in self.landing_files() - before)
+        return sorted(Path(self.landing) / n for n in self.landing_files() - before)
 
     def taken(self, query: str, through_batch: int) -> set[str]:
         paths = processed_files(self.plan.checkpoint(query), through_batch=through_batch)
@@ -171,7 +172,7 @@ class Stream:
     def writer_of(self, output: str) -> str:
         """The query that commits an output: ``_ingest`` for the output the ingestion serves
         (its sink is the accepted-rows table), else the output's own."""
-        served = written_by_ingestion(self.spec)
+        served = self.plan.output_written_by_ingestion
         return INGEST_FLOW if served is not None and served.name == output else output
 
     def output_taking_batch(self, output: str, landed: set[str]) -> int | None:
@@ -210,7 +211,7 @@ class Stream:
         """Wait until every output committed the rows the ingestion accepted from all the
         landing files; rows per second from the first batch's start to the last of those commits."""
         names = self.landing_files()
-        outputs = [self.writer_of(o.name) for o in self.spec.outputs]
+        outputs = [self.writer_of(o.name) for o in self.plan.outputs]
         batches = wait_for(lambda: (b := {q: self.output_taking_batch(q, names) for q in outputs})
                            and all(v is not None for v in b.values()) and b,
                            f"every output to commit the rows of the {len(names)} input files", timeout, every=0.5)
@@ -375,7 +376,7 @@ def stall(stream: Stream, events_per_file: int, window: float) -> dict:
     seen: list[float] = []
 
     def recovered() -> tuple[float, float] | None:
-        if not seen and assess(stream.spec, stream.layout).status == Status.STALLED:
+        if not seen and assess(stream.plan, stream.layout).status == Status.STALLED:
             seen.append(time.time())  # what the supervisor sees at its next poll
         return stream.new_drivers_first_commit(holder.pid)
 
@@ -388,7 +389,7 @@ def stall(stream: Stream, events_per_file: int, window: float) -> dict:
 def freshness(p: Platform, events_per_file: int) -> dict:
     """One file lands; seconds to its rows committed in the readings sink, then to a quality run's success."""
     stream = p.stream
-    wait_for(lambda: assess(stream.spec, stream.layout).status == Status.IDLE, "the stream to be idle", 600, every=1)
+    wait_for(lambda: assess(stream.plan, stream.layout).status == Status.IDLE, "the stream to be idle", 600, every=1)
     (landed,) = stream.feed(1, events_per_file)
     landed_at = landed.stat().st_mtime
     readings = stream.writer_of("readings")
@@ -491,7 +492,7 @@ def restart_cases(spec_path: Path, root: Path, sizes: list[int], repeats: int,
             full[n].append(result)
             processed += 1
             note(f"restart after {n} files {i + 1}/{repeats}: first commit after {result['seconds']:.1f}s")
-    moved = archive(stream.spec, stream.layout, now=time.time() + 86400)  # archive_after is not measured here
+    moved = archive(stream.plan, now=time.time() + 86400)  # archive_after is not measured here
     note(f"{moved.describe()}; {len(stream.landing_files())} file(s) left in the landing directory")
     largest = sizes[-1]
     archived: dict[int, list[dict]] = {largest: []}

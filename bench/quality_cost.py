@@ -106,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     work = working_folder("bench-quality-")
     spec = load_spec(default_spec_dir() / "sensors.yaml")
     layout = Layout(spec, work, default_spec_dir())
+    plan = analysis.resolve_plan(spark, spec, layout)
     rules = load_rules(spec, default_spec_dir())
-    target = next(t for t in targets(spec, rules)[0] if t.output.name == "readings")
-    schema = expected_schema(spark, analysis.resolve_plan(spark, spec, layout), target.output.name)
+    target = next(t for t in targets(plan, rules)[0] if t.output.name == "readings")
+    schema = expected_schema(spark, plan, target.output.name)
     results = []
     try:
-        v = Validator(spark, spec, layout, rules, run_id="bench")
+        v = Validator(spark, plan, layout, rules, run_id="bench")
         complete = v.checkpoint(target, schema, label="bench", detail=True)
         checks_only = v.checkpoint(target, schema, label="bench").validation_definitions[0]
         print(f"{'rows':>10} {'baseline s':>11} {'platform s':>11} {'ratio':>7} {'checks only s':>14} {'ratio':>7} "

@@ -52,13 +52,13 @@ from bench.harness import (
     clean_up,
     kill_pids,
     kill_tree,
+    landing_of,
     pss_bytes,
     submit_command,
     working_folder,
 )
 from bench.report import RESULTS, machine, write_results
 from runner.processes import wait_until
-from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import (
     landed_files,
     landing_backlog,
@@ -79,15 +79,16 @@ class Copy:
         self.root, self.kind = root, kind
         root.mkdir(parents=True)
         self.stream = Stream("sensors", SPEC, root, "bc")
-        self.layout = self.stream.layout(root)
-        self.mfpt = self.stream.spec.source.max_files_per_trigger
+        self.plan = self.stream.plan(root)
+        self.landing = landing_of(self.plan)
+        self.mfpt = self.plan.source.max_files_per_trigger
         env = child_env()
         if kind in ("platform", "standby"):
             args = [*submit_args(), str(STREAM_JOB), "--spec", str(SPEC), "--data-root", str(root)]
-            self.checkpoints = [Path(compile_plan(self.stream.spec, self.layout).checkpoint(INGEST_FLOW))]
+            self.checkpoints = [Path(self.plan.checkpoint(INGEST_FLOW))]
         else:
             job = self.stream.plain_job("b", root)
-            job["processing_time"] = self.stream.spec.trigger.processing_time
+            job["processing_time"] = self.plan.trigger.processing_time
             (root / "job.json").write_text(json.dumps(job))
             args = [str(PLAIN_JOB), "--job", str(root / "job.json")]
             self.checkpoints = [Path(job["checkpoints"]) / o for o in ["quarantine", *[o["name"] for o in job["outputs"]]]]
@@ -116,7 +117,7 @@ class Copy:
 
     def backlog(self) -> int:
         """Files waiting for the landing-reading query furthest behind."""
-        landed = landed_files(self.layout.landing)
+        landed = landed_files(self.landing)
         return max(landing_backlog(landed, read_query_checkpoint(str(c)).processed_files)[0] for c in self.checkpoints)
 
     def stop(self) -> dict[str, float]:

@@ -87,8 +87,9 @@ class Run:
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True)
         shutil.copytree(staged / "generated", self.root / "generated")
-        self.pending = sorted(Path(staged, "landing", Path(self.layout.landing).name).iterdir())
-        self.landing = Path(self.layout.landing)
+        assert self.plan.source is not None and self.plan.source.landing is not None
+        self.landing = Path(self.plan.source.landing)
+        self.pending = sorted(Path(staged, "landing", self.landing.name).iterdir())
         self.landing.mkdir(parents=True)
         self.every = every
         self.drivers: list[subprocess.Popen] = []
@@ -229,13 +230,13 @@ def check(result: dict[str, Any]) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from runner.testdata import verify
+    from spark_jobs.analysis import resolve_plan
 
     spec = result["spec"]
-    layout = Layout(spec, result["root"])
     manifest = json.loads((Path(result["root"]) / "generated" / spec.name / "manifest.json").read_text())
     spark = SparkSession.getActiveSession() or SparkSession.builder.master("local[2]").config(
         "spark.sql.session.timeZone", "UTC").getOrCreate()
-    report = verify.compare(spark, spec, layout, manifest)
+    report = verify.compare(spark, resolve_plan(spark, spec, Layout(spec, result["root"])), manifest)
     return {"ok": report.ok, "report": report.describe()}
 
 

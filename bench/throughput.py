@@ -116,13 +116,9 @@ from bench.harness import (
     working_folder,
 )
 from bench.report import Progress, machine, pyplot, results_path, save_chart, verdict, write_results
-from spark_jobs.plan import result_key
+from spark_jobs.plan import DeltaDataset, ParquetDataset, TableDataset
 from spark_jobs.runtime.session import local_fs_conf
-from spark_jobs.spec.models import (
-    DeltaSink,
-    ParquetSink,
-    Passthrough,
-)
+from spark_jobs.spec.models import Passthrough
 
 VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform", "d": "one batch job",
             "e": "platform, Delta accepted", "f": "same work, two stages"}
@@ -191,45 +187,48 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:
     for v in ("b", "c", "e", "f"):
         if v not in roots:
             continue
-        layout = stream.layout(roots[v])
+        plan = stream.plan(roots[v], v)
+        assert plan.ingestion is not None and plan.ingestion.quarantine is not None
         counts[v] = {}
         outputs[v] = {}
-        for o in stream.spec_of(v).outputs:
-            if isinstance(o.sink, DeltaSink):
-                frame = spark.read.format("delta").load(layout.data(o.sink.path))
+        for o in plan.outputs:
+            if isinstance(o.sink, DeltaDataset):
+                frame = spark.read.format("delta").load(o.sink.path)
                 outputs[v][o.name] = frame
                 counts[v][o.name] = count(frame)
-            elif isinstance(o.sink, ParquetSink):
-                frame = parquet(layout.data(o.sink.path))
+            elif isinstance(o.sink, ParquetDataset):
+                frame = parquet(o.sink.path)
                 outputs[v][o.name] = frame
                 counts[v][o.name] = count(frame)
             else:
-                rows = read_table(layout.table_url(o.sink), o.sink.table)
+                assert isinstance(o.sink, TableDataset)
+                rows = read_table(o.sink.url, o.sink.table)
                 outputs[v][o.name] = rows
                 counts[v][o.name] = len(rows)
             if counts[v][o.name] != truth["outputs"][o.name]:
                 problems.append(f"{v}: {o.name} holds {counts[v][o.name]} rows, the ground truth "
                                 f"{truth['outputs'][o.name]}")
-        frame = parquet(layout.data(stream.spec.quarantine.path))
+        frame = parquet(plan.ingestion.quarantine)
         outputs[v]["quarantine"] = frame
         counts[v]["quarantine"] = count(frame)
         if counts[v]["quarantine"] != truth["quarantined"]:
             problems.append(f"{v}: {counts[v]['quarantine']} quarantined, the ground truth {truth['quarantined']}")
     if "d" in roots:  # a batch keeps what a stream drops as late
-        layout = stream.layout(roots["d"])
-        counts["d"] = {"quarantine": count(parquet(layout.data(stream.spec.quarantine.path)))}
+        plan = stream.plan(roots["d"])
+        assert plan.ingestion is not None and plan.ingestion.quarantine is not None
+        counts["d"] = {"quarantine": count(parquet(plan.ingestion.quarantine))}
         if counts["d"]["quarantine"] != truth["quarantined"]:
             problems.append(f"d: {counts['d']['quarantine']} quarantined, the ground truth {truth['quarantined']}")
-        for o in stream.spec.outputs:
-            if isinstance(o.query, Passthrough) and isinstance(o.sink, ParquetSink):
-                counts["d"][o.name] = count(parquet(layout.data(o.sink.path)))
+        for o in plan.outputs:
+            if isinstance(o.query, Passthrough) and isinstance(o.sink, ParquetDataset):
+                counts["d"][o.name] = count(parquet(o.sink.path))
                 expected = truth["outputs"][o.name] + truth["dropped_late"]
                 if counts["d"][o.name] != expected:
                     problems.append(f"d: {o.name} holds {counts['d'][o.name]} rows, the ground truth's accepted and "
                                     f"late rows {expected}")
     if "b" in outputs and "c" in outputs:
         b, c = outputs["b"], outputs["c"]
-        for o in stream.spec.outputs:
+        for o in stream.plan(roots["c"], "c").outputs:
             if isinstance(o.query, Passthrough):
                 cols = sorted(c[o.name].columns) if c[o.name] is not None else []
                 if b[o.name] is not None and c[o.name] is not None:
@@ -239,7 +238,7 @@ def check(spark, stream: Stream, roots: dict[str, Path]) -> dict[str, Any]:
                 elif (b[o.name] is None) != (c[o.name] is None):
                     problems.append(f"b and c: {o.name} is empty in one only")
                 continue
-            key = result_key(stream.spec, o)
+            key = list(o.key)
 
             def rows(value: Any) -> list[dict]:
                 if value is None:

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
         land_one(spec_path, data_root, seed=1)  # the stream's first batch: start-up, not measured
         api.trigger(DAG)
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to take its first file", 600, every=1)
+        wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to take its first file", 600, every=1)
         wait_for(lambda: not [r for r in quality_runs(api) if r["state"] not in ("success", "failed")]
                  and quality_runs(api), "the first quality run to end", 600, every=1)
         since = time.time()
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(max(0.0, due - time.time()))  # a steady rate of files, whatever the generator took
             land_one(spec_path, data_root, seed=2 + i)
         note(f"{args.files} files landed")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to take every file", 600, every=1)
+        wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to take every file", 600, every=1)
 
         def settled() -> bool:  # no run queued or running, and nothing validated lately
             active = [r for r in api.runs(QUALITY_DAG) if r["state"] not in ("success", "failed")]

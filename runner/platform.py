@@ -18,7 +18,8 @@ from typing import Any
 from runner.airflow import AirflowServices
 from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
-from runner.summary import summarize
+from runner.summary import summarize, verify_sinks
+from spark_jobs.plan import OutputPlan, TableDataset, compile_plan
 from spark_jobs.spec.layout import Layout, redact
 from spark_jobs.spec.models import KafkaSource, StreamSpec
 from streamops import dag_id, tenure
@@ -36,9 +37,11 @@ def _batches(health: Any) -> str:
     return f"batch {max(committed)} committed" if committed else "no batch committed"
 
 
-def _where(layout: Layout, output: Any) -> str:
+def _where(output: OutputPlan) -> str:
     sink = output.sink
-    return layout.data(sink.path) if hasattr(sink, "path") else f"{sink.table} ({redact(layout.table_url(sink))})"
+    if isinstance(sink, TableDataset):
+        return f"{sink.table} ({redact(sink.url)})"
+    return getattr(sink, "path", sink.where)
 
 
 class Platform:
@@ -49,6 +52,8 @@ class Platform:
         self.specs, self.spec_dir, self.data_root = specs, spec_dir, data_root
         self.rate, self.events_per_file = rate, events_per_file
         self.layouts = {name: Layout(spec, data_root, spec_dir) for name, spec in specs.items()}
+        #: each stream's plan, compiled once: what the platform reads of a stream besides its control files
+        self.plans = {name: compile_plan(spec, self.layouts[name]) for name, spec in specs.items()}
         self.topics = sorted({t for spec in specs.values() if isinstance(spec.source, KafkaSource)
                               for t in spec.source.topics or []})
         # a broker of its own for the streams that read topics, unless the environment names one
@@ -116,12 +121,12 @@ class Platform:
         self.out("")
         self.out(f"  Airflow UI     {self.airflow.url}  (user admin, password in {self.airflow.passwords_file})")
         self.out(f"  Streams page   {self.airflow.url}/streams/")
-        for name, layout in sorted(self.layouts.items()):
-            spec = self.specs[name]
-            sinks = ", ".join(_where(layout, o) for o in spec.outputs)
-            source = spec.source
-            where = (f"topic {', '.join(source.topics or [])} on {os.environ.get(KAFKA_ENV)}"
-                     if isinstance(source, KafkaSource) else f"landing {layout.landing}")
+        for name, plan in sorted(self.plans.items()):
+            sinks = ", ".join(_where(o) for o in plan.outputs)
+            source = plan.source
+            kafka = source.kafka if source is not None else None
+            where = (f"topic {', '.join(kafka.topics or [])} on {os.environ.get(KAFKA_ENV)}"
+                     if kafka is not None else f"landing {source.landing if source is not None else None}")
             self.out(f"  {name:<14} {where}; sinks {sinks}")
             self.out(f"  {'':<14} Data Docs {self.data_root / 'quality' / name / 'docs' / 'index.html'}")
         self.out(f"  logs           {self.airflow.home} (Airflow), {self.data_root / 'logs'} (generators)"
@@ -142,8 +147,8 @@ class Platform:
             if dead:
                 raise RuntimeError(f"Airflow service(s) ended: {dead}; see the logs in {self.airflow.home}")
             line = []
-            for name, spec in sorted(self.specs.items()):
-                h = assess(spec, self.layouts[name])
+            for name in sorted(self.specs):
+                h = assess(self.plans[name], self.layouts[name])
                 batches = max((b for b in h.last_committed.values() if b is not None), default=None)
                 line.append(f"{name}: {h.status}, batch {batches if batches is not None else '-'}, "
                             f"backlog {h.backlog_text}")
@@ -225,7 +230,7 @@ class Platform:
         say = Every(PROGRESS_SECONDS)
 
         def settled() -> bool:
-            healths = {name: assess(self.specs[name], self.layouts[name]) for name in sorted(pending)}
+            healths = {name: assess(self.plans[name], self.layouts[name]) for name in sorted(pending)}
             for name, health in healths.items():
                 if health.status == Status.IDLE and not self._watermarks_to_catch_up(name):
                     pending.discard(name)
@@ -245,16 +250,14 @@ class Platform:
 
         wait_until(settled, timeout, interrupted=interrupted)
         for name in sorted(pending):
-            self.out(f"    {name} has not caught up: {assess(self.specs[name], self.layouts[name]).summary()}")
+            self.out(f"    {name} has not caught up: {assess(self.plans[name], self.layouts[name]).summary()}")
 
     def _watermarks_to_catch_up(self, name: str) -> list[str]:
         """The stream's queries that owe a batch only moving their watermark (its windows that the
         input already closed are not emitted yet): stopping now would leave them out of the sinks."""
-        from spark_jobs.plan import compile_plan
         from spark_jobs.runtime.checkpoint import watermark_to_catch_up
 
-        plan = compile_plan(self.specs[name], self.layouts[name])
-        return [o.name for o in plan.outputs_with_flows  # those whose windows the watermark emits
+        return [o.name for o in self.plans[name].outputs_with_flows  # those whose windows the watermark emits
                 if o.emits_by_watermark and watermark_to_catch_up(o.checkpoint)]
 
     def run_dags(self, runs: dict[str, dict[str, Any]], timeout: float,
@@ -295,7 +298,7 @@ class Platform:
         from streamops.health import assess
 
         alive = [name for name in sorted(self.specs) if any(d.startswith(dag_id(name)) for d in dags)
-                 and assess(self.specs[name], self.layouts[name]).driver_pid is not None]
+                 and assess(self.plans[name], self.layouts[name]).driver_pid is not None]
         return f"; driver still running: {', '.join(alive)}" if alive else ""
 
     # -- summary
@@ -306,6 +309,8 @@ class Platform:
         verified = None
         if self._verifying is not None and self._verifying.wait() == 0:
             verified = json.loads(self._verified_file.read_text())
-        elif self._verifying is not None:  # said; the summary checks the sinks itself
+        elif self._verifying is not None:  # said; the sinks are checked here
             self.out(f"    the sinks' check while shutting down failed (see {self.data_root / 'logs'}); checking again")
-        return summarize(self.specs, self.layouts, self.data_root, self.started_at, self.quality_runs, verified)
+        if verified is None:
+            verified = verify_sinks(self.specs, self.spec_dir, self.data_root)
+        return summarize(self.plans, self.layouts, self.started_at, self.quality_runs, verified)

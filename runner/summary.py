@@ -13,19 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from runner.processes import output_to
-from spark_jobs.plan import compile_plan, has_ingestion
+from spark_jobs.plan import StreamPlan
 from spark_jobs.quality.closing import validation_delays
 from spark_jobs.quality.ledger import read_ledger
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import StreamSpec
 
 
-def verify_sinks(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path) -> dict[str, Any]:
-    """Per stream, every sink against the generator's ground truth and every output against its
-    query over the accepted rows: what a Spark session of its own reads (the sinks, once the
-    streams stopped; :class:`runner.platform.Platform` runs it while the validation and Airflow's
-    stop go on)."""
+def verify_sinks(specs: dict[str, StreamSpec], spec_dir: Path, data_root: Path) -> dict[str, Any]:
+    """Per stream (its spec in ``spec_dir``, its data under ``data_root``), every sink against the
+    generator's ground truth and every output against its query over the accepted rows: what a
+    Spark session of its own reads (the sinks, once the streams stopped;
+    :class:`runner.platform.Platform` runs it while the validation and Airflow's stop go on).
+    Each stream's plan is resolved once, with Spark (a transform's columns)."""
     from runner.testdata import verify
+    from spark_jobs.analysis import resolve_plan
     from spark_jobs.runtime.session import build_session
 
     with output_to(data_root / "logs" / "summary-spark.log"):  # the JVM keeps writing there, not here
@@ -36,11 +38,11 @@ def verify_sinks(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_
     verified: dict[str, Any] = {}
     try:
         for name, spec in sorted(specs.items()):
-            layout = layouts[name]
+            plan = resolve_plan(spark, spec, Layout(spec, data_root, spec_dir))
             manifest_path = data_root / "generated" / name / "manifest.json"
             manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
-            report = verify.compare(spark, spec, layout, manifest) if manifest else None
-            agreement = verify.agreement(spark, spec, layout) if has_ingestion(spec) else []
+            report = verify.compare(spark, plan, manifest) if manifest else None
+            agreement = verify.agreement(spark, plan) if plan.ingestion is not None else []
             verified[name] = {
                 "expected": manifest["counts"] if manifest else None,
                 "sinks": [{"output": o.name, "rows": o.actual, "expected": o.expected, "equal": o.ok,
@@ -55,21 +57,20 @@ def verify_sinks(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_
     return verified
 
 
-def summarize(specs: dict[str, StreamSpec], layouts: dict[str, Layout], data_root: Path, started_at: float,
-              quality_runs: dict[str, list[dict[str, Any]]], verified: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Per stream: the accounting measured by the quality DAG, every sink against the ground truth
-    (``verified``: :func:`verify_sinks`' answer, made here if not given), restarts since
-    ``started_at`` and the units validated; ``quality_runs``: the quality DAGs' runs."""
+def summarize(plans: dict[str, StreamPlan], layouts: dict[str, Layout], started_at: float,
+              quality_runs: dict[str, list[dict[str, Any]]], verified: dict[str, Any]) -> dict[str, Any]:
+    """Per stream (its plan, and its layout for the control files): the accounting measured by the
+    quality DAG, every sink against the ground truth (``verified``: :func:`verify_sinks`' answer),
+    restarts since ``started_at`` and the units validated; ``quality_runs``: the quality DAGs' runs."""
     from streamops.restarts import RestartBudget
 
-    verified = verify_sinks(specs, layouts, data_root) if verified is None else verified
     result: dict[str, Any] = {"started_at": started_at, "ended_at": time.time(), "streams": {}}
-    for name, spec in sorted(specs.items()):
+    for name, plan in sorted(plans.items()):
         layout = layouts[name]
         quality_path = layout.quality_dir / "summary.json"
         quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
-        budget = RestartBudget(layout.runs_file, spec.supervision.restart)
-        delays = sorted(validation_delays(compile_plan(spec, layout), read_ledger(layout.quality_dir), since=started_at))
+        budget = RestartBudget(layout.runs_file, plan.supervision.restart)
+        delays = sorted(validation_delays(plan, read_ledger(layout.quality_dir), since=started_at))
         runs = quality_runs.get(name, [])
         result["streams"][name] = {
             **verified[name],
@@ -136,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     specs, _errors = load_specs(args.spec_dir)
-    layouts = {name: Layout(spec, args.data_root, args.spec_dir) for name, spec in specs.items()}
-    args.out.write_text(json.dumps(verify_sinks(specs, layouts, args.data_root), default=str))
+    args.out.write_text(json.dumps(verify_sinks(specs, args.spec_dir, args.data_root), default=str))
     return 0
 
 

@@ -101,10 +101,10 @@ def run(spark, tmp_path: Path, spec_data: dict, files: list[list[str | bytes]],
     all along and the ingestion takes one file at a time, so an output batch holds one
     file's accepted rows. ``spec_dir``: where the spec would live (default include/streams)."""
     spec = parse_spec(spec_data)
-    layout = Layout(spec, tmp_path / "data", spec_dir or default_spec_dir())
-    landing = Path(layout.landing)
+    plan = analysis.resolve_plan(spark, spec, Layout(spec, tmp_path / "data", spec_dir or default_spec_dir()))
+    assert plan.source is not None and plan.source.landing is not None
+    landing = Path(plan.source.landing)
     landing.mkdir(parents=True)
-    plan = analysis.resolve_plan(spark, spec, layout)
     if not rounds:
         for lines in files:
             land(landing, spec.source.format, lines)

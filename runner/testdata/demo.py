@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from runner.testdata import generate
+from spark_jobs.plan import TableDataset
 from spark_jobs.runtime.session import connector_jars, submit_args
 from spark_jobs.spec.layout import (
     Layout,
@@ -113,6 +114,7 @@ def _run(args: argparse.Namespace, specs: dict, logs: Path) -> int:
         quality[name] = json.loads(result_file.read_text())
 
     from runner.testdata import verify
+    from spark_jobs.analysis import resolve_plan
     from spark_jobs.quality_job import describe
     from spark_jobs.runtime.session import build_session
 
@@ -121,9 +123,9 @@ def _run(args: argparse.Namespace, specs: dict, logs: Path) -> int:
     ok = True
     try:
         for name, spec in sorted(specs.items()):
-            layout = Layout(spec, args.data_root, args.spec_dir)
+            plan = resolve_plan(spark, spec, Layout(spec, args.data_root, args.spec_dir))
             manifest = json.loads((args.data_root / "generated" / name / "manifest.json").read_text())
-            report = verify.compare(spark, spec, layout, manifest)
+            report = verify.compare(spark, plan, manifest)
             c = manifest["counts"]
             print(f"\n{name}: {c['input_records']} records in {timings[name]:.1f} s "
                   f"({c['input_records'] / timings[name]:.0f} records/s end to end, JVM start included)")
@@ -131,9 +133,10 @@ def _run(args: argparse.Namespace, specs: dict, logs: Path) -> int:
                   f" + {c['duplicates']} duplicates + {c['dropped_late']} dropped late")
             for line in report.describe().splitlines():
                 print(f"  {line}")
-            for output in spec.outputs:
+            for output in plan.outputs:
                 sink = output.sink
-                where = layout.data(sink.path) if hasattr(sink, "path") else f"{redact(layout.table_url(sink))} table {sink.table}"
+                where = (f"{redact(sink.url)} table {sink.table}" if isinstance(sink, TableDataset)
+                         else getattr(sink, "path", sink.where))
                 print(f"  {output.name} -> {where}")
             print("  data quality (measured):")
             for line in describe(quality[name]):

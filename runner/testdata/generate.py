@@ -56,18 +56,14 @@ from typing import Any
 
 from runner.testdata import groundtruth as gt
 from runner.testdata.records import GeneratorError, RecordMaker, Settings
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.files import write_atomically
 from spark_jobs.spec.layout import (
     Layout,
     default_data_root,
 )
 from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import (
-    FileSource,
-    KafkaSource,
-    SpecError,
-    StreamSpec,
-)
+from spark_jobs.spec.models import SpecError
 
 DEFAULT_START = "2026-01-01T00:00:00Z"
 STATE_VERSION = 1
@@ -81,16 +77,14 @@ class TopicWriter:
     partitions in turn; :meth:`publish` returns each one's position (``topic/partition@offset``),
     as the quarantine names it."""
 
-    def __init__(self, spec: StreamSpec, layout: Layout):
-        from spark_jobs.plan import compile_plan
-
-        source = compile_plan(spec, layout).source
-        kafka = source.kafka
-        assert kafka is not None
+    def __init__(self, plan: StreamPlan):
+        source = plan.source
+        kafka = source.kafka if source is not None else None
+        assert source is not None and kafka is not None, "a stream that reads a Kafka topic"
         if kafka.topics is None or len(kafka.topics) != 1:
-            raise GeneratorError(f"stream {spec.name!r} reads {kafka.pattern or kafka.topics}; the generator "
+            raise GeneratorError(f"stream {plan.stream!r} reads {kafka.pattern or kafka.topics}; the generator "
                                  "produces to exactly one topic")
-        self.stream, self.topic, self.kafka, self.options = spec.name, kafka.topics[0], kafka, source.reader_options
+        self.stream, self.topic, self.kafka, self.options = plan.stream, kafka.topics[0], kafka, source.reader_options
         self.producer: Any = None
         self.partitions = 0
 
@@ -157,28 +151,31 @@ class RunResult:
 
 
 class Generator:
-    """Writes one stream's files; see the module docstring."""
+    """Writes one stream's files (its compiled ``plan``; ``generated/`` under the layout's data root);
+    see the module docstring."""
 
-    def __init__(self, spec: StreamSpec, layout: Layout):
-        self.spec, self.layout = spec, layout
+    def __init__(self, plan: StreamPlan, layout: Layout):
+        self.plan = plan
+        source = plan.source
         self.topic: TopicWriter | None = None
-        if isinstance(spec.source, KafkaSource):
-            self.topic = TopicWriter(spec, layout)
+        if source is not None and source.kind == "kafka":
+            self.topic = TopicWriter(plan)
             self.landing = None
-        elif isinstance(spec.source, FileSource):
-            landing = layout.landing
+        elif source is not None and source.is_files:
+            landing = source.landing
+            assert landing is not None
             if "://" in landing:
                 raise GeneratorError(f"landing {landing!r} is not a local path; the generator writes local files only")
             self.landing = Path(landing)
         else:
-            raise GeneratorError(f"stream {spec.name!r} reads neither files nor a Kafka topic; nothing to generate")
-        self.root = Path(layout.data_root).resolve() / "generated" / spec.name
+            raise GeneratorError(f"stream {plan.stream!r} reads neither files nor a Kafka topic; nothing to generate")
+        self.root = Path(layout.data_root).resolve() / "generated" / plan.stream
         self.staging = self.root / "staging"
         self.ledger_path = self.root / "ledger.jsonl"
         self.state_path = self.root / "state.json"
         self.manifest_path = self.root / "manifest.json"
-        self.format = spec.source.format
-        self.records = RecordMaker(spec, layout)
+        self.format = source.format
+        self.records = RecordMaker(plan)
         self._stop = False
 
     # ---- public ---------------------------------------------------------------------------
@@ -241,7 +238,7 @@ class Generator:
         """Write ``manifest.json``: the expected results over the whole ledger (``now``: wall-clock seconds)."""
         state = state or self._load_state()
         records = gt.read_ledger(self.ledger_path)
-        manifest = gt.expected(self.spec, records, self.layout, files=state["next_seq"] - 1, settings=state["runs"],
+        manifest = gt.expected(self.plan, records, files=state["next_seq"] - 1, settings=state["runs"],
                                now_ms=None if now is None else round(now * 1000))
         manifest["generator"] = {"landing": str(self.landing) if self.topic is None else None,
                                  "topic": self.topic.topic if self.topic is not None else None,
@@ -292,14 +289,14 @@ class Generator:
             try:
                 fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise GeneratorError(f"another generator is writing stream {self.spec.name!r} ({self.root})") from None
+                raise GeneratorError(f"another generator is writing stream {self.plan.stream!r} ({self.root})") from None
             yield
 
     # ---- state ------------------------------------------------------------------------------
 
     def _load_state(self) -> dict[str, Any]:
         if not self.state_path.exists():
-            return {"version": STATE_VERSION, "stream": self.spec.name, "format": self.format, "next_seq": 1,
+            return {"version": STATE_VERSION, "stream": self.plan.stream, "format": self.format, "next_seq": 1,
                     "clock_ms": None, "last_ts_ms": None, "last_mtime_ns": 0,
                     "history": [], "recent_ts": [], "prev": None, "runs": []}
         state = json.loads(self.state_path.read_text(encoding="utf-8"))
@@ -379,11 +376,12 @@ class Generator:
 
 def generate(spec_path: str | os.PathLike[str], data_root: str | os.PathLike[str] | None = None,
              settings: Settings | None = None, **kwargs: Any) -> RunResult:
-    """Load the spec at ``spec_path`` and run the generator once (keyword arguments = Settings fields)."""
+    """Load the spec at ``spec_path``, compile its plan and run the generator once (keyword arguments:
+    :meth:`Generator.run`'s clocks)."""
     spec = load_spec(spec_path)
     layout = Layout(spec, data_root if data_root is not None else default_data_root(),
                     spec_dir=Path(spec_path).parent)
-    return Generator(spec, layout).run(settings or Settings(), **kwargs)
+    return Generator(compile_plan(spec, layout), layout).run(settings or Settings(), **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:

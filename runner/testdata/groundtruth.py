@@ -1,7 +1,7 @@
 """Expected results of a stream's queries, computed in plain Python from generated records.
 
-``expected(spec, records, layout)`` models what a correct exactly-once run produces once
-every file has been processed:
+``expected(plan, records)`` models what a correct exactly-once run of a stream (its compiled
+plan, ``spark_jobs.plan.compile_plan``) produces once every file has been processed:
 
     parse -> malformed records, rows with a null required column and rows whose event
              time lies more than event_time.max_future ahead of ``now`` go to quarantine
@@ -55,9 +55,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.plan import enriched_columns, input_columns, result_columns, result_key
+from spark_jobs.plan import EventTimePlan, JoinPlan, OutputPlan, StreamPlan
 from spark_jobs.runtime import clock
-from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
@@ -65,12 +64,7 @@ from spark_jobs.spec.models import (
     WINDOW_START,
     Aggregate,
     Aggregation,
-    Enrichment,
-    FileSource,
-    KafkaSource,
-    Output,
     Passthrough,
-    StreamSpec,
     Window,
     duration_seconds,
 )
@@ -107,21 +101,55 @@ def seconds_ms(text: str) -> int:
     return round(duration_seconds(text) * 1000)
 
 
-def watermark_delay_ms(spec: StreamSpec) -> int:
+def event_time(plan: StreamPlan) -> EventTimePlan | None:
+    """The stream's event time as its ingestion applies it (None: none, or no ingestion)."""
+    return plan.ingestion.event_time if plan.ingestion is not None else None
+
+
+def deduplication_key(plan: StreamPlan) -> list[str] | None:
+    """The ingestion's deduplication key (None: no deduplication)."""
+    return plan.ingestion.deduplicate if plan.ingestion is not None else None
+
+
+def joins(plan: StreamPlan) -> list[JoinPlan]:
+    """The ingestion's joins with reference data, in order."""
+    return list(plan.ingestion.joins) if plan.ingestion is not None else []
+
+
+def input_types(plan: StreamPlan) -> dict[str, str]:
+    """The source's declared columns: name -> spec type."""
+    return {c.name: c.type for c in plan.source.columns} if plan.source is not None else {}
+
+
+def accepted_types(plan: StreamPlan) -> dict[str, str]:
+    """The accepted rows' columns without a transform (the source's, the reference data's, then
+    ``event_date`` with event time): name -> spec type."""
+    types = input_types(plan)
+    for join in joins(plan):
+        for c in join.columns:
+            types.setdefault(c.name, c.type)
+    if event_time(plan) is not None:
+        types[EVENT_DATE_COLUMN] = "date"
+    return types
+
+
+def watermark_delay_ms(plan: StreamPlan) -> int:
     """``D``: the event-time watermark delay in milliseconds, 0 without event time."""
-    return seconds_ms(spec.event_time.watermark) if spec.event_time else 0
+    et = event_time(plan)
+    return seconds_ms(et.watermark) if et else 0
 
 
-def max_future_ms(spec: StreamSpec) -> int | None:
+def max_future_ms(plan: StreamPlan) -> int | None:
     """How far ahead of the processing time an event may be (None: no limit, no file source)."""
-    if spec.event_time is None or not isinstance(spec.source, FileSource):
+    et = event_time(plan)
+    if et is None or plan.source is None or not plan.source.is_files:
         return None
-    return seconds_ms(spec.event_time.max_future)
+    return seconds_ms(et.max_future)
 
 
-def max_window_ms(spec: StreamSpec) -> int:
-    """``W``: the longest window duration among the spec's outputs, 0 if none."""
-    lengths = [seconds_ms(o.query.window.duration) for o in spec.outputs
+def max_window_ms(plan: StreamPlan) -> int:
+    """``W``: the longest window duration among the stream's outputs, 0 if none."""
+    lengths = [seconds_ms(o.query.window.duration) for o in plan.outputs
                if isinstance(o.query, Aggregation) and o.query.window is not None]
     return max(lengths, default=0)
 
@@ -131,11 +159,12 @@ def max_window_ms(spec: StreamSpec) -> int:
 UNBOUNDED = 10**9
 
 
-def files_per_trigger(spec: StreamSpec) -> int:
+def files_per_trigger(plan: StreamPlan) -> int:
     """How many of the generator's files one micro-batch can take at most."""
-    if isinstance(spec.source, FileSource):
-        return spec.source.max_files_per_trigger
-    return UNBOUNDED if isinstance(spec.source, KafkaSource) else 1
+    source = plan.source
+    if source is not None and source.is_files and source.max_files_per_trigger is not None:
+        return source.max_files_per_trigger
+    return UNBOUNDED if source is not None and source.kind == "kafka" else 1
 
 
 def windows_for(ts_ms: int, window: Window) -> list[tuple[int, int]]:
@@ -224,27 +253,27 @@ def convert(value: Any, type_: str, *, empty_is_null: bool = False) -> Any:
     return str(value)
 
 
-def load_reference(enrichment: Enrichment, layout: Layout) -> list[dict[str, Any]]:
-    """Rows of a reference file, typed by the enrichment's columns."""
-    path = Path(layout.reference(enrichment.path))
-    types = {c.name: c.type for c in enrichment.columns}
-    if enrichment.format == "csv":
+def load_reference(join: JoinPlan) -> list[dict[str, Any]]:
+    """Rows of a join's reference file (its path resolved in the plan), typed by its columns."""
+    path = Path(join.path)
+    types = {c.name: c.type for c in join.columns}
+    if join.format == "csv":
         with path.open(newline="", encoding="utf-8") as fh:
             raw = list(csv.DictReader(fh))
-    elif enrichment.format == "json":
+    elif join.format == "json":
         files = sorted(path.glob("*.json")) if path.is_dir() else [path]
         raw = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
         import pyarrow.parquet as pq  # only needed for parquet reference data
 
         raw = pq.read_table(path).to_pylist()
-    csv_like = enrichment.format == "csv"
+    csv_like = join.format == "csv"
     return [{name: convert(row.get(name), t, empty_is_null=csv_like) for name, t in types.items()} for row in raw]
 
 
-def reference_keys(enrichment: Enrichment, layout: Layout) -> list[tuple]:
-    """The distinct key tuples of a reference file, in file order."""
-    keys = (tuple(row[k] for k in enrichment.key) for row in load_reference(enrichment, layout))
+def reference_keys(join: JoinPlan) -> list[tuple]:
+    """The distinct key tuples of a join's reference file, in file order."""
+    keys = (tuple(row[k] for k in join.key) for row in load_reference(join))
     return list(dict.fromkeys(keys))
 
 
@@ -311,10 +340,11 @@ def _out(value: Any, type_: str) -> Any:
     return value
 
 
-def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Layout, *,
+def expected(plan: StreamPlan, records: Iterable[Mapping[str, Any]], *,
              files: int | None = None, settings: Any = None, now_ms: int | None = None,
              decided: Mapping[tuple, bool] | None = None) -> dict[str, Any]:
-    """What every output of ``spec`` holds after all records have been processed exactly once.
+    """What every output of the stream (its compiled ``plan``) holds after all records have been
+    processed exactly once.
 
     ``decided``: the ingestion's decision on each ``late_edge`` record, by deduplication key
     (True: accepted); see the module's note.
@@ -325,20 +355,22 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     can read them, for ``event_time.max_future``.
     """
     records = sorted(records, key=lambda r: (r.get("file", 0), r.get("line", 0)))
-    input_types = input_columns(spec)
-    types = enriched_columns(spec)
-    required = [c.name for c in spec.source.columns if c.required]
-    event_col = spec.event_time.column if spec.event_time else None
-    delay = watermark_delay_ms(spec)
-    m = files_per_trigger(spec)
+    inputs = input_types(plan)
+    types = accepted_types(plan)
+    required = [c.name for c in plan.source.columns if c.required] if plan.source is not None else []
+    et = event_time(plan)
+    event_col = et.column if et else None
+    dedup_key = deduplication_key(plan)
+    delay = watermark_delay_ms(plan)
+    m = files_per_trigger(plan)
     references = []
-    for e in spec.enrich:
+    for join in joins(plan):
         index: dict[tuple, list[dict[str, Any]]] = {}
-        for row in load_reference(e, layout):
-            index.setdefault(tuple(row[k] for k in e.key), []).append(row)
-        references.append((e, index))
+        for row in load_reference(join):
+            index.setdefault(tuple(row[k] for k in join.key), []).append(row)
+        references.append((join, index))
 
-    ahead = max_future_ms(spec)
+    ahead = max_future_ms(plan)
     future_limit = None if ahead is None else (clock.now_ms() if now_ms is None else now_ms) + ahead
 
     counts = {"input_records": len(records), "quarantined": 0, "unjoined": 0,
@@ -347,17 +379,17 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
     # parse and quarantine
     valid: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
     quarantine: list[dict[str, Any]] = []
-    csv_like = isinstance(spec.source, FileSource) and spec.source.format == "csv"
+    csv_like = plan.source is not None and plan.source.is_files and plan.source.format == "csv"
     for rec in records:
         if rec.get("kind") == MALFORMED or "event" not in rec:
-            quarantine.append(_quarantined(rec, rec.get("reason"), input_types, csv_like))
+            quarantine.append(_quarantined(rec, rec.get("reason"), inputs, csv_like))
             continue
-        event = {name: convert(rec["event"].get(name), t) for name, t in input_types.items()}
+        event = {name: convert(rec["event"].get(name), t) for name, t in inputs.items()}
         if any(event[c] is None for c in required):
-            quarantine.append(_quarantined(rec, "missing_required", input_types, csv_like))
+            quarantine.append(_quarantined(rec, "missing_required", inputs, csv_like))
             continue
         if _too_far_ahead(rec, event, event_col, future_limit):
-            quarantine.append(_quarantined(rec, FUTURE, input_types, csv_like))
+            quarantine.append(_quarantined(rec, FUTURE, inputs, csv_like))
             continue
         valid.append((rec, event))
     counts["quarantined"] = len(quarantine)
@@ -374,11 +406,11 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
         if file_no not in bounds_by_file:
             bounds_by_file[file_no] = history.watermark_bounds(file_no, m, delay) if event_col else (None, None)
         bounds = bounds_by_file[file_no]
-        if spec.deduplicate is not None:
+        if dedup_key is not None:
             assert event_col is not None  # the spec rules demand event time for deduplication
             edge = rec.get("kind") == LATE_EDGE
             if edge:
-                key = tuple(event[k] for k in spec.deduplicate.key)
+                key = tuple(event[k] for k in dedup_key)
                 if decided is None or key not in decided:
                     counts["undecided"] += 1
                     continue
@@ -389,7 +421,7 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
                 _check_kind(rec, "late")
                 counts["dropped_late"] += 1
                 continue
-            key = tuple(event[k] for k in spec.deduplicate.key)
+            key = tuple(event[k] for k in dedup_key)
             if key in kept:
                 first = kept[key]
                 high = bounds[1]
@@ -412,10 +444,11 @@ def expected(spec: StreamSpec, records: Iterable[Mapping[str, Any]], layout: Lay
 
     # a SQL or Python query's result, or a transform's, is Spark's to compute; the ground truth
     # models the spec's own query types over the accepted rows (verify.agreement checks the rest)
-    outputs = {o.name: _output(spec, o, accepted, types, event_col, final_watermark) for o in spec.outputs
-               if not isinstance(o.query, CODE_QUERIES) and spec.transform is None}
+    transform = plan.ingestion.transform if plan.ingestion is not None else None
+    outputs = {o.name: _output(o, accepted, types, event_col, final_watermark) for o in plan.outputs
+               if not isinstance(o.query, CODE_QUERIES) and transform is None}
     return {
-        "stream": spec.name,
+        "stream": plan.stream,
         "files": files if files is not None else max((r.get("file", 0) for r in records), default=0),
         "ledger_records": len(records),
         "settings": settings,
@@ -488,11 +521,12 @@ def _join(event: dict[str, Any], references) -> list[dict[str, Any]]:
     return rows
 
 
-def _output(spec: StreamSpec, output: Output, accepted, types: Mapping[str, str],
+def _output(output: OutputPlan, accepted, types: Mapping[str, str],
             event_col: str | None, final_watermark: int | None) -> dict[str, Any]:
     q = output.query
-    columns = result_columns(spec, output)
-    key = result_key(spec, output)
+    columns = output.columns
+    assert columns is not None  # known without Spark: no transform, no SQL or Python query
+    key = list(output.key)
     if isinstance(q, Passthrough):
         rows = [{c: _out(r.get(c), types.get(c, "string")) for c in columns} for _, r, _, _ in accepted]
         rows.sort(key=lambda r: (_sort_key(r, key), json.dumps(r, sort_keys=True, default=str)))

@@ -27,12 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.testdata import groundtruth as gt
-from spark_jobs.plan import input_columns
-from spark_jobs.spec.layout import Layout
+from spark_jobs.plan import StreamPlan
 from spark_jobs.spec.models import (
     Aggregation,
     Column,
-    StreamSpec,
 )
 
 
@@ -184,29 +182,32 @@ def _unknown_values(name: str, type_: str, known: set[Any]) -> list[Any]:
 
 
 class RecordMaker:
-    """Makes the records of one stream's files, from its spec and reference data."""
+    """Makes the records of one stream's files, from its compiled plan and reference data."""
 
-    def __init__(self, spec: StreamSpec, layout: Layout):
-        self.spec = spec
-        self.format = spec.source.format
-        self.columns = list(spec.source.columns)
-        self.event_col = spec.event_time.column if spec.event_time else None
-        self.delay = gt.watermark_delay_ms(spec)
-        self.max_future = gt.max_future_ms(spec)
-        self.window = gt.max_window_ms(spec)
-        self.m = gt.files_per_trigger(spec)
+    def __init__(self, plan: StreamPlan):
+        assert plan.source is not None, "an application's input is its own"
+        self.stream = plan.stream
+        self.format = plan.source.format
+        self.columns = list(plan.source.columns)
+        event_time = gt.event_time(plan)
+        self.event_col = event_time.column if event_time else None
+        self.dedup_key = gt.deduplication_key(plan)
+        self.delay = gt.watermark_delay_ms(plan)
+        self.max_future = gt.max_future_ms(plan)
+        self.window = gt.max_window_ms(plan)
+        self.m = gt.files_per_trigger(plan)
         self.margin = min(LATE_MARGIN_MS, self.delay // 4)
-        self.key_choices = [(e.key, gt.reference_keys(e, layout)) for e in spec.enrich]
-        types = input_columns(spec)
+        self.key_choices = [(j.key, gt.reference_keys(j)) for j in gt.joins(plan)]
+        types = gt.input_types(plan)
         self.unknown = {}
         for key, known in self.key_choices:
             for i, name in enumerate(key):
                 self.unknown.setdefault(name, _unknown_values(name, types[name], {k[i] for k in known}))
         id_cols = {"event_id"}
-        if spec.deduplicate and len(spec.deduplicate.key) == 1:
-            id_cols.add(spec.deduplicate.key[0])
+        if self.dedup_key and len(self.dedup_key) == 1:
+            id_cols.add(self.dedup_key[0])
         self.id_cols = {c for c in id_cols if c in types and types[c] in ("string", "integer", "long")}
-        self.never_null = set(self.unknown) | {a.column for o in spec.outputs if isinstance(o.query, Aggregation)
+        self.never_null = set(self.unknown) | {a.column for o in plan.outputs if isinstance(o.query, Aggregation)
                                                for a in o.query.aggregates if a.fn == "latest"}
         self.malformed_reasons = self._malformed_reasons()
 
@@ -226,10 +227,10 @@ class RecordMaker:
         lowest_watermark, highest_watermark = (history.watermark_bounds(seq, self.m, self.delay) if has_time
                                                else (None, None))
         # each valid event's kind, by its share; a kind this stream cannot have falls back to on time
-        shares = ((gt.LATE_EDGE, settings.late_edge, bool(self.spec.deduplicate) and lowest_watermark is not None),
+        shares = ((gt.LATE_EDGE, settings.late_edge, bool(self.dedup_key) and lowest_watermark is not None),
                   ("late_beyond", settings.late_beyond, lowest_watermark is not None),
                   ("late_within", settings.late_within, has_time and self.delay - self.margin > 2),
-                  ("duplicate", settings.duplicates, bool(self.spec.deduplicate)),
+                  ("duplicate", settings.duplicates, bool(self.dedup_key)),
                   (gt.FUTURE, settings.future, self.max_future is not None))
         kinds = []
         for _ in range(n):
@@ -375,7 +376,7 @@ class RecordMaker:
             if col.name in keys:
                 value = keys[col.name]
             elif col.name in self.id_cols:
-                value = f"{self.spec.name}-{seq:06d}-{idx:04d}" if col.type == "string" else seq * 1_000_000 + idx
+                value = f"{self.stream}-{seq:06d}-{idx:04d}" if col.type == "string" else seq * 1_000_000 + idx
             elif col.type == "timestamp":
                 value = gt.format_ts(ts)
             elif col.type == "date":

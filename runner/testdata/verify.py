@@ -34,20 +34,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 from runner.testdata import groundtruth as gt
-from spark_jobs.plan import QUARANTINE_DDL, input_columns, result_key
+from spark_jobs.plan import QUARANTINE_DDL, DeltaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset
 from spark_jobs.runtime.clock import iso_ms
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
-    CODE_QUERIES,
-    DeltaSink,
-    Output,
-    ParquetSink,
-    StreamSpec,
-    TableSink,
-)
+from spark_jobs.spec.models import CODE_QUERIES
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 EXAMPLES = 5
 SQLITE_BUSY_TIMEOUT_SECONDS = 60.0
@@ -156,33 +148,41 @@ def read_table(url: str, table: str) -> list[dict[str, Any]]:
 
 
 #: the sinks whose rows can be read back and compared
-READABLE_SINKS = (ParquetSink, DeltaSink, TableSink)
+READABLE_SINKS = (ParquetDataset, DeltaDataset, TableDataset)
 
 
-def read_output(spark: SparkSession, spec: StreamSpec, layout: Layout, output: Output) -> list[dict[str, Any]]:
+def read_output(spark: SparkSession, output: OutputPlan) -> list[dict[str, Any]]:
+    """The rows an output's sink holds (its plan: every path and URL resolved), values normalized."""
     sink = output.sink
-    if isinstance(sink, ParquetSink):
-        return [{k: normalize(v) for k, v in r.items()} for r in _read_parquet(spark, layout.data(sink.path))]
-    if isinstance(sink, DeltaSink):
-        return [{k: normalize(v) for k, v in r.items()} for r in _read_delta(spark, layout.data(sink.path))]
-    if isinstance(sink, TableSink):
-        return read_table(layout.table_url(sink), sink.table)
-    raise ValueError(f"output {output.name}: the {sink.type} sink cannot be read back")
+    if isinstance(sink, ParquetDataset):
+        return [{k: normalize(v) for k, v in r.items()} for r in _read_parquet(spark, sink.path)]
+    if isinstance(sink, DeltaDataset):
+        return [{k: normalize(v) for k, v in r.items()} for r in _read_delta(spark, sink.path)]
+    if isinstance(sink, TableDataset):
+        return read_table(sink.url, sink.table)
+    raise ValueError(f"output {output.name}: the {sink.kind} sink cannot be read back")
 
 
-def read_quarantine(spark: SparkSession, spec: StreamSpec, layout: Layout) -> list[dict[str, Any]]:
+def quarantine_path(plan: StreamPlan) -> str | None:
+    """The stream's quarantine table, if its ingestion keeps one."""
+    return plan.ingestion.quarantine if plan.ingestion is not None else None
+
+
+def read_quarantine(spark: SparkSession, plan: StreamPlan) -> list[dict[str, Any]]:
     """The quarantine's rows (raw, reason, source_file); none without a quarantine. Read with
     the quarantine's schema, so that one written before ``raw_bytes`` existed reads alike."""
-    if spec.quarantine is None:
+    path = quarantine_path(plan)
+    if path is None:
         return []
-    return _read_parquet(spark, layout.data(spec.quarantine.path), QUARANTINE_COLUMNS, QUARANTINE_DDL)
+    return _read_parquet(spark, path, QUARANTINE_COLUMNS, QUARANTINE_DDL)
 
 
-def count_quarantined(spark: SparkSession, spec: StreamSpec, layout: Layout) -> int:
-    if spec.quarantine is None:
+def count_quarantined(spark: SparkSession, plan: StreamPlan) -> int:
+    path = quarantine_path(plan)
+    if path is None:
         return 0
     try:
-        return spark.read.parquet(layout.data(spec.quarantine.path)).count()
+        return spark.read.parquet(path).count()
     except Exception as exc:  # an absent sink is an empty one
         if "PATH_NOT_FOUND" in str(exc) or "UNABLE_TO_INFER_SCHEMA" in str(exc):
             return 0
@@ -415,50 +415,58 @@ class StreamReport:
         return "\n".join(lines)
 
 
-def compare(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dict[str, Any]) -> StreamReport:
-    """Every sink of the stream against the manifest's expected outputs, and the quarantine
-    against its expected records. A manifest with ``late_edge`` records left undecided is
-    first completed with the ingestion's decisions (:func:`decide_edges`)."""
-    manifest = decide_edges(spark, spec, layout, manifest)
+def compare(spark: SparkSession, plan: StreamPlan, manifest: dict[str, Any]) -> StreamReport:
+    """Every sink of the stream (its plan: as ``analysis.resolve_plan`` gives it, for a stream
+    with a transform) against the manifest's expected outputs, and the quarantine against its
+    expected records. A manifest with ``late_edge`` records left undecided is first completed
+    with the ingestion's decisions (:func:`decide_edges`)."""
+    manifest = decide_edges(spark, plan, manifest)
     reports = []
-    for output in spec.outputs:
+    for output in plan.outputs:
         if isinstance(output.sink, READABLE_SINKS) and output.name in manifest["outputs"]:
-            reports.append(compare_rows(output.name, manifest["outputs"][output.name],
-                                        read_output(spark, spec, layout, output)))
-    rows = read_quarantine(spark, spec, layout)
+            reports.append(compare_rows(output.name, manifest["outputs"][output.name], read_output(spark, output)))
+    rows = read_quarantine(spark, plan)
     quarantine = None
-    if spec.quarantine is not None and manifest.get("quarantine") is not None:
-        quarantine = compare_quarantine(manifest["quarantine"], rows, input_columns(spec))
+    if quarantine_path(plan) is not None and manifest.get("quarantine") is not None:
+        quarantine = compare_quarantine(manifest["quarantine"], rows, gt.input_types(plan))
     uncertain = {name: o["uncertain"] for name, o in manifest["outputs"].items() if o.get("uncertain")}
-    return StreamReport(spec.name, reports, len(rows), manifest["counts"]["quarantined"], quarantine, uncertain)
+    return StreamReport(plan.stream, reports, len(rows), manifest["counts"]["quarantined"], quarantine, uncertain)
 
 
-def decide_edges(spark: SparkSession, spec: StreamSpec, layout: Layout, manifest: dict[str, Any]) -> dict[str, Any]:
+def _accepted_rows(spark: SparkSession, plan: StreamPlan) -> DataFrame:
+    """The stream's committed accepted rows, in batch."""
+    from spark_jobs import frames
+
+    if plan.ingestion is None:
+        raise ValueError(f"stream {plan.stream!r} keeps no accepted rows (its outputs all run continuously)")
+    if plan.ingestion.accepted_columns is None:
+        raise ValueError(f"stream {plan.stream!r}: its transform's columns are known once Spark has analyzed it; "
+                         "pass the plan analysis.resolve_plan gives")
+    return frames.accepted_batch(spark, plan.ingestion)
+
+
+def decide_edges(spark: SparkSession, plan: StreamPlan, manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest, recomputed from its ledger with the ingestion's decision on every
     ``late_edge`` record (accepted if its key is among the committed accepted rows), if it
-    left any undecided; else the manifest itself."""
+    left any undecided; else the manifest itself. ``plan``: as for :func:`compare`."""
     if not manifest["counts"].get("undecided"):
         return manifest
-    from spark_jobs import analysis, frames
-
-    assert spec.deduplicate is not None  # the generator makes late_edge records only for such streams
+    dedup_key = gt.deduplication_key(plan)
+    assert dedup_key is not None  # the generator makes late_edge records only for such streams
     records = gt.read_ledger(manifest["generator"]["ledger"])
-    types, key = input_columns(spec), list(spec.deduplicate.key)
+    types, key = gt.input_types(plan), list(dedup_key)
 
     def internal(values: Any) -> tuple:
         return tuple(gt.convert(normalize(v), types[c]) for c, v in zip(key, values, strict=True))
 
     edges = [internal([r["event"].get(c) for c in key]) for r in records if r.get("kind") == gt.LATE_EDGE]
-    plan = analysis.resolve_plan(spark, spec, layout)
-    assert plan.ingestion is not None
-    accepted = {internal(list(row)) for row in frames.accepted_batch(spark, plan.ingestion).select(*key).collect()}
-    result = gt.expected(spec, records, layout, files=manifest.get("files"), settings=manifest.get("settings"),
+    accepted = {internal(list(row)) for row in _accepted_rows(spark, plan).select(*key).collect()}
+    result = gt.expected(plan, records, files=manifest.get("files"), settings=manifest.get("settings"),
                          decided={e: e in accepted for e in edges})
     return {**result, "generator": manifest["generator"]}
 
 
-def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
-              uncertain: dict[str, list] | None = None) -> list[OutputReport]:
+def agreement(spark: SparkSession, plan: StreamPlan, uncertain: dict[str, list] | None = None) -> list[OutputReport]:
     """Every output against its query run as a batch over the stream's committed accepted
     rows: the outputs of a stream must agree with each other (they read the same rows).
 
@@ -467,8 +475,8 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
     itself, so it agrees by construction; it is compared all the same (its sink read as a
     sink), which costs a read and catches a sink that is not that table. ``uncertain``: per
     output, the keys of windows not compared (:attr:`StreamReport.uncertain`). Reports
-    that are not ok say which rows differ."""
-    from spark_jobs import analysis, frames
+    that are not ok say which rows differ. ``plan``: as for :func:`compare`."""
+    from spark_jobs import frames
     from spark_jobs.runtime.checkpoint import (
         batch_watermark_ms,
         last_batch,
@@ -478,14 +486,12 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
         Aggregation,
     )
 
-    plan = analysis.resolve_plan(spark, spec, layout)
-    assert plan.ingestion is not None
-    accepted = frames.accepted_batch(spark, plan.ingestion)
+    accepted = _accepted_rows(spark, plan)
     reports = []
-    for output in spec.outputs:
+    for output in plan.outputs:
         if not isinstance(output.sink, READABLE_SINKS) or isinstance(output.query, CODE_QUERIES):
             continue  # a SQL or Python query's closed results cannot be told from its open ones here
-        frame = frames.output_frame(accepted, plan, plan.output(output.name))
+        frame = frames.output_frame(accepted, plan, output)
         q = output.query
         approximate = []
         if isinstance(q, Aggregation):
@@ -496,8 +502,8 @@ def agreement(spark: SparkSession, spec: StreamSpec, layout: Layout,
                 watermark = batch_watermark_ms(checkpoint, last) if last is not None else None
                 frame = frame.where(frame[WINDOW_END].cast("long") * 1000 <= (watermark or 0))
         rows = [{k: normalize(v) for k, v in r.asDict().items()} for r in frame.collect()]
-        key = result_key(spec, output) or list(frame.columns)
+        key = list(output.key) or list(frame.columns)
         expected = {"key": key, "rows": rows, "columns": list(frame.columns), "approximate": approximate,
                     "uncertain": (uncertain or {}).get(output.name, [])}
-        reports.append(compare_rows(output.name, expected, read_output(spark, spec, layout, output)))
+        reports.append(compare_rows(output.name, expected, read_output(spark, output)))
     return reports

@@ -46,6 +46,7 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
     data_root = tmp_path / "data"
     spec = load_spec(SPEC)
     layout = Layout(spec, data_root, default_spec_dir())
+    plan = compile_plan(spec, layout)
     assert generate.main(["--spec", str(SPEC), "--data-root", str(data_root), "--files", "4",
                           "--events-per-file", "30", "--seed", "2"]) == 0
     passwords = tmp_path / "passwords.json"
@@ -57,7 +58,7 @@ def test_operator_logs_in_and_watches_a_stream_in_the_streams_page(tmp_path: Pat
                  timeout=180, every=2)
         airflow.cli("dags", "unpause", "stream_sensors")
         airflow.cli("dags", "trigger", "stream_sensors")
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE and last_batch(compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW), "commits") is not None,
+        wait_for(lambda: assess(plan, layout).status == Status.IDLE and last_batch(plan.checkpoint(INGEST_FLOW), "commits") is not None,
                  "the stream to process its first input", timeout=300, every=2)
 
         with pytest.raises(urllib.error.HTTPError) as anonymous:  # no login, no page

@@ -68,7 +68,8 @@ def stream(tmp_path: Path):
 
 def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark) -> None:
     spec_path, spec, layout, data_root, logs, drivers = stream
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
+    plan = compile_plan(spec, layout)
+    readings = plan.checkpoint(INGEST_FLOW)
 
     def start(*extra: str) -> Driver:
         drivers.append(Driver(spec_path, data_root, logs, *extra))
@@ -100,14 +101,13 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     # stopped between batches: every planned batch is committed, but for a batch that began as its
     # query was stopped (one that falls behind its trigger starts the next at once), which the
     # driver says, and which is replayed below with the others
-    for name, checkpoint in compile_plan(spec, layout).checkpoints.items():
+    for name, checkpoint in plan.checkpoints.items():
         planned, committed = last_batch(checkpoint, "offsets"), last_batch(checkpoint, "commits")
         assert planned == committed or (
             planned == committed + 1 and f"query {name}: batch {planned} began as it was stopped" in first.output()), \
             (name, planned, committed)
 
     # 3. the outputs' last batches replay: their rows are in their tables, their commits gone
-    plan = compile_plan(layout.spec, layout)
     replayed = {}
     for output in plan.outputs_with_flows:
         checkpoint = Path(plan.checkpoint(output.name))
@@ -132,9 +132,9 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     assert last.wait() == 0, last.output()[-3000:]
 
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
-    report = verify.compare(spark, spec, layout, manifest)
+    report = verify.compare(spark, plan, manifest)
     assert report.ok, report.describe()
-    agreement = verify.agreement(spark, spec, layout)
+    agreement = verify.agreement(spark, plan)
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     assert all(o.actual > 0 for o in report.outputs), report.describe()
     assert report.quarantined > 0
@@ -145,7 +145,7 @@ def test_graceful_stop_sigkills_and_replays_keep_every_sink_exact(stream, spark)
     events = list(read_events(layout.events_file))
     assert [e["event"] for e in events].count("driver_started") == 5  # the refused driver never got that far
     assert [e.get("exit_code") for e in events if e["event"] == "driver_stopped"] == [0, 0]
-    assert {e["query"] for e in events if e["event"] == "progress"} == set(compile_plan(spec, layout).queries)
+    assert {e["query"] for e in events if e["event"] == "progress"} == set(plan.flows)
 
     # each Delta table holds every batch once, in the order of the drivers' leases
     final_epoch = record_numbers(layout.lease_dir)[-1]

@@ -84,10 +84,11 @@ class Stream:
 
     def __init__(self, spec_dir: Path, data_root: Path):
         self.spec_path = spec_dir / "sensors.yaml"
-        self.spec = load_spec(self.spec_path)
-        self.layout = Layout(self.spec, data_root, spec_dir)
+        spec = load_spec(self.spec_path)
+        self.layout = Layout(spec, data_root, spec_dir)
+        self.plan = compile_plan(spec, self.layout)
         self.data_root = data_root
-        self.readings = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_FLOW))
+        self.readings = Path(self.plan.checkpoint(INGEST_FLOW))
         self.seed = SEED
 
     def feed(self, files: int) -> None:
@@ -125,9 +126,9 @@ class Stream:
     def catch_up(self, patience: float = 180) -> None:
         """Wait until the stream is idle, for as long as its backlog keeps shrinking: a soak's
         faults leave a backlog that takes longer than any fixed timeout; a stuck stream fails."""
-        while (health := assess(self.spec, self.layout)).status != Status.IDLE:
+        while (health := assess(self.plan, self.layout)).status != Status.IDLE:
             backlog = health.backlog_files
-            wait_for(lambda b=backlog: (h := assess(self.spec, self.layout)).status == Status.IDLE or h.backlog_files < b,
+            wait_for(lambda b=backlog: (h := assess(self.plan, self.layout)).status == Status.IDLE or h.backlog_files < b,
                      f"the stream to catch up (its backlog of {backlog} file(s) did not shrink)", timeout=patience,
                      every=2)
 
@@ -213,7 +214,7 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         frozen_at = time.time()
         stream.feed(4)
         try:
-            wait_for(lambda: assess(stream.spec, stream.layout).status == Status.STALLED, "the stall to be seen",
+            wait_for(lambda: assess(stream.plan, stream.layout).status == Status.STALLED, "the stall to be seen",
                      timeout=STALL_WINDOW_SECONDS + 60, every=1)
         except AssertionError as exc:
             raise AssertionError(f"{exc} (pids {frozen} frozen)\n{supervisor_said(airflow)}") from None
@@ -258,16 +259,16 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         stream.catch_up()
         manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
         assert manifest["counts"]["undecided"] > 0, manifest["counts"]
-        decided = verify.decide_edges(spark, stream.spec, stream.layout, manifest)
+        decided = verify.decide_edges(spark, stream.plan, manifest)
         assert decided["counts"]["undecided"] == 0
         edges_dropped = decided["counts"]["dropped_late"] - manifest["counts"]["dropped_late"]
         print(f"late events at the watermark's edge: {manifest['counts']['undecided']}, "
               f"{edges_dropped} dropped by the ingestion")
-        report = verify.compare(spark, stream.spec, stream.layout, manifest)
+        report = verify.compare(spark, stream.plan, manifest)
         print(report.describe())
         assert report.ok, report.describe()
         # and with each other: every output equals its query over the same accepted rows
-        agreement = verify.agreement(spark, stream.spec, stream.layout, report.uncertain)
+        agreement = verify.agreement(spark, stream.plan, report.uncertain)
         assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
 
         # 6. a torn newest offsets file, then a crash: diagnosed, not restarted, nor taken over

@@ -152,7 +152,7 @@ def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark,
                  "the maintenance run", timeout=300, every=2)
         maintained = airflow.client.run("stream_clicks_maintenance", run_id)
         assert maintained["state"] == "success", maintained
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to take every record", timeout=300,
+        wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to take every record", timeout=300,
                  every=2)
     finally:
         airflow.stop()
@@ -166,16 +166,17 @@ def test_sigkills_under_airflow_lose_and_repeat_no_record(tmp_path: Path, spark,
     # quarantine are as without it; the SQL output is checked against its query (agreement)
     records = gt.read_ledger(data_root / "generated" / "clicks" / "ledger.jsonl")
     plain = parse_spec(example_spec("clicks") | {"source": spec.source.model_dump(exclude_none=True)})
-    expected = gt.expected(plain, records, layout) | {"generator": {"ledger": None}}
-    report = verify.compare(spark, plain, layout, expected)
+    plain_plan = compile_plan(plain, layout)
+    expected = gt.expected(plain_plan, records) | {"generator": {"ledger": None}}
+    report = verify.compare(spark, plain_plan, expected)
     assert [r.name for r in report.outputs] == ["views_per_minute", "page_totals"]
     assert report.ok, report.describe()
     assert all(r.actual > 0 for r in report.outputs)
-    agreement = verify.agreement(spark, spec, layout)  # the spec's own query types, over the transform's rows
+    resolved = analysis.resolve_plan(spark, spec, layout)  # the accepted rows' columns: the transform's
+    agreement = verify.agreement(spark, resolved)  # the spec's own query types, over the transform's rows
     assert [r.name for r in agreement] == ["views_per_minute", "page_totals"]
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     # the windowed SQL output: the windows its last batch's watermark closed, as its query computes them
-    resolved = analysis.resolve_plan(spark, spec, layout)  # the accepted rows' columns: the transform's
     accepted_batch(spark, resolved.ingestion).createOrReplaceTempView("accepted")
     product = Path(plan.checkpoint("product_views_5m"))
     watermark = batch_watermark_ms(product, last_batch(product, "commits"))

@@ -51,9 +51,9 @@ from airflow_harness import (
 
 from runner.processes import wait_until
 from runner.testdata import generate, verify
-from spark_jobs import analysis, backfill
+from spark_jobs import backfill
 from spark_jobs.flows import queries as flows
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.lease import (
     holder_alive,
@@ -64,7 +64,6 @@ from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import (
     INGEST_FLOW,
-    StreamSpec,
 )
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
@@ -150,9 +149,11 @@ class Platform:
     def spec_path(self, name: str) -> Path:
         return self.spec_dir / f"{name}.yaml"
 
-    def stream(self, name: str) -> tuple[StreamSpec, Layout]:
+    def stream(self, name: str) -> tuple[StreamPlan, Layout]:
+        """The stream's plan as its spec file says it now, and its layout (control files)."""
         spec = load_spec(self.spec_path(name))
-        return spec, Layout(spec, self.data_root, self.spec_dir)
+        layout = Layout(spec, self.data_root, self.spec_dir)
+        return compile_plan(spec, layout), layout
 
     def feed(self, name: str, files: int, seed: int) -> None:
         assert generate.main(["--spec", str(self.spec_path(name)), "--data-root", str(self.data_root),
@@ -176,12 +177,12 @@ class Platform:
     def exact(self, spark, name: str) -> None:
         """Never two drivers of the stream at once, every sink equal to the ground truth of what was
         generated, every output equal to its query over the accepted rows."""
-        spec, layout = self.stream(name)
+        plan, layout = self.stream(name)
         one_driver_at_a_time(layout)
         manifest = json.loads((self.data_root / "generated" / name / "manifest.json").read_text())
-        report = verify.compare(spark, spec, layout, manifest)
+        report = verify.compare(spark, plan, manifest)
         assert report.ok, report.describe()
-        agreement = verify.agreement(spark, spec, layout)
+        agreement = verify.agreement(spark, plan)
         assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
 
     def task_log(self, dag_id: str, task_id: str, run_id: str | None = None) -> str:
@@ -307,19 +308,19 @@ def create_backfill(p: Platform, dag_id: str, *extra: str) -> None:
     wait_for(created, f"Airflow to accept the backfill of {dag_id}", timeout=120, every=3)
 
 
-def snapshot(spark, spec: StreamSpec, layout: Layout) -> dict[str, list[str]]:
+def snapshot(spark, plan: StreamPlan, layout: Layout) -> dict[str, list[str]]:
     lo, hi = backfill.parse_range(*RANGE)
     return {o.name: sorted(json.dumps(r.asDict(), default=str, sort_keys=True) for r in
-                           spark.read.parquet(str(backfill.output_dir(spec, layout, o.name, lo, hi))).collect())
-            for o in spec.outputs}
+                           spark.read.parquet(str(backfill.output_dir(layout, o.name, lo, hi))).collect())
+            for o in plan.outputs}
 
 
 def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_identically(platform: Platform,
                                                                                            spark) -> None:
     p, dag = platform, "stream_sensors_backfill"
-    spec, layout = p.stream("sensors")
+    plan, layout = p.stream("sensors")
     p.feed("sensors", files=8, seed=21)
-    flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))  # the accepted rows the backfill reads
+    flows.run_available_now(spark, plan)  # the accepted rows the backfill reads (no transform: the plan is resolved)
 
     wait_for(lambda: dag in p.airflow.dag_ids(), f"the DAG processor to parse {dag}", timeout=180, every=2)
     p.airflow.cli("dags", "unpause", dag)  # backfill runs only start on an unpaused DAG
@@ -335,7 +336,7 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
     assert len(backfill_runs(p, dag)) == 1 and run["logical_date"].startswith(DAY)
 
     # exactly the accepted events of the day: not malformed, not duplicates, not dropped as late
-    first = snapshot(spark, spec, layout)
+    first = snapshot(spark, plan, layout)
     ledger = [json.loads(line) for line in (p.data_root / "generated" / "sensors" / "ledger.jsonl").read_text().splitlines()]
     lo, hi = backfill.parse_range(*RANGE)
     in_range = sorted(r["event"]["event_id"] for r in ledger
@@ -346,7 +347,7 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
     # a 10-minute window sliding by 5 holds each row twice; the device table counts each row once
     assert sum(r["readings"] for r in rows["site_temperature_10m"]) == 2 * len(in_range)
     assert sum(r["readings"] for r in rows["device_status"]) == len(in_range)
-    target = backfill.output_dir(spec, layout, "readings", lo, hi)
+    target = backfill.output_dir(layout, "readings", lo, hi)
     assert [d.name for d in target.parent.iterdir()] == ["range=20260101T000000Z_20260102T000000Z"]
     # and the validate task validated what it wrote
     validated = json.loads((layout.quality_dir / "ledger.json").read_text())["backfills"]
@@ -362,7 +363,7 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
                    "the backfill run to end again", timeout=600, every=3)
     assert run["state"] == "success", p.task_log(dag, "*", run["run_id"])[-8000:]
     assert target.stat().st_ino != written, "the second backfill did not rewrite the range"
-    assert snapshot(spark, spec, layout) == first
+    assert snapshot(spark, plan, layout) == first
 
 
 # ---- 2. supervision: stops, a kill, validation, a scheduled restart -------------------------
@@ -371,9 +372,9 @@ def test_a_backfill_through_airflow_recomputes_every_output_exactly_and_again_id
 def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restarts_on_schedule(
         platform: Platform, spark) -> None:
     p = platform
-    spec, layout = p.stream("sensors")
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
-    budget = RestartBudget(layout.runs_file, spec.supervision.restart)
+    plan, layout = p.stream("sensors")
+    readings = plan.checkpoint(INGEST_FLOW)
+    budget = RestartBudget(layout.runs_file, plan.supervision.restart)
     p.feed("sensors", files=24, seed=31)
 
     def committed() -> int:
@@ -408,7 +409,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
     # 2b. more input arrives while it is stopped; started again, it takes all of it
     p.feed("sensors", files=6, seed=32)
     again = p.trigger("stream_sensors")
-    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
+    wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to catch up", timeout=420, every=2)
     assert "(backoff after" not in p.task_log("stream_sensors", "supervise", again)
 
     # 2c. SIGKILL of the driver with input waiting: the supervisor restarts it from the checkpoint
@@ -420,7 +421,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
              and any(c.stat().st_mtime > killed_at for c in (Path(readings) / "commits").glob("[0-9]*")),
              "a new driver to commit a batch after the kill", timeout=240, every=0.2)
     print(f"kill -9 to first new committed batch: {time.time() - killed_at:.1f}s")
-    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
 
     # the metrics Prometheus scrapes say what the checkpoint and the run history say
     batch_before, restarts = committed(), budget.restarts_since(time.time() - 86400)
@@ -488,8 +489,9 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
 
 def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(platform: Platform) -> None:
     p = platform
-    spec, layout = p.stream("doomed")
-    Path(layout.landing).mkdir(parents=True, exist_ok=True)
+    plan, layout = p.stream("doomed")
+    assert plan.source is not None and plan.source.landing is not None
+    Path(plan.source.landing).mkdir(parents=True, exist_ok=True)
     missing = layout.reference(MISSING_REFERENCE)
     assert not Path(missing).exists()
 
@@ -502,7 +504,7 @@ def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(p
     budget_spent = "1 failed runs within 60 minutes, the restart budget (1) is spent; the stream stays stopped"
     log = p.task_log("stream_doomed", "supervise", run)
     assert budget_spent in log and missing in log, log[-5000:]
-    history = RestartBudget(layout.runs_file, spec.supervision.restart).runs()
+    history = RestartBudget(layout.runs_file, plan.supervision.restart).runs()
     assert [(r.exit_code, r.requested) for r in history] == [(1, False)]  # one start, then no more
     assert stream_drivers() == []
 
@@ -533,7 +535,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     from spark_jobs.runtime.checkpoint import sink_files
 
     p = platform
-    spec, layout = p.stream("sensors")
+    plan, layout = p.stream("sensors")
 
     def feed(seed: int) -> None:  # 4 files of 40 events 15 s of event time apart: the watermark moves 40 minutes
         assert generate.main(["--spec", str(p.spec_path("sensors")), "--data-root", str(p.data_root), "--files", "4",
@@ -545,7 +547,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     for dag in ("stream_sensors", "stream_sensors_stop", "stream_sensors_upgrade"):  # as deploy and the page do
         p.airflow.cli("dags", "unpause", dag)
     run = p.trigger("stream_sensors")
-    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
     live = layout.data("sinks/sensors/site_temperature_10m")
 
     def sizes() -> tuple[set, int] | None:  # the window sizes and rows a reader of the sink sees now
@@ -605,15 +607,15 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     assert seen and all(len(s) == 1 for s, _ in seen), sorted(set(seen))[:10]
     assert len({s for s, _ in seen}) == 2  # the old size, then the new
 
-    spec, layout = p.stream("sensors")
-    wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
+    plan, layout = p.stream("sensors")
+    wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to catch up", timeout=300, every=2)
     graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
     wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
              timeout=240, every=2)
     wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
     wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
              timeout=120, every=2)
-    agreement = verify.agreement(spark, spec, layout)
+    agreement = verify.agreement(spark, plan)
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     one_driver_at_a_time(layout)
 
@@ -632,14 +634,14 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
     import yaml
 
     p = platform
-    spec, layout = p.stream("quiet")
+    plan, layout = p.stream("quiet")
     continuous = p.spec_path("quiet").read_text()
-    ingestion = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
+    ingestion = plan.checkpoint(INGEST_FLOW)
     p.feed("quiet", files=4, seed=51)
     deploy(p.airflow, "quiet")
     first = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")), None), "the supervisor run",
                      timeout=60, every=1)
-    wait_for(lambda: holder_alive(layout.lease_dir) and assess(spec, layout).status == Status.IDLE,
+    wait_for(lambda: holder_alive(layout.lease_dir) and assess(plan, layout).status == Status.IDLE,
              "the continuous stream to catch up", timeout=300, every=2)
 
     # switched to scheduled: the running driver stops between batches, and its supervisor ends
@@ -652,7 +654,7 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
     assert p.state("stream_quiet", first) == "success", p.task_log("stream_quiet", "supervise", first)[-3000:]
     assert "switch to scheduled runs" in p.task_log("stream_quiet", "supervise", first)
     assert not holder_alive(layout.lease_dir)
-    assert RestartBudget(layout.runs_file, spec.supervision.restart).consecutive_failures() == 0
+    assert RestartBudget(layout.runs_file, plan.supervision.restart).consecutive_failures() == 0
 
     # files land: the input's watcher asks for a run; its driver is killed once it committed a batch,
     # and the run's supervisor starts it again from the checkpoint
@@ -712,7 +714,7 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
     wait_for(lambda: p.airflow.client.get("dags/stream_quiet").get("timetable_summary") in (None, "None"),
              "the DAG processor to parse the continuous DAG", timeout=120, every=3)
     again = p.trigger("stream_quiet")
-    wait_for(lambda: holder_alive(layout.lease_dir) and assess(spec, layout).status == Status.IDLE,
+    wait_for(lambda: holder_alive(layout.lease_dir) and assess(plan, layout).status == Status.IDLE,
              "the continuous stream to catch up", timeout=300, every=2)
     graceful = p.trigger("stream_quiet_stop", {"mode": "graceful"})
     wait_for(lambda: p.state("stream_quiet", again) in ("success", "failed"), "the supervisor run to end",

@@ -161,9 +161,10 @@ class Stream:
     seed: int = 100
 
     def __post_init__(self) -> None:
-        self.spec = load_spec(self.spec_path)
-        self.layout = Layout(self.spec, self.data_root, self.spec_path.parent)
-        self.ingestion = Path(compile_plan(self.layout.spec, self.layout).checkpoint(INGEST_FLOW))
+        spec = load_spec(self.spec_path)
+        self.layout = Layout(spec, self.data_root, self.spec_path.parent)
+        self.plan = compile_plan(spec, self.layout)
+        self.ingestion = Path(self.plan.checkpoint(INGEST_FLOW))
 
     def feed(self, files: int) -> None:
         self.seed += 1
@@ -183,7 +184,7 @@ class Stream:
         return any(sb.host == host and sb.state == READY for sb in standbys(self.layout.lease_dir))
 
     def caught_up(self) -> bool:
-        return assess(self.spec, self.layout).status == Status.IDLE
+        return assess(self.plan, self.layout).status == Status.IDLE
 
 
 def tries(control_dir: Path) -> list[Tenure]:
@@ -198,7 +199,7 @@ def what_happened(s: Stream, since: float) -> str:
              for h in history(s.layout.lease_dir) if h.ended_at >= since]
     lines += [f"supervisor try: {t.describe()} at {t.started_at:.1f}" for t in tries(s.layout.lease_dir)
               if t.started_at >= since]
-    lines += [f"run: {r}" for r in RestartBudget(s.layout.runs_file, s.spec.supervision.restart).runs()
+    lines += [f"run: {r}" for r in RestartBudget(s.layout.runs_file, s.plan.supervision.restart).runs()
               if (r.ended_at or r.started_at) >= since]
     lines += [f"event: {e}" for e in read_events(s.layout.events_file)
               if float(e.get("logged_at") or 0) >= since and str(e.get("event", "")).startswith(("driver", "supervisor"))]
@@ -310,7 +311,7 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                     (f"{name}: its driver on worker-c was replaced after the partition healed: {holder.describe()}\n"
                      f"{what_happened(s, moved[name].started_at)}")
                 # the run of worker C's supervisor is still open: no old try recorded its own driver's end onto it
-                last = RestartBudget(s.layout.runs_file, s.spec.supervision.restart).last_run()
+                last = RestartBudget(s.layout.runs_file, s.plan.supervision.restart).last_run()
                 assert last is not None and last.ended_at is None, f"{name}: an old try recorded a run: {last}"
 
         # 4. caught up on worker C: every sink exact; never two drivers at once
@@ -328,7 +329,7 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
             def exact(s: Stream = s, manifest: dict = manifest, reports: list = reports) -> bool:
                 """A window closes in the output's batch after the one that moved its watermark
                 past it: the sinks reach the ground truth a trigger or two after the input is taken."""
-                reports.append(verify.compare(spark, s.spec, s.layout, manifest))
+                reports.append(verify.compare(spark, s.plan, manifest))
                 return reports[-1].ok
 
             if not wait_until(exact, timeout=120, every=3):

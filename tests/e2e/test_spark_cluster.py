@@ -135,7 +135,8 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
     (package / "rules.py").write_text(RULES_MODULE)
     spec = load_spec(spec_dir / "sensors.yaml")
     layout = Layout(spec, data_root, spec_dir)
-    readings = compile_plan(layout.spec, layout).checkpoint(INGEST_FLOW)
+    plan = compile_plan(spec, layout)
+    readings = plan.checkpoint(INGEST_FLOW)
     assert generate.main(["--spec", str(spec_dir / "sensors.yaml"), "--data-root", str(data_root), "--files", "30",
                           "--events-per-file", "40", "--seed", "9"]) == 0
 
@@ -160,7 +161,7 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
         wait_for(lambda: cluster.alive_workers() == 1, "the master to notice the lost worker", timeout=180, every=2)
         wait_for(lambda: (last_batch(readings, "commits") or -1) > before + 1, "batches after the lost worker",
                  timeout=300)
-        wait_for(lambda: assess(spec, layout).status == Status.IDLE, "the stream to catch up", timeout=400, every=2)
+        wait_for(lambda: assess(plan, layout).status == Status.IDLE, "the stream to catch up", timeout=400, every=2)
 
         airflow.cli("dags", "trigger", "stream_sensors_stop", "--conf", json.dumps({"mode": "graceful"}))
         wait_for(lambda: [r["state"] for r in airflow.runs("stream_sensors_stop")] == ["success"],
@@ -174,10 +175,10 @@ def test_stream_runs_on_a_standalone_cluster_and_survives_a_lost_worker(tmp_path
 
     one_driver_at_a_time(layout)
     manifest = json.loads((data_root / "generated" / "sensors" / "manifest.json").read_text())
-    report = verify.compare(spark, spec, layout, manifest)
+    report = verify.compare(spark, plan, manifest)
     assert report.ok, report.describe()
     # the UDF ran in the executors on the workers (tasks never run in a client-mode driver), for every accepted row
-    readings = spark.read.parquet(compile_plan(layout.spec, layout).accepted_path)
+    readings = spark.read.parquet(plan.accepted_path)
     labels = spark.read.parquet(str(data_root / "sinks" / "labels"))
     assert labels.count() == readings.count() > 0
     wrong = labels.join(readings, "event_id").where(

@@ -533,7 +533,7 @@ def test_generated_future_events_match_the_ground_truth(spark, tmp_path: Path) -
     spec = load_spec(spec_path)
     layout = Layout(spec, root, SPEC_DIR)
     flows.run_available_now(spark, analysis.resolve_plan(spark, spec, layout))
-    report = verify.compare(spark, spec, layout, manifest)
+    report = verify.compare(spark, analysis.resolve_plan(spark, spec, layout), manifest)
     assert report.ok, report.describe()
     reasons = [r["reason"] for r in spark.read.parquet(layout.data(spec.quarantine.path)).collect()]
     assert reasons.count(FUTURE) == futures

@@ -15,6 +15,7 @@ import yaml
 from examples import clicks_csv_spec, example_spec, include_with
 
 from runner.testdata import generate as gen
+from spark_jobs.plan import compile_plan
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
 from spark_jobs.spec.models import duration_seconds
@@ -473,11 +474,11 @@ def test_a_topic_gets_each_file_as_one_transaction_and_the_ledger_its_positions(
 
     # a generator that dies mid-file leaves nothing of it visible: the next one fences it and aborts it
     spec = load_spec(spec_path)
-    layout = Layout(spec, tmp_path / "data", spec_path.parent)
-    dying = gen.TopicWriter(spec, layout)
+    plan = compile_plan(spec, Layout(spec, tmp_path / "data", spec_path.parent))
+    dying = gen.TopicWriter(plan)
     dying.open()
     dying.producer.begin_transaction()
     dying.producer.produce(kafka_topic, value=b"half a file")
     dying.producer.flush(10)
-    gen.TopicWriter(spec, layout).open()
+    gen.TopicWriter(plan).open()
     assert b"half a file" not in [m.value() for m in kafka_broker.consume(kafka_topic)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.testdata import groundtruth as gt
+from spark_jobs.plan import compile_plan
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import parse_spec
 from spark_jobs.spec.models import Window
@@ -92,7 +93,7 @@ def test_sliding_windows_only_closed_ones_are_emitted(tmp_path):
     spec, layout = make(tmp_path, [out])
     records = [rec(1, 1, "e1", "d1", "00:07", 21.0), rec(1, 2, "e2", "d1", "00:12", 25.0),
                rec(2, 1, "e3", "d2", "00:26", 30.0)]
-    result = gt.expected(spec, records, layout)
+    result = gt.expected(compile_plan(spec, layout), records)
     # max event time 00:26, watermark delay 10 minutes: windows ending at or before 00:16 are closed
     assert result["watermark"]["final"] == ts("00:16")
     rows = result["outputs"]["per_site"]["rows"]
@@ -107,7 +108,7 @@ def test_window_ending_exactly_at_the_watermark_is_closed(tmp_path):
     out = agg_output("per_site", [{"name": "n", "fn": "count"}], ["site"], window={"duration": "5 minutes"})
     spec, layout = make(tmp_path, [out], watermark="5 minutes")
     records = [rec(1, 1, "e1", "d1", "00:01"), rec(1, 2, "e2", "d1", "00:07"), rec(2, 1, "e3", "d1", "00:10")]
-    rows = gt.expected(spec, records, layout)["outputs"]["per_site"]["rows"]
+    rows = gt.expected(compile_plan(spec, layout), records)["outputs"]["per_site"]["rows"]
     # final watermark 00:05: [00:00, 00:05) closed, [00:05, 00:10) and [00:10, 00:15) still open
     assert [(r["window_start"], r["n"]) for r in rows] == [(ts("00:00"), 1)]
 
@@ -120,7 +121,7 @@ def test_latest_follows_event_time_not_arrival_order(tmp_path):
     records = [rec(1, 1, "e1", "d1", "00:10", status="warn"),
                rec(2, 1, "e2", "d1", "00:05", status="fail", kind="late_within"),  # older, arrives later
                rec(2, 2, "e3", "d2", "00:11", status="ok")]
-    rows = gt.expected(spec, records, layout)["outputs"]["status"]["rows"]
+    rows = gt.expected(compile_plan(spec, layout), records)["outputs"]["status"]["rows"]
     assert rows == [{"device_id": "d1", "last": "warn", "seen": ts("00:10"), "n": 2},
                     {"device_id": "d2", "last": "ok", "seen": ts("00:11"), "n": 1}]
 
@@ -130,7 +131,7 @@ def test_latest_with_a_tie_is_rejected(tmp_path):
     spec, layout = make(tmp_path, [out])
     records = [rec(1, 1, "e1", "d1", "00:10", status="warn"), rec(1, 2, "e2", "d1", "00:10", status="ok")]
     with pytest.raises(gt.GroundTruthError, match="ambiguous"):
-        gt.expected(spec, records, layout)
+        gt.expected(compile_plan(spec, layout), records)
 
 
 def test_left_join_with_unknown_key_gives_null_and_sorts_first(tmp_path):
@@ -138,7 +139,7 @@ def test_left_join_with_unknown_key_gives_null_and_sorts_first(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH, out])
     records = [rec(1, 1, "e1", "d1", "00:01"), rec(1, 2, "e2", "nope", "00:02"), rec(1, 3, "e3", "d2", "00:03"),
                rec(1, 4, "e4", "d3", "00:04")]  # d3 is known, with an empty (null) site
-    result = gt.expected(spec, records, layout)
+    result = gt.expected(compile_plan(spec, layout), records)
     raw = {r["event_id"]: r for r in result["outputs"]["raw"]["rows"]}
     assert raw["e2"]["site"] is None and raw["e1"]["site"] == "north"
     assert raw["e2"]["event_date"] == "2026-01-01"
@@ -160,7 +161,7 @@ def test_dedup_late_drop_and_quarantine_counts(tmp_path):
         rec(3, 3, "e3", "d2", "00:06:01"),  # above 00:06: kept
         {"file": 3, "line": 4, "event": {"event_id": "e4", "device_id": "d1", "ts": None}},  # required ts is null
     ]
-    result = gt.expected(spec, records, layout)
+    result = gt.expected(compile_plan(spec, layout), records)
     assert result["counts"] == {"input_records": 8, "quarantined": 3, "unjoined": 0, "duplicates": 1,
                                 "dropped_late": 1, "accepted": 3, "undecided": 0}
     assert [r["event_id"] for r in result["outputs"]["raw"]["rows"]] == ["e1", "e3", "e5"]
@@ -177,18 +178,18 @@ def test_dedup_late_drop_and_quarantine_counts(tmp_path):
 
 def test_nothing_in_the_first_file_is_late(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH], watermark="1 minute")
-    result = gt.expected(spec, [rec(1, 1, "e1", "d1", "00:10"), rec(1, 2, "e2", "d1", "00:01")], layout)
+    result = gt.expected(compile_plan(spec, layout), [rec(1, 1, "e1", "d1", "00:10"), rec(1, 2, "e2", "d1", "00:01")])
     assert result["counts"]["dropped_late"] == 0 and result["counts"]["accepted"] == 2
     # file 2 may be read by batch 1 (judged by batch 0's unset watermark) or, after a
     # no-data batch, by batch 2 (judged by 00:09): its fate is not predictable
     with pytest.raises(gt.GroundTruthError, match="micro-batch"):
-        gt.expected(spec, [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:01")], layout)
+        gt.expected(compile_plan(spec, layout), [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:01")])
 
 
 def test_inner_join_drops_unmatched_rows_after_the_watermark(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH], watermark="1 minute")
     spec = spec.model_copy(update={"enrich": [spec.enrich[0].model_copy(update={"how": "inner"})]})
-    result = gt.expected(spec, [rec(1, 1, "e1", "d1", "00:01"), rec(1, 2, "e2", "nope", "00:30")], layout)
+    result = gt.expected(compile_plan(spec, layout), [rec(1, 1, "e1", "d1", "00:01"), rec(1, 2, "e2", "nope", "00:30")])
     assert result["counts"]["unjoined"] == 1 and result["counts"]["accepted"] == 1
     # the unmatched row still moved the watermark: the join comes after it
     assert result["watermark"]["max_event_time"] == ts("00:30")
@@ -197,7 +198,7 @@ def test_inner_join_drops_unmatched_rows_after_the_watermark(tmp_path):
 def test_without_dedup_copies_are_kept(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH], dedup=False)
     records = [rec(1, 1, "e1", "d1", "00:10"), rec(1, 2, "e1", "d1", "00:10")]
-    result = gt.expected(spec, records, layout)
+    result = gt.expected(compile_plan(spec, layout), records)
     assert result["counts"]["duplicates"] == 0 and len(result["outputs"]["raw"]["rows"]) == 2
     assert result["outputs"]["raw"]["key"] == []
 
@@ -206,16 +207,16 @@ def test_lateness_between_the_bounds_is_rejected(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH], watermark="1 minute", files_per_trigger=1)
     first = [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:20")]
     # file 3 is judged by a watermark between maxts(1) - 1 min = 00:09 and maxts(2) - 1 min = 00:19
-    dropped = gt.expected(spec, [*first, rec(3, 1, "e3", "d1", "00:09")], layout)
+    dropped = gt.expected(compile_plan(spec, layout), [*first, rec(3, 1, "e3", "d1", "00:09")])
     assert dropped["counts"]["dropped_late"] == 1
-    kept = gt.expected(spec, [*first, rec(3, 1, "e3", "d1", "00:19:01")], layout)
+    kept = gt.expected(compile_plan(spec, layout), [*first, rec(3, 1, "e3", "d1", "00:19:01")])
     assert kept["counts"]["dropped_late"] == 0
     with pytest.raises(gt.GroundTruthError, match="micro-batch"):
-        gt.expected(spec, [*first, rec(3, 1, "e3", "d1", "00:15")], layout)
+        gt.expected(compile_plan(spec, layout), [*first, rec(3, 1, "e3", "d1", "00:15")])
     # with 2 files per trigger, file 3 is judged by a watermark that may still be unset
     spec2, _ = make(tmp_path, [PASSTHROUGH], watermark="1 minute", files_per_trigger=2)
     with pytest.raises(gt.GroundTruthError, match="micro-batch"):
-        gt.expected(spec2, [*first, rec(3, 1, "e3", "d1", "00:09")], layout)
+        gt.expected(compile_plan(spec2, layout), [*first, rec(3, 1, "e3", "d1", "00:09")])
 
 
 def test_a_late_edge_record_follows_the_ingestion_decision_and_its_closable_windows_are_uncertain(tmp_path):
@@ -225,15 +226,15 @@ def test_a_late_edge_record_follows_the_ingestion_decision_and_its_closable_wind
     # file 3 is judged by a watermark between 00:09 and 00:19: 00:14:30 is decided by the micro-batches
     records = [*first, rec(3, 1, "e3", "d1", "00:14:30", kind="late_edge")]
 
-    undecided = gt.expected(spec, records, layout)
+    undecided = gt.expected(compile_plan(spec, layout), records)
     assert undecided["counts"]["undecided"] == 1 and undecided["counts"]["accepted"] == 3
     assert "e3" not in [r["event_id"] for r in undecided["outputs"]["raw"]["rows"]]
 
-    dropped = gt.expected(spec, records, layout, decided={("e3",): False})
+    dropped = gt.expected(compile_plan(spec, layout), records, decided={("e3",): False})
     assert (dropped["counts"]["dropped_late"], dropped["counts"]["undecided"]) == (1, 0)
     assert dropped["outputs"]["w"]["uncertain"] == []
 
-    kept = gt.expected(spec, records, layout, decided={("e3",): True})
+    kept = gt.expected(compile_plan(spec, layout), records, decided={("e3",): True})
     assert (kept["counts"]["accepted"], kept["counts"]["undecided"]) == (4, 0)
     assert "e3" in [r["event_id"] for r in kept["outputs"]["raw"]["rows"]]
     # its window [00:10, 00:15) ends below the highest watermark that judged it (00:19): the window
@@ -247,15 +248,15 @@ def test_key_repeated_after_its_state_may_have_expired_is_rejected(tmp_path):
     records = [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:20"),
                rec(3, 1, "e1", "d2", "00:30")]  # same event_id, 20 minutes later: not an exact copy
     with pytest.raises(gt.GroundTruthError, match="left the state"):
-        gt.expected(spec, records, layout)
+        gt.expected(compile_plan(spec, layout), records)
 
 
 def test_declared_kind_must_match(tmp_path):
     spec, layout = make(tmp_path, [PASSTHROUGH])
     with pytest.raises(gt.GroundTruthError, match="late_beyond"):
-        gt.expected(spec, [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:09", kind="late_beyond")], layout)
+        gt.expected(compile_plan(spec, layout), [rec(1, 1, "e1", "d1", "00:10"), rec(2, 1, "e2", "d1", "00:09", kind="late_beyond")])
     with pytest.raises(gt.GroundTruthError, match="duplicate"):
-        gt.expected(spec, [rec(1, 1, "e1", "d1", "00:10", kind="duplicate")], layout)
+        gt.expected(compile_plan(spec, layout), [rec(1, 1, "e1", "d1", "00:10", kind="duplicate")])
 
 
 def test_aggregates_follow_sql_null_semantics(tmp_path):
@@ -271,7 +272,7 @@ def test_aggregates_follow_sql_null_semantics(tmp_path):
     records = [rec(1, 1, "e1", "d1", "00:01", 10.0, "ok"), rec(1, 2, "e2", "d1", "00:02", None, "warn"),
                rec(1, 3, "e3", "d1", "00:03", 20.0, None), rec(1, 4, "e4", "d2", "00:04", None, "ok"),
                rec(1, 5, "e5", "d1", "00:05", 30.0, "ok")]
-    result = gt.expected(spec, records, layout)["outputs"]["stats"]
+    result = gt.expected(compile_plan(spec, layout), records)["outputs"]["stats"]
     assert result["approximate"] == ["states"]
     assert result["rows"] == [
         {"device_id": "d1", "n": 4, "n_temp": 3, "total": 60.0, "mean": 20.0, "low": 10.0, "high": 30.0, "states": 2},
@@ -308,7 +309,7 @@ def test_events_beyond_max_future_are_quarantined_before_the_watermark(tmp_path)
     records = [rec(1, 1, "e1", "d1", "00:10"), future(1, 2, "f1", "2100-01-01T00:00:00.000Z"),
                rec(2, 1, "e2", "d1", "00:11"), rec(3, 1, "e3", "d1", "00:12"),
                future(3, 2, "f2", "2026-01-02T12:00:01.000Z", kind=None)]  # one second beyond 1 day
-    result = gt.expected(spec, records, layout, now_ms=now)
+    result = gt.expected(compile_plan(spec, layout), records, now_ms=now)
     assert result["counts"] == {"input_records": 5, "quarantined": 2, "unjoined": 0, "duplicates": 0,
                                 "dropped_late": 0, "accepted": 3, "undecided": 0}
     assert result["watermark"]["max_event_time"] == ts("00:12")  # the year 2100 never reached it
@@ -321,9 +322,9 @@ def test_max_future_comes_from_the_spec_and_kinds_must_agree(tmp_path):
     spec = spec.model_copy(update={"event_time": spec.event_time.model_copy(update={"max_future": "1 hour"})})
     now = gt.parse_ts("2026-01-01T12:00:00.000Z")
     soon, later = "2026-01-01T12:30:00.000Z", "2026-01-01T13:00:01.000Z"
-    kept = gt.expected(spec, [future(1, 1, "a", soon, kind="ok"), future(1, 2, "b", later)], layout, now_ms=now)
+    kept = gt.expected(compile_plan(spec, layout), [future(1, 1, "a", soon, kind="ok"), future(1, 2, "b", later)], now_ms=now)
     assert kept["counts"]["accepted"] == 1 and kept["counts"]["quarantined"] == 1
     with pytest.raises(gt.GroundTruthError, match="marked 'ok' but its event time .* max_future"):
-        gt.expected(spec, [future(1, 1, "a", later, kind="ok")], layout, now_ms=now)
+        gt.expected(compile_plan(spec, layout), [future(1, 1, "a", later, kind="ok")], now_ms=now)
     with pytest.raises(gt.GroundTruthError, match="marked 'future' but"):
-        gt.expected(spec, [future(1, 1, "a", soon)], layout, now_ms=now)
+        gt.expected(compile_plan(spec, layout), [future(1, 1, "a", soon)], now_ms=now)

@@ -26,7 +26,7 @@ from examples import clicks_csv_spec
 from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
-from spark_jobs.plan import input_columns
+from spark_jobs.plan import StreamPlan, compile_plan, input_columns
 from spark_jobs.sinks.table import TableWriter
 from spark_jobs.spec.layout import (
     Layout,
@@ -114,48 +114,49 @@ def write_parquet_sink(spark, root: Path, rows: list[dict[str, Any]], layout: La
 
 
 @pytest.fixture
-def parquet_layout(tmp_path: Path) -> tuple[Any, Layout]:
+def parquet_layout(tmp_path: Path) -> tuple[StreamPlan, Layout]:
     spec = make_spec({"type": "parquet", "path": "sinks/rows"})
-    return spec, Layout(spec, tmp_path / "data", tmp_path / "streams")
+    layout = Layout(spec, tmp_path / "data", tmp_path / "streams")
+    return compile_plan(spec, layout), layout
 
 
 def test_a_parquet_sink_equal_to_the_ground_truth_is_ok_and_orphan_files_do_not_count(
         spark, tmp_path: Path, parquet_layout) -> None:
-    spec, layout = parquet_layout
+    plan, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, ROWS, layout)
-    report = verify.compare(spark, spec, layout, MANIFEST)
+    report = verify.compare(spark, plan, MANIFEST)
     assert report.ok, report.describe()
     assert the_output(report).actual == len(ROWS)
     # a data file no batch committed (left by a crashed attempt) is not part of the sink
     sink = Path(layout.data("sinks/rows"))
     committed = next(sink.glob("part-*.parquet"))
     (sink / ("part-99999-orphan" + committed.name.removeprefix("part-"))).write_bytes(committed.read_bytes())
-    assert verify.compare(spark, spec, layout, MANIFEST).ok
+    assert verify.compare(spark, plan, MANIFEST).ok
 
 
 def test_a_parquet_sink_missing_a_row(spark, tmp_path: Path, parquet_layout) -> None:
-    spec, layout = parquet_layout
+    plan, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [r for r in ROWS if r["event_id"] != "e2"], layout)
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), missing=[("e2",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), missing=[("e2",)])
 
 
 def test_a_parquet_sink_with_a_row_twice(spark, tmp_path: Path, parquet_layout) -> None:
-    spec, layout = parquet_layout
+    plan, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [*ROWS, ROWS[2]], layout)
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), duplicated=[("e3",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), duplicated=[("e3",)])
 
 
 def test_a_parquet_sink_with_a_row_too_many(spark, tmp_path: Path, parquet_layout) -> None:
-    spec, layout = parquet_layout
+    plan, layout = parquet_layout
     write_parquet_sink(spark, tmp_path, [*ROWS, {**ROWS[0], "event_id": "e9"}], layout)
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), unexpected=[("e9",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), unexpected=[("e9",)])
 
 
 def test_a_parquet_sink_with_an_altered_value(spark, tmp_path: Path, parquet_layout) -> None:
-    spec, layout = parquet_layout
+    plan, layout = parquet_layout
     altered = [{**r, "ts": "2026-01-02T00:00:00.001Z"} if r["event_id"] == "e3" else r for r in ROWS]
     write_parquet_sink(spark, tmp_path, altered, layout)
-    assert_only(verify.compare(spark, spec, layout, MANIFEST),
+    assert_only(verify.compare(spark, plan, MANIFEST),
                 different=[(("e3",), {"ts": "2026-01-02T00:00:00.001Z"}, {"ts": "2026-01-02T00:00:00.000Z"})])
 
 
@@ -225,8 +226,8 @@ def typed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def table_sink(request, tmp_path: Path) -> tuple[Any, Layout, Database]:
-    """A table sink holding ROWS, written by the table writer: the spec, its layout, the database."""
+def table_sink(request, tmp_path: Path) -> tuple[StreamPlan, Database]:
+    """A table sink holding ROWS, written by the table writer: the stream's plan, the database."""
     if request.param == "sqlite":
         spec = make_spec({"type": "table", "table": "verified_rows", "key": ["event_id"],
                           "url": "sqlite:///tables/sink.db"})
@@ -235,52 +236,53 @@ def table_sink(request, tmp_path: Path) -> tuple[Any, Layout, Database]:
         url = request.getfixturevalue("postgres_database")
         spec = make_spec({"type": "table", "table": "verified_rows", "key": ["event_id"], "url": url})
         layout = Layout(spec, tmp_path / "data", tmp_path / "streams")
-    url = layout.table_url(spec.outputs[0].sink)
+    plan = compile_plan(spec, layout)
+    url = plan.outputs[0].sink.url
     writer = TableWriter(url, "verified_rows", COLUMNS, ["event_id"], "update", "verified.rows")
     assert writer.write_batch(0, [typed(r) for r in ROWS])
-    return spec, layout, Database(request.param, url)
+    return plan, Database(request.param, url)
 
 
 def test_a_table_sink_equal_to_the_ground_truth_is_ok(spark, table_sink) -> None:
-    spec, layout, _ = table_sink
-    report = verify.compare(spark, spec, layout, MANIFEST)
+    plan, _ = table_sink
+    report = verify.compare(spark, plan, MANIFEST)
     assert report.ok, report.describe()
-    assert sorted(verify.read_output(spark, spec, layout, spec.outputs[0]), key=lambda r: r["event_id"]) == ROWS
+    assert sorted(verify.read_output(spark, plan.outputs[0]), key=lambda r: r["event_id"]) == ROWS
 
 
 def test_a_table_sink_missing_a_row(spark, table_sink) -> None:
-    spec, layout, db = table_sink
+    plan, db = table_sink
     db.execute((f"DELETE FROM verified_rows WHERE event_id = {db.placeholder}", ("e2",)))
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), missing=[("e2",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), missing=[("e2",)])
 
 
 def test_a_table_sink_with_a_row_twice(spark, table_sink) -> None:
-    spec, layout, db = table_sink
+    plan, db = table_sink
     db.drop_primary_key("verified_rows")
     db.execute((f"INSERT INTO verified_rows SELECT * FROM verified_rows WHERE event_id = {db.placeholder}", ("e3",)))
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), duplicated=[("e3",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), duplicated=[("e3",)])
 
 
 def test_a_table_sink_with_a_row_too_many(spark, table_sink) -> None:
-    spec, layout, db = table_sink
+    plan, db = table_sink
     db.execute((f"INSERT INTO verified_rows SELECT {db.placeholder}, ts, day, temperature, readings, active"
                 f" FROM verified_rows WHERE event_id = {db.placeholder}", ("e9", "e1")))
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), unexpected=[("e9",)])
+    assert_only(verify.compare(spark, plan, MANIFEST), unexpected=[("e9",)])
 
 
 @pytest.mark.parametrize(("column", "value"), ALTERATIONS, ids=[c for c, _ in ALTERATIONS])
 def test_a_table_sink_with_an_altered_value(spark, table_sink, column: str, value: Any) -> None:
-    spec, layout, db = table_sink
+    plan, db = table_sink
     db.execute((f'UPDATE verified_rows SET "{column}" = {db.placeholder} WHERE event_id = {db.placeholder}',
                 (db.stored(column, value), "e2")))
     was = next(r for r in ROWS if r["event_id"] == "e2")[column]
-    assert_only(verify.compare(spark, spec, layout, MANIFEST), different=[(("e2",), {column: value}, {column: was})])
+    assert_only(verify.compare(spark, plan, MANIFEST), different=[(("e2",), {column: value}, {column: was})])
 
 
 def test_a_table_sink_that_was_never_written_misses_every_row(spark, tmp_path: Path) -> None:
     spec = make_spec({"type": "table", "table": "verified_rows", "key": ["event_id"], "url": "sqlite:///absent.db"})
-    layout = Layout(spec, tmp_path / "data", tmp_path / "streams")
-    report = verify.compare(spark, spec, layout, MANIFEST)
+    plan = compile_plan(spec, Layout(spec, tmp_path / "data", tmp_path / "streams"))
+    report = verify.compare(spark, plan, MANIFEST)
     assert the_output(report).missing == [(r["event_id"],) for r in ROWS] and not report.ok
     assert not (tmp_path / "data" / "absent.db").exists()  # reading creates no database
 
@@ -310,8 +312,9 @@ class Generated:
     manifest: dict[str, Any]
     ledger: list[dict[str, Any]]
 
-    def layout(self, spec: Any) -> Layout:
-        return Layout(spec, self.root, default_spec_dir())
+    def plan(self, spec: Any) -> StreamPlan:
+        """The plan of a variant's spec over the generated data root."""
+        return compile_plan(spec, Layout(spec, self.root, default_spec_dir()))
 
 
 @pytest.fixture(scope="module")
@@ -330,10 +333,11 @@ def generated(spark, tmp_path_factory) -> Generated:
 
 def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -> Any:
     """The ingestion (which writes the quarantine) of a variant whose input is the generated
-    files, ``file`` changed by ``edit(lines)``; returns the variant's spec."""
+    files, ``file`` changed by ``edit(lines)``; returns the variant's plan."""
     spec = sensors_variant(name)
-    layout = generated.layout(spec)
-    landing = Path(layout.landing)
+    plan = analysis.resolve_plan(spark, spec, Layout(spec, generated.root, default_spec_dir()))
+    assert plan.source is not None and plan.source.landing is not None
+    landing = Path(plan.source.landing)
     landing.mkdir(parents=True)
     for src in sorted((generated.root / "landing" / "sensors").glob("part-*")):
         data = src.read_bytes()
@@ -342,10 +346,10 @@ def run_quarantine_on(spark, generated: Generated, name: str, file: str, edit) -
             edit(lines)
             data = b"".join(lines)
         (landing / src.name).write_bytes(data)
-    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
+    query = flows.start(spark, plan, Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
     query[INGEST_FLOW].awaitTermination(120)
     assert query[INGEST_FLOW].exception() is None
-    return spec
+    return plan
 
 
 def target(generated: Generated) -> dict[str, Any]:
@@ -355,7 +359,7 @@ def target(generated: Generated) -> dict[str, Any]:
 
 def test_the_quarantine_equal_to_the_ground_truth_is_ok(spark, generated: Generated) -> None:
     spec = sensors_variant("sensors")
-    report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
+    report = verify.compare(spark, generated.plan(spec), generated.manifest)
     assert report.ok, report.describe()
     kinds = {e["reason"] for e in generated.manifest["quarantine"]}
     assert {"wrong_type", "truncated", "missing_required", "invalid_utf8", "future"} <= kinds
@@ -375,8 +379,8 @@ def quarantine_only(report: verify.StreamReport, **found: Any) -> None:
 
 def test_a_quarantine_missing_a_record(spark, generated: Generated) -> None:
     record = target(generated)
-    spec = run_quarantine_on(spark, generated, "dropped", record["name"], lambda lines: lines.pop(record["line"] - 1))
-    report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
+    plan = run_quarantine_on(spark, generated, "dropped", record["name"], lambda lines: lines.pop(record["line"] - 1))
+    report = verify.compare(spark, plan, generated.manifest)
     quarantine_only(report, missing=[(record["name"], record["raw"])])
     assert report.quarantined == report.expected_quarantined - 1
     assert "1 missing" in report.describe()
@@ -384,9 +388,9 @@ def test_a_quarantine_missing_a_record(spark, generated: Generated) -> None:
 
 def test_a_quarantine_with_a_record_twice(spark, generated: Generated) -> None:
     record = target(generated)
-    spec = run_quarantine_on(spark, generated, "twice", record["name"],
+    plan = run_quarantine_on(spark, generated, "twice", record["name"],
                              lambda lines: lines.insert(record["line"], lines[record["line"] - 1]))
-    report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
+    report = verify.compare(spark, plan, generated.manifest)
     quarantine_only(report, duplicated=[(record["name"], record["raw"])])
     assert "1 duplicated" in report.describe()
 
@@ -399,15 +403,15 @@ def test_a_quarantine_with_an_altered_record(spark, generated: Generated) -> Non
     def edit(lines: list[bytes]) -> None:
         lines[record["line"] - 1] = altered.encode() + b"\n"
 
-    spec = run_quarantine_on(spark, generated, "altered", record["name"], edit)
-    report = verify.compare(spark, spec, generated.layout(spec), generated.manifest)
+    plan = run_quarantine_on(spark, generated, "altered", record["name"], edit)
+    report = verify.compare(spark, plan, generated.manifest)
     quarantine_only(report, missing=[(record["name"], record["raw"])], unexpected=[(record["name"], altered)])
     assert report.quarantined == report.expected_quarantined  # the count alone would not tell
 
 
 def test_a_quarantined_record_with_another_reason_or_file(spark, generated: Generated) -> None:
     spec = sensors_variant("sensors")
-    rows = verify.read_quarantine(spark, spec, generated.layout(spec))
+    rows = verify.read_quarantine(spark, generated.plan(spec))
     record = target(generated)
     columns = input_columns(spec)
 
@@ -435,11 +439,11 @@ def test_a_csv_quarantine_equal_to_the_ground_truth_is_ok(spark, tmp_path: Path)
     manifest = json.loads(result.manifest.read_text())
     assert {"wrong_type", "too_few_fields", "invalid_utf8", "future"} <= {e["reason"] for e in manifest["quarantine"]}
     spec = load_spec(spec_path)
-    layout = Layout(spec, tmp_path / "data", spec_path.parent)
-    query = flows.start(spark, analysis.resolve_plan(spark, spec, layout), Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
+    plan = analysis.resolve_plan(spark, spec, Layout(spec, tmp_path / "data", spec_path.parent))
+    query = flows.start(spark, plan, Trigger(available_now=True), only=lambda n: n == INGEST_FLOW)
     query[INGEST_FLOW].awaitTermination(120)
     assert query[INGEST_FLOW].exception() is None
-    report = verify.compare(spark, spec, layout, manifest)  # only the ingestion ran
+    report = verify.compare(spark, plan, manifest)  # only the ingestion ran
     assert report.quarantine is not None and report.quarantine.ok, report.quarantine.describe()
     assert report.quarantined == len(manifest["quarantine"]) == manifest["counts"]["quarantined"]
 

@@ -96,7 +96,7 @@ def test_records_are_parsed_once_quarantined_with_their_position_and_resumed_exa
             (f"{topic}/2@1", "missing required field(s): device_id"),
         ]
         assert rejected[0][2] == "not json"
-        reports = verify.agreement(spark, spec, layout)
+        reports = verify.agreement(spark, plan)
         assert all(r.ok for r in reports), [r.describe() for r in reports]
 
         # caught up: nothing behind on any partition
@@ -113,7 +113,7 @@ def test_records_are_parsed_once_quarantined_with_their_position_and_resumed_exa
     accepted = sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())
     assert accepted == ["e1", "e2", "e3", "e4", "e5"]  # e1 again: a duplicate within the watermark
     assert len(quarantine(spark, layout)) == 5
-    assert all(r.ok for r in verify.agreement(spark, spec, layout))
+    assert all(r.ok for r in verify.agreement(spark, plan))
 
 
 #: Values no parser can read, whatever the format: each is quarantined, and must reach the
