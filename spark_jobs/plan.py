@@ -486,6 +486,12 @@ class StreamPlan:
     #: the session's settings (its ``spark.conf``, memory, the connection that says where Spark runs)
     spark: Spark = field(default_factory=Spark)
 
+    @property
+    def available_now(self) -> bool:
+        """Does each run of its driver take what waits and exit (``trigger.available_now``, or scheduled runs;
+        an adaptive stream's supervisor decides run by run)?"""
+        return self.trigger.available_now or self.execution.mode == "scheduled"
+
     def output(self, name: str) -> OutputPlan:
         for o in self.outputs:
             if o.name == name:

@@ -867,12 +867,6 @@ class StreamSpec(Strict):
             raise ValueError(f"an application stream runs the application's own queries: remove {', '.join(given)}")
         return self
 
-    @property
-    def available_now(self) -> bool:
-        """Does each run of its driver take what waits and exit (``trigger.available_now``, or scheduled runs;
-        an adaptive stream's supervisor decides run by run)?"""
-        return self.trigger.available_now or self.execution.mode == "scheduled"
-
     def output(self, name: str) -> Output:
         for o in self.outputs:
             if o.name == name:

@@ -12,6 +12,7 @@ from edited_streams import stream as stream  # noqa: F401
 
 from runner.testdata import generate
 from spark_jobs import changes, stream_job
+from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.spec.layout import Layout
 from spark_jobs.spec.loading import load_spec
@@ -31,6 +32,10 @@ EDITS = {
     "the deduplication key changed": (lambda d: d["deduplicate"].update(key=["device_id", "ts"]), "_ingest",
                                       "deduplicate.key"),
 }
+
+
+def compiled(spec, layout: Layout) -> tuple:
+    return compile_plan(spec, layout), layout
 
 
 @pytest.mark.parametrize("what", list(EDITS))
@@ -124,12 +129,12 @@ def test_a_refused_change_shows_the_stream_blocked_until_the_spec_is_restored(sp
     edit(spec_file, EDITS["a window edited in place"][0])
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC
     spec = load_spec(spec_file)
-    health = assess(spec, Layout(spec, data, spec_file.parent))
+    health = assess(*compiled(spec, Layout(spec, data, spec_file.parent)))
     assert health.status == Status.BLOCKED and health.reason.startswith("spec changed: an upgrade is needed"), health.reason
     assert "site_temperature_10m: rebuild" in health.reason and "query.window" in health.reason
     spec_file.write_text(original)  # the operator puts the spec back: the stream may start again
     spec = load_spec(spec_file)
-    assert assess(spec, Layout(spec, data, spec_file.parent)).status == Status.DEAD
+    assert assess(*compiled(spec, Layout(spec, data, spec_file.parent))).status == Status.DEAD
 
 
 def test_the_check_prints_the_verdicts_against_the_stream_s_data_root(spark, stream, capsys) -> None:
@@ -193,12 +198,12 @@ def test_the_stream_s_page_lists_its_plans_and_the_pending_change_s_verdicts(spa
     spec_file, data = stream
     spec = load_spec(spec_file)
     layout = Layout(spec, data, spec_file.parent)
-    first = views.plans(spec, layout)
+    first = views.plans(compile_plan(spec, layout), layout)
     assert [p["number"] for p in first["started"]] == [1] and first["pending"] == []  # the run's own start
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # nothing new: it starts, keeps a plan
     edit(spec_file, EDITS["a grouping key added"][0])
     spec = load_spec(spec_file)
-    shown = views.plans(spec, layout)
+    shown = views.plans(compile_plan(spec, layout), layout)
     assert [p["number"] for p in shown["started"]] == [2, 1] and shown["started"][0]["at"].endswith("Z")
     pending = {v["flow"]: v for v in shown["pending"]}
     assert pending["site_temperature_10m"]["verdict"] == "rebuild" and not pending["site_temperature_10m"]["runnable"]

@@ -94,7 +94,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                                                       f"try {getattr(ti, 'try_number', '?')}"),
                   RestartBudget(hook.layout.runs_file, plan.supervision.restart),
                   events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
-                  available_now=hook.spec.available_now,
+                  available_now=hook.plan.available_now,
                   adaptive=plan.execution if plan.execution.adaptive else None, previous_began=previous_began)
         hook.release_hold()
         self._driver_env(hook)

@@ -284,7 +284,7 @@ def test_records_deleted_before_they_were_read_block_the_stream_until_an_operato
     plan = compile_plan(spec, layout)
     behind = kafka.lag(plan.source.kafka, plan.ingestion.checkpoint)
     assert behind.lost == {(kafka_topic, 0): (2, 5)} and behind.total == 2
-    health = assess(spec, layout)
+    health = assess(compile_plan(spec, layout), layout)
     assert health.status == Status.BLOCKED, health.summary()
     assert f"offsets 2 to 4 of {kafka_topic}/0" in health.reason and "fail_on_data_loss: false" in health.reason
     with pytest.raises(Exception, match="data may have been lost"):  # Spark refuses to skip them too
@@ -293,10 +293,10 @@ def test_records_deleted_before_they_were_read_block_the_stream_until_an_operato
 
     # the operator accepts the loss: the stream reads on from the first record still there
     lenient = parse_spec(data | {"source": data["source"] | {"fail_on_data_loss": False}})
-    assert "skipped (source.fail_on_data_loss: false)" in " ".join(assess(lenient, layout).notes)
+    assert "skipped (source.fail_on_data_loss: false)" in " ".join(assess(compile_plan(lenient, layout), layout).notes)
     flows.run_available_now(spark, analysis.analyze(spark, lenient, layout))
     assert accepted_ids(spark, plan) == ["e1", "e2", "e6", "e7"]
-    assert assess(lenient, layout).status != Status.BLOCKED and kafka.lag(plan.source.kafka,
+    assert assess(compile_plan(lenient, layout), layout).status != Status.BLOCKED and kafka.lag(plan.source.kafka,
                                                                        plan.ingestion.checkpoint).lost == {}
 
 

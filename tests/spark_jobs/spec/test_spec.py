@@ -317,7 +317,7 @@ def test_an_application_stream_declares_its_file_and_queries_instead_of_a_source
 def test_a_scheduled_stream_says_when_it_runs_and_how_fresh_it_stays(sensors: dict) -> None:
     sensors["execution"] = {"mode": "scheduled", "schedule": "*/10 * * * *", "freshness": "15 minutes"}
     spec = parse_spec(sensors)
-    assert spec.available_now and spec.execution.describe() == "scheduled (on `*/10 * * * *`; freshness 15 minutes)"
+    assert compile_plan(spec, Layout(spec)).available_now and spec.execution.describe() == "scheduled (on `*/10 * * * *`; freshness 15 minutes)"
     sensors["execution"] = {"mode": "scheduled", "schedule": "2 minutes", "on_input": True, "freshness": "5 minutes"}
     spec = parse_spec(sensors)
     assert spec.execution.interval and "every 2 minutes and when input arrives" in spec.execution.describe()
@@ -334,11 +334,13 @@ def test_a_scheduled_stream_says_when_it_runs_and_how_fresh_it_stays(sensors: di
     sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes"}
     sensors["supervision"] = {"standby": True}
     assert_problem(sensors, "supervision.standby", "holds no driver between its runs")
-    assert not parse_spec({**sensors, "execution": {}, "supervision": {}}).available_now
+    plain = parse_spec({**sensors, "execution": {}, "supervision": {}})
+    assert not compile_plan(plain, Layout(plain)).available_now
     sensors["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "5 minutes", "continuous_above": 50}
     adaptive = parse_spec({**sensors, "supervision": {}}).execution
     assert adaptive.scheduled and adaptive.adaptive and adaptive.down_rate == 25
-    assert not parse_spec({**sensors, "supervision": {}}).available_now  # its supervisor decides run by run
+    decided = parse_spec({**sensors, "supervision": {}})
+    assert not compile_plan(decided, Layout(decided)).available_now  # its supervisor decides run by run
     assert adaptive.describe() == ("adaptive (scheduled when input arrives; continuous from 50 records/s until below 25 "
                                    "for 10 minutes; freshness 5 minutes)")
     sensors["supervision"] = {}
