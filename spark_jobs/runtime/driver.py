@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -77,8 +78,17 @@ APP_SPEC_ENV = "STREAMS_APP_SPEC"
 
 
 def first_line(exc: BaseException) -> str:
+    """The line that says what went wrong: the first of Spark's message, or, for an error that the
+    stream's own Python code raised in a batch (Spark gives its traceback), that error's last line."""
     text = str(getattr(exc, "desc", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    lines = text.splitlines()
+    if "Traceback (most recent call last):" in text:
+        raised = [line.strip() for line in lines if re.match(r"^\s*[A-Za-z_][\w.]*(Error|Exception)\b.*:", line)]
+        if raised:
+            return raised[-1]
+    return lines[0]
 
 
 def stop_between_batches(queries: dict[str, StreamingQuery], checkpoints: Mapping[str, str],
@@ -194,6 +204,7 @@ def _await_any_end(queries: dict[str, StreamingQuery], seconds: float) -> None:
     exit follows at once, not at the next look) or ``seconds`` passed. Spark's own wait raises a
     failed query's error, which the caller reads from the query itself."""
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
 
     if not queries:
         time.sleep(seconds)
@@ -201,7 +212,7 @@ def _await_any_end(queries: dict[str, StreamingQuery], seconds: float) -> None:
     manager = next(iter(queries.values()))._jsq.sparkSession().streams()
     try:
         manager.awaitAnyTermination(int(seconds * 1000))
-    except Py4JJavaError:
+    except (Py4JJavaError, CapturedException):  # as py4j raises it, or as pyspark converts it
         pass
     manager.resetTerminated()  # ended ones are seen by the caller; wait for the next
 

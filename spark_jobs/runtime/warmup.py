@@ -97,7 +97,7 @@ def scratch_plan(plan: StreamPlan, scratch: Path) -> StreamPlan:
     assert plan.source is not None and plan.ingestion is not None
     root = scratch / "checkpoint"
     accepted = str(scratch / "accepted")
-    ingestion = replace(plan.ingestion, checkpoint=str(root / "_ingest"), accepted=accepted,
+    ingestion = replace(plan.ingestion, checkpoint=str(root / "_ingest"), accepted_path=accepted,
                         quarantine=str(scratch / "quarantine") if plan.ingestion.quarantine else None)
 
     def moved(output: OutputPlan) -> OutputPlan:
@@ -111,11 +111,13 @@ def scratch_plan(plan: StreamPlan, scratch: Path) -> StreamPlan:
         else:  # a topic, the console, memory: Parquet in the scratch folder
             sink = ParquetDataset(str(scratch / "sinks" / output.name))
         checkpoint = None if output.checkpoint is None else str(root / output.name)
-        return replace(output, sink=sink, checkpoint=checkpoint)
+        former = None if output.former_checkpoint is None else str(root / output.name)
+        return replace(output, sink=sink, checkpoint=checkpoint, former_checkpoint=former)
 
     outputs = [moved(o) for o in plan.outputs]
     checkpoints = {name: str(root / name) for name in plan.checkpoints}
-    return replace(plan, source=replace(plan.source, landing=str(scratch / "landing")), ingestion=ingestion,
+    source = replace(plan.source, landing=str(scratch / "landing"), archive_path=None)  # nothing archived
+    return replace(plan, source=source, ingestion=ingestion,
                    outputs=outputs, checkpoint_root=str(root), checkpoints=checkpoints)
 
 

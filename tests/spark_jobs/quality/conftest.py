@@ -11,6 +11,7 @@ import pytest
 from runner.testdata import generate
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
+from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.runtime.progress import (
     EventLog,
@@ -26,11 +27,11 @@ from spark_jobs.spec.loading import load_spec
 INCLUDE = default_spec_dir().parent
 
 
-def run_as_the_job(spark, spec, layout: Layout) -> None:
-    """Process what waits (available-now), writing progress and ingestion events as the job does."""
-    plan = analysis.resolve_plan(spark, spec, layout)
+def run_as_the_job(spark, plan: StreamPlan, layout: Layout) -> None:
+    """Process what waits (available-now), writing progress and ingestion events as the job does.
+    ``plan``: the stream's, its transform analyzed (``analysis.resolve_plan``)."""
     events = EventLog(layout.events_file)
-    listener = ProgressListener(events, spec.name, plan.spark_query_names).add(spark)
+    listener = ProgressListener(events, plan.stream, plan.spark_query_names).add(spark)
     try:
         flows.run_available_now(spark, plan, on_batch=events.write)
 
@@ -49,7 +50,7 @@ def run_as_the_job(spark, spec, layout: Layout) -> None:
 @pytest.fixture
 def job_run(spark):
     """:func:`run_as_the_job` with the shared session."""
-    return lambda spec, layout: run_as_the_job(spark, spec, layout)
+    return lambda plan, layout: run_as_the_job(spark, plan, layout)
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +67,7 @@ def closed_run(spark, tmp_path_factory) -> tuple[Path, Path]:
                           "--events-per-file", "40", "--event-interval-ms", "15000", "--seed", "11"]) == 0
     spec = load_spec(spec_path)
     layout = Layout(spec, root, default_spec_dir())
-    run_as_the_job(spark, spec, layout)
+    run_as_the_job(spark, analysis.resolve_plan(spark, spec, layout), layout)
     pristine = root.with_name("pristine")
     shutil.copytree(root, pristine, symlinks=True)
     return root, pristine

@@ -251,7 +251,7 @@ def test_delta_tables_read_with_deltalake_give_sparks_results(spark, include: Pa
     assert generate.main(["--spec", str(include / "streams" / "sensors.yaml"), "--data-root", str(root), "--files", "6",
                           "--events-per-file", "40", "--event-interval-ms", "20000", "--seed", "5"]) == 0
     spec, layout, _ = stream(include, root)
-    job_run(spec, layout)
+    job_run(resolve_plan(spark, spec, layout), layout)
 
     with_spark, spark_dir, without, pandas_dir = both_ways(spark, include, root)
     assert with_spark["ok"] and without["ok"], (with_spark["problems"], without["problems"])

@@ -232,7 +232,6 @@ def test_bad_arguments_name_the_rules_file_and_field(spark, include, data_root) 
 def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(spark, include: Path,
                                                                                  tmp_path: Path) -> None:
     from runner.testdata import generate
-    from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
 
     spec_path = include / "streams" / "sensors.yaml"
@@ -248,7 +247,7 @@ def test_a_sql_output_to_a_table_is_validated_whole_with_its_columns_from_spark(
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "2",
                           "--events-per-file", "20", "--seed", "3"]) == 0
     v = validator(spark, include, root)
-    flows.run_available_now(spark, analysis.resolve_plan(spark, v.spec, v.layout))
+    flows.run_available_now(spark, v.plan)
 
     result = v.run()
     report = next(o for o in result["outputs"] if o["output"] == "hottest")
@@ -286,7 +285,7 @@ def test_a_transformed_stream_is_accounted_with_its_filtered_rows_and_its_rules_
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8", "--events-per-file",
                           "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: an hour closes
     v = validator(spark, include, root)
-    job_run(v.spec, v.layout)
+    job_run(v.plan, v.layout)
 
     result = v.run()
     (ingestion,) = [b for b in result["accounting"]["balances"] if b["output"] == "ingestion"]
@@ -314,7 +313,7 @@ def test_a_windowed_sql_output_to_parquet_is_validated_window_by_window(spark, i
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "8", "--events-per-file",
                           "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: windows close
     v = validator(spark, include, root)
-    job_run(v.spec, v.layout)
+    job_run(v.plan, v.layout)
 
     result = v.run()
     report = next(o for o in result["outputs"] if o["output"] == "site_sql")
@@ -336,7 +335,7 @@ def test_a_stream_whose_accepted_rows_are_a_delta_table_is_accounted_and_its_uni
                           "40", "--event-interval-ms", "15000", "--seed", "5"]) == 0  # 80 minutes: an hour closes
     v = validator(spark, include, root)
     assert v.plan.ingestion.accepted_is_delta and not v.plan.output("readings").written_by_ingestion
-    job_run(v.spec, v.layout)
+    job_run(v.plan, v.layout)
 
     result = v.run()
     assert result["ok"], result["problems"]
@@ -372,7 +371,7 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "6",  # 80 minutes: an hour closes
                           "--events-per-file", "40", "--event-interval-ms", "20000", "--seed", "5"]) == 0
     v = validator(spark, include, root)
-    job_run(v.spec, v.layout)
+    job_run(v.plan, v.layout)
     manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
     report = verify.compare(spark, v.plan, manifest)
     assert report.ok and all(o.actual > 0 for o in report.outputs), report.describe()
@@ -401,7 +400,7 @@ def test_delta_sinks_are_validated_as_of_a_version_that_a_rerun_reads_again(spar
     before = sorted(tuple(r) for r in delta_sink.read_version(spark, status_path, validated).collect())
     assert generate.main(["--spec", str(spec_path), "--data-root", str(root), "--files", "2",
                           "--events-per-file", "30", "--seed", "6"]) == 0
-    job_run(v.spec, v.layout)
+    job_run(v.plan, v.layout)
     assert delta_sink.latest_version(spark, status_path) > validated
     assert sorted(tuple(r) for r in delta_sink.read_version(spark, status_path, validated).collect()) == before
     again = validator(spark, include, root).run()

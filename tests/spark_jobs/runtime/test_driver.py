@@ -106,3 +106,36 @@ def test_a_batch_that_began_as_its_query_was_stopped_is_said_so(tmp_path: Path, 
         driver.stop_between_batches({"views": Query()}, {"views": str(checkpoint)}, grace_seconds=5)
     assert "query views: batch 2 began as it was stopped; it will be replayed on restart" in caplog.text
     assert "stopped between batches" not in caplog.text
+
+
+def test_a_query_that_fails_while_the_driver_waits_is_its_exit_1_and_its_cause(spark, tmp_path: Path) -> None:
+    """Spark's wait raises the failed query's error (as pyspark converts it); the driver reads it
+    from the query and exits 1 naming it, with a ``driver_failed`` event."""
+    import threading
+
+    from spark_jobs.plan import StreamPlan
+    from spark_jobs.runtime.progress import EventLog, read_events
+
+    path = app_spec(tmp_path)
+    layout = Layout(load_spec(path), tmp_path / "data", path.parent)
+    started = threading.Event()
+
+    def fail_later(_frame, batch_id: int) -> None:
+        started.set()
+        if batch_id >= 1:
+            raise ValueError("the third row was bad")
+
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 5).load().writeStream
+             .trigger(processingTime="200 milliseconds").foreachBatch(fail_later)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    events = EventLog(layout.events_file)
+    lease = DriverLease(layout.lease_dir, stream="counts_app").acquire()
+    try:
+        code, cause, stopped = driver.supervise_queries(StreamPlan("counts_app", None, None, None, []), layout,
+                                                        {"counts": query}, threading.Event(), events, lease)
+    finally:
+        lease.release()
+    assert (code, stopped) == (driver.EXIT_FAILED, False) and started.is_set()
+    assert "query counts:" in cause and "the third row was bad" in cause
+    failed = [e for e in read_events(layout.events_file) if e["event"] == "driver_failed"]
+    assert [e["query"] for e in failed] == ["counts"] and "the third row was bad" in failed[0]["error"]
