@@ -21,7 +21,7 @@ WORKDIR /opt/streams
 # the project's pinned stack first (a layer that changes only with pyproject.toml)...
 COPY --chown=airflow:0 pyproject.toml README.md ./
 # (every package folder the project lists must exist for the editable install)
-RUN mkdir -p runner spark_jobs/spec spark_jobs/runtime spark_jobs/sinks spark_jobs/sources spark_jobs/flows spark_jobs/quality runner/testdata \
+RUN mkdir -p runner spark_jobs/stream_spec spark_jobs/runtime spark_jobs/sinks spark_jobs/sources spark_jobs/flows spark_jobs/quality runner/testdata \
              plugins/streamops/hooks plugins/streamops/operators plugins/streamops/sensors plugins/streamops/triggers \
              plugins/streamops/static plugins/streamops/templates spark_jobs/quality/templates \
  && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -e . && pip check

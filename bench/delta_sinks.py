@@ -52,7 +52,7 @@ from bench.harness import (
 )
 from bench.report import Progress, machine, markdown_table, results_path, write_results
 from spark_jobs.runtime.session import connector_jars
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 
 DELTA = "clicks_four_delta"
 DAY_SECONDS, TRIGGER_SECONDS = 86_400, 5

@@ -58,9 +58,9 @@ from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids, file_name, landed_files, processed_files, waiting_files
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.cost import reaped_cpu
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"

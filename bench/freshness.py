@@ -84,8 +84,8 @@ from bench.harness import (
 from bench.report import Progress, latencies, machine, results_path, verdict, write_results
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.session import submit_args
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
 
 TRIGGER_S = 1.0
 #: the variants, in the order they run, and the job of ``bench/throughput_plain.py`` each plain one runs

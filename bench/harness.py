@@ -37,9 +37,9 @@ from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.runtime.session import SESSION_CONF, connector_jars, fenced_checkpoints_conf, local_fs_conf
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     SPARK_TYPES,
     Aggregation,

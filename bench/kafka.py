@@ -78,9 +78,9 @@ from runner.kafka import KafkaBroker, ensure_topics
 from runner.testdata import generate
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.session import connector_jars, submit_args
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import KafkaSource
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import KafkaSource
 
 TOPIC, FRESH_TOPIC = "clicks", "clicks-fresh"
 PARTITIONS = 3

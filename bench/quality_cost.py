@@ -35,11 +35,11 @@ from spark_jobs import analysis
 from spark_jobs.quality.rules import load_rules, targets
 from spark_jobs.quality.validation import Validator, expected_schema, iso
 from spark_jobs.runtime.session import build_session
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 
 
 def unit_frame(spark, rows: int, schema):

@@ -65,9 +65,9 @@ from bench.harness import (
 from bench.report import Progress, machine, results_path, spread, write_results
 from runner.processes import wait_for
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 STREAM = "sensors"
 EVENTS_PER_FILE = 100

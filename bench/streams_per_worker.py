@@ -65,8 +65,8 @@ from spark_jobs.runtime.checkpoint import (
     read_query_checkpoint,
 )
 from spark_jobs.runtime.session import submit_args
-from spark_jobs.spec.layout import project_root
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import project_root
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 KINDS = ("plain", "platform")  # and "standby", on request

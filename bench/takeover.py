@@ -67,9 +67,9 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.standby import READY, standbys
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from spark_jobs.submit import command
 
 #: the supervisor's pause between two standby launches (streamops.supervisor)

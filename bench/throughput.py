@@ -118,7 +118,7 @@ from bench.harness import (
 from bench.report import Progress, machine, pyplot, results_path, save_chart, verdict, write_results
 from spark_jobs.plan import DeltaDataset, ParquetDataset, TableDataset
 from spark_jobs.runtime.session import local_fs_conf
-from spark_jobs.spec.models import Passthrough
+from spark_jobs.stream_spec.models import Passthrough
 
 VARIANTS = {"a": "one parse query", "b": "one query per output", "c": "platform", "d": "one batch job",
             "e": "platform, Delta accepted", "f": "same work, two stages"}

@@ -47,8 +47,8 @@ from bench.harness import child_env, clean_up, kill_descendants, run_generator, 
 from bench.report import Progress, machine, results_path, spread, write_results
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch, sink_files
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
 
 WINDOW = "site_temperature_10m"
 EDITED = {"duration": "15 minutes", "slide": "5 minutes"}

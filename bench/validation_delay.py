@@ -56,9 +56,9 @@ from runner.processes import wait_for
 from spark_jobs.plan import compile_plan
 from spark_jobs.quality.closing import validated_units
 from spark_jobs.quality.ledger import read_ledger
-from spark_jobs.spec.layout import Layout, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import duration_seconds
+from spark_jobs.stream_spec.layout import Layout, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import duration_seconds
 from streamops.health import Status, assess
 from streamops.operators.quality import safe_name
 

@@ -37,9 +37,9 @@ from runner.summary import describe_summary
 from spark_jobs import changes
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
-from spark_jobs.spec.layout import Layout, default_spec_dir, project_root
-from spark_jobs.spec.loading import load_specs
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir, project_root
+from spark_jobs.stream_spec.loading import load_specs
+from spark_jobs.stream_spec.models import StreamSpec
 
 
 def parser() -> argparse.ArgumentParser:

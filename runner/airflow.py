@@ -17,7 +17,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from runner.processes import BIN, PRIVATE, free_port, private_log
-from spark_jobs.spec.layout import project_root
+from spark_jobs.stream_spec.layout import project_root
 
 #: answers worth another try: the API server starting, restarting or overloaded
 RETRIED_STATUSES = (500, 502, 503, 504)

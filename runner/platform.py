@@ -20,8 +20,8 @@ from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
 from runner.summary import summarize, verify_sinks
 from spark_jobs.plan import OutputPlan, TableDataset, compile_plan
-from spark_jobs.spec.layout import Layout, redact
-from spark_jobs.spec.models import KafkaSource, StreamSpec
+from spark_jobs.stream_spec.layout import Layout, redact
+from spark_jobs.stream_spec.models import KafkaSource, StreamSpec
 from streamops import dag_id, tenure
 
 #: how often the platform says where it is while it waits (catching up, stopping, validating)

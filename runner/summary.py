@@ -16,8 +16,8 @@ from runner.processes import output_to
 from spark_jobs.plan import StreamPlan
 from spark_jobs.quality.closing import validation_delays
 from spark_jobs.quality.ledger import read_ledger
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import StreamSpec
 
 
 def verify_sinks(specs: dict[str, StreamSpec], spec_dir: Path, data_root: Path) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     process of its own (its JVM's output stays out of the runner's terminal), its answer in ``F``."""
     import argparse
 
-    from spark_jobs.spec.loading import load_specs
+    from spark_jobs.stream_spec.loading import load_specs
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--spec-dir", type=Path, required=True)

@@ -1,6 +1,6 @@
 """Analysis: a stream's spec becomes its plan, once, after every check only Spark can make.
 
-``spark_jobs.spec`` checks what a spec says on its own, without pyspark. Here, on a
+``spark_jobs.stream_spec`` checks what a spec says on its own, without pyspark. Here, on a
 SparkSession and over no rows: a Spark source (``source: {type: spark}``) must load and
 give its declared columns; the stream's transform (``transform: {sql|python}``) must read
 the rows it is given (view ``input``) row by row (no aggregation, sort or limit: it runs on
@@ -40,8 +40,8 @@ from spark_jobs.plan import (
 from spark_jobs.quality.rules import load_rules, rules_path, unknown_columns
 from spark_jobs.sinks.table import spec_type
 from spark_jobs.sources import kafka as kafka_source
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
     INPUT_VIEW,

@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import DeltaDataset, OutputPlan, StreamPlan
 from spark_jobs.quality import closing
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import accepted_last_batch, sink_files
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
-from spark_jobs.runtime.files import write_atomically
 from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.sinks import delta_log
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import (
     EVENT_DATE_COLUMN,
     WINDOW_END,
     WINDOW_START,

@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.plan import OutputPlan, StreamPlan
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import last_batch
-from spark_jobs.runtime.files import write_atomically
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import INGEST_FLOW, Aggregation, Passthrough, PythonQuery, SqlQuery, duration_seconds
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import INGEST_FLOW, Aggregation, Passthrough, PythonQuery, SqlQuery, duration_seconds
 
 UNCHANGED, COMPATIBLE, NEW, RETIRED = "unchanged", "compatible", "new", "retired"
 REBUILD, REPROCESS, UNKNOWN = "rebuild", "reprocess", "unknown"

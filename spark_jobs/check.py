@@ -2,7 +2,7 @@
 
     python -m spark_jobs.check include/streams/*.yaml
 
-loads each spec (``spark_jobs.spec``) and analyzes it on a local SparkSession over no rows
+loads each spec (``spark_jobs.stream_spec``) and analyzes it on a local SparkSession over no rows
 (``spark_jobs.analysis``); exits 0 when every spec passes, 2 otherwise, each problem naming
 the file, the field and Spark's own message (a Kafka source's broker must answer and its
 topics exist). For a stream that has run (under ``--data-root``), it also prints the verdict
@@ -22,9 +22,9 @@ from spark_jobs import changes
 from spark_jobs.analysis import analyze
 from spark_jobs.runtime.checkpoint import previous_plan
 from spark_jobs.sources.kafka import KafkaUnavailable
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError
 
 
 def main(argv: list[str] | None = None) -> int:

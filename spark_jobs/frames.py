@@ -18,10 +18,10 @@ from pyspark.sql.types import StructType
 
 from spark_jobs import user_code
 from spark_jobs.plan import IngestionPlan, JoinPlan, OutputPlan, SourcePlan, StreamPlan
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.sinks.delta import create_table
 from spark_jobs.sources import kafka as kafka_source
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     ACCEPTED_VIEW,
     CORRUPT_RECORD_COLUMN,
     RAW_BYTES_COLUMN,

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import delta_read_through
 from spark_jobs.sinks.delta import commit_time, retry_conflicts
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError, duration_seconds
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError, duration_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

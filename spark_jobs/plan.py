@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_jobs.runtime.files import write_atomically
-from spark_jobs.spec.layout import redact
-from spark_jobs.spec.models import (
+from spark_jobs.runtime.atomic import write_atomically
+from spark_jobs.stream_spec.layout import redact
+from spark_jobs.stream_spec.models import (
     ACCEPTED_TABLE,
     CODE_QUERIES,
     CORRUPT_RECORD_COLUMN,
@@ -65,7 +65,7 @@ from spark_jobs.spec.models import (
 )
 
 if TYPE_CHECKING:
-    from spark_jobs.spec.layout import Layout
+    from spark_jobs.stream_spec.layout import Layout
 
 
 #: The quarantine table's columns (``spark_jobs.flows.ingestion.quarantine_columns``): the

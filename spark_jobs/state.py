@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch
 from spark_jobs.runtime.clock import iso
-from spark_jobs.runtime.files import write_atomically
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -65,8 +65,8 @@ from spark_jobs.runtime.standby import (
     take_over,
 )
 from spark_jobs.sources.kafka import KafkaUnavailable
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     SpecError,
     StreamSpec,

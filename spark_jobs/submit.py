@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_jobs.runtime.session import connector_jars, fenced_checkpoints_conf, local_fs_conf
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError, StreamSpec
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError, StreamSpec
 
 JOBS_DIR = Path(__file__).resolve().parent
 #: each job's entry point (``spark_jobs/<file>``)

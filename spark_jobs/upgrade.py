@@ -64,12 +64,12 @@ from spark_jobs.plan import (
     TableDataset,
     compile_plan,
 )
+from spark_jobs.runtime.atomic import exchange, write_atomically
 from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
 from spark_jobs.runtime.clock import iso
-from spark_jobs.runtime.files import exchange, write_atomically
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError, Trigger
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

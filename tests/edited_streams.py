@@ -15,8 +15,8 @@ from runner.testdata import generate
 from spark_jobs import changes, stream_job
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import previous_plan
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
 
 #: event time between two generated events: 200 events span 40 minutes, so windows close
 EVENT_INTERVAL_MS = 12_000

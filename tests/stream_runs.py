@@ -14,12 +14,12 @@ from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import query_name
 from spark_jobs.runtime.progress import summarize
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import Trigger
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import Trigger
 
 T0 = datetime(2026, 1, 1)
 _names = itertools.count()

@@ -105,7 +105,7 @@ def test_the_image_makes_every_package_folder_before_its_editable_install() -> N
 #: where a stream's spec and its layout meet: the spec's own package, the plan's compilation
 #: (``plan``, and ``analysis``, which completes it with what only Spark knows), and the driver's
 #: one call of it; everything else works from the compiled plan
-COMPILATION = ("spark_jobs/spec/", "spark_jobs/plan.py", "spark_jobs/analysis.py")
+COMPILATION = ("spark_jobs/stream_spec/", "spark_jobs/plan.py", "spark_jobs/analysis.py")
 COMPILES = {("spark_jobs/stream_job.py", "_run")}
 
 

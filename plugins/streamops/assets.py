@@ -20,7 +20,7 @@ from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, AssetWatcher, Cron
 
 from spark_jobs.plan import FilesDataset, StreamPlan, TableDataset
 from spark_jobs.quality.rules import QualityRules
-from spark_jobs.spec.models import StreamSpec, duration_seconds
+from spark_jobs.stream_spec.models import StreamSpec, duration_seconds
 from streamops import dag_id
 from streamops.triggers.input_waiting import InputWaitingTrigger
 from streamops.triggers.sink_units import SinkUnitsTrigger

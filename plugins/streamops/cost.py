@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from spark_jobs.runtime.history import MINUTE, STREAM, History
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 #: the history's metrics of a stream's cost
 CPU, RSS = "driver_cpu_s", "driver_rss_mb"

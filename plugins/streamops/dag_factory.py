@@ -23,7 +23,7 @@ For a stream ``<name>`` (spec ``include/streams/<name>.yaml``):
 A stream that is an application of the user's own (``application:`` in its spec) gets the
 first three: it is deployed, supervised, stopped and restarted like the others.
 
-An invalid spec (or quality rules file) raises :class:`~spark_jobs.spec.SpecError` here, so the DAG file shows an
+An invalid spec (or quality rules file) raises :class:`~spark_jobs.stream_spec.SpecError` here, so the DAG file shows an
 import error naming the spec file and field, and nothing is deployed from it.
 """
 
@@ -40,13 +40,13 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from spark_jobs import submit
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.quality.rules import load_rules, rules_path
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_data_root,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import DURATION_PATTERN, StreamSpec
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import DURATION_PATTERN, StreamSpec
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, run_schedule, sink_assets

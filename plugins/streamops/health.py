@@ -31,6 +31,7 @@ from enum import StrEnum
 from typing import Any
 
 from spark_jobs.plan import StreamPlan
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import (
     QueryCheckpoint,
     batch_planned_by,
@@ -45,7 +46,6 @@ from spark_jobs.runtime.checkpoint import (
     waiting_files,
 )
 from spark_jobs.runtime.clock import ago
-from spark_jobs.runtime.files import write_atomically
 from spark_jobs.runtime.history import STREAM, History
 from spark_jobs.runtime.lease import (
     holder_alive,
@@ -54,8 +54,8 @@ from spark_jobs.runtime.lease import (
 )
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.sources.kafka import KafkaUnavailable, lag
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     Restart,
     duration_seconds,

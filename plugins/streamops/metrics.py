@@ -6,7 +6,7 @@ shows into Prometheus' text format (``prometheus_client``): each stream's status
 records, the last validation; a Kafka source's records behind as its supervisor last
 measured them: no broker is asked, no Spark runs) and each flow's figures from the stream's
 history (``spark_jobs.runtime.history``), over the last hour as the flow graph counts them
-(``views.flow`` with ``range=1h``). So a scrape's figures are the page's at the same moment.
+(``page_data.flow`` with ``range=1h``). So a scrape's figures are the page's at the same moment.
 
 A flow is the ingestion (label ``flow="ingestion"``) or an output with a query of its own
 (its name), as on the stream's page. :data:`METRICS` names and explains every metric; a
@@ -39,8 +39,8 @@ from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.clock import epoch_seconds
 from spark_jobs.runtime.history import STREAM, History, Point
 from spark_jobs.runtime.standby import READY, TAKING_OVER, WARMING
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.health import Status
 from streamops.ui_guard import current_user
 

@@ -18,8 +18,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.runtime.files import write_atomically
-from spark_jobs.spec.models import Restart
+from spark_jobs.runtime.atomic import write_atomically
+from spark_jobs.stream_spec.models import Restart
 
 MAX_RECORDS = 200
 

@@ -1,6 +1,6 @@
 """Sizing by lag: what a continuous driver's micro-batch should take, from what waits and what arrives.
 
-A stream with ``execution.sizing`` (``spark_jobs.spec.models.Sizing``) is observed by its
+A stream with ``execution.sizing`` (``spark_jobs.stream_spec.models.Sizing``) is observed by its
 supervisor over windows of ``every``: the units its ingestion took (landing files, from its
 checkpoint's source log; or Kafka records, from its progress), the seconds its batches ran, and
 the backlog (files waiting, records behind) at both ends of the window. From them, as the Flink
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.runtime.checkpoint import processed_files
 from spark_jobs.runtime.progress import batches_logged
-from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
+from spark_jobs.stream_spec.models import INGEST_FLOW, duration_seconds
 
 if TYPE_CHECKING:
     from spark_jobs.plan import StreamPlan
-    from spark_jobs.spec.layout import Layout
+    from spark_jobs.stream_spec.layout import Layout
     from streamops.health import Health
 
 #: a recommendation is recorded again once it differs from the last by this share

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from spark_jobs.runtime.progress import read_events, rows_read
-from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
+from spark_jobs.stream_spec.models import INGEST_FLOW, duration_seconds
 from streamops.health import NO_RESTART, RUNNING, Health, Status
 
 if TYPE_CHECKING:
     from spark_jobs.runtime.lease import Holder
-    from spark_jobs.spec.models import Execution, Supervision
+    from spark_jobs.stream_spec.models import Execution, Supervision
     from streamops.restarts import RestartBudget, Run
     from streamops.tenure import Tenure
 
@@ -162,7 +162,7 @@ class Supervisor:
         #: the last driver this task ran, once it ended
         self.ended: Driver | None = None
         self.available_now = False
-        #: an adaptive stream's execution (spark_jobs.spec.models.Execution), and when its last run before
+        #: an adaptive stream's execution (spark_jobs.stream_spec.models.Execution), and when its last run before
         #: this task's began; None: not adaptive
         self.adaptive: Execution | None = None
         self.previous_began: float | None = None

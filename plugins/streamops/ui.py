@@ -13,7 +13,7 @@ at :data:`streamops.STREAMS_URL` (``/streams``):
   (landing directory, ingestion, outputs, sinks, quarantine: rows in and out, status,
   latest data-quality result), and forms that trigger its DAGs with their params (start,
   stop graceful or immediate, restart, backfill a range, validate); the charts' and the
-  graph's data at ``/<stream>/api/charts`` and ``/<stream>/api/flow`` (``streamops.views``);
+  graph's data at ``/<stream>/api/charts`` and ``/<stream>/api/flow`` (``streamops.page_data``);
 * ``/static/``: the pages' script and Plotly's, installed with the project;
 * ``/<stream>/quality/``: its data-quality summary, and ``/<stream>/quality/docs/`` its
   Great Expectations Data Docs;
@@ -47,14 +47,14 @@ from spark_jobs.runtime.clock import ago
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.session import uses_delta
 from spark_jobs.runtime.standby import standbys
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_data_root,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_specs
-from spark_jobs.spec.models import StreamSpec
-from streamops import DAG_ROLES, dag_id, metrics, views
+from spark_jobs.stream_spec.loading import load_specs
+from spark_jobs.stream_spec.models import StreamSpec
+from streamops import DAG_ROLES, dag_id, metrics, page_data
 from streamops.cost import summary as cost_summary
 from streamops.ui_guard import (
     CSRF_FIELD,
@@ -198,7 +198,7 @@ def status_json(user: User) -> JSONResponse:
 
 @app.get("/api/trends")
 def trends_json(user: User) -> JSONResponse:
-    return JSONResponse([views.trend(*_compiled(spec)) for spec in _readable(user)])
+    return JSONResponse([page_data.trend(*_compiled(spec)) for spec in _readable(user)])
 
 
 #: what ``/static/`` serves: the pages' script, and Plotly's from the plotly package
@@ -221,23 +221,23 @@ def static_file(name: str, user: User) -> FileResponse:
 
 def _range(value: str) -> str:
     try:
-        views.range_seconds(value)
-    except views.RangeError as exc:
+        page_data.range_seconds(value)
+    except page_data.RangeError as exc:
         raise HTTPException(400, str(exc)) from None
     return value
 
 
 @app.get("/{stream}/api/charts")
-def charts_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
+def charts_json(stream: str, user: User, range: str = page_data.DEFAULT_RANGE) -> JSONResponse:
     plan, layout = _compiled(_spec(stream, user))
-    return JSONResponse(views.charts(plan, layout, _range(range)))
+    return JSONResponse(page_data.charts(plan, layout, _range(range)))
 
 
 @app.get("/{stream}/api/flow")
-def flow_json(stream: str, user: User, range: str = views.DEFAULT_RANGE) -> JSONResponse:
+def flow_json(stream: str, user: User, range: str = page_data.DEFAULT_RANGE) -> JSONResponse:
     spec = _spec(stream, user)
     plan, layout = _compiled(spec)
-    return JSONResponse(views.flow(plan, layout, stream_status(plan, layout, description=spec.description),
+    return JSONResponse(page_data.flow(plan, layout, stream_status(plan, layout, description=spec.description),
                                    _range(range)))
 
 
@@ -257,7 +257,7 @@ def dag_page(dag: str, user: User) -> RedirectResponse:
     raise HTTPException(404, f"{dag} is not a stream's DAG")
 
 
-#: the charts of a stream's page, in order (streamops.views.charts)
+#: the charts of a stream's page, in order (streamops.page_data.charts)
 CHARTS = ("rates", "durations", "backlog", "lag", "state", "quarantine", "cost")
 
 #: action -> (the role of the DAG it triggers, what it does)
@@ -302,21 +302,21 @@ def _recent_runs(dag: str) -> list[dict[str, Any]]:
 
 @app.get("/{stream}/", response_class=HTMLResponse)
 def stream_page(stream: str, request: Request, user: User, triggered: str | None = None,
-                range: str = views.DEFAULT_RANGE) -> str:
+                range: str = page_data.DEFAULT_RANGE) -> str:
     spec = _spec(stream, user)
     plan, layout = _compiled(spec)
     chosen = _range(range)
     actions = [{"name": action, "what": what, "dag": dag_id(stream, role)}
                for action, (role, what) in _actions(spec).items()]
-    tables = views.delta_tables(plan) if uses_delta(spec) else []
+    tables = page_data.delta_tables(plan) if uses_delta(spec) else []
     maintenance = dag_id(stream, "maintenance")
     runs = _recent_runs(maintenance) if tables and _allowed(user, maintenance) else []
     status = stream_status(plan, layout, description=spec.description)
-    held = views.state(layout, status.get("last_committed") or {}) if plan.application is None else None
-    history = views.plans(plan, layout) if plan.application is None else None
+    held = page_data.state(layout, status.get("last_committed") or {}) if plan.application is None else None
+    history = page_data.plans(plan, layout) if plan.application is None else None
     return TEMPLATES.get_template("stream.html").render(
         stream=stream, description=spec.description, triggered=triggered, status=status, state=held, plans=history,
-        ranges=views.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
+        ranges=page_data.RANGES, chosen=chosen, charts=CHARTS, actions=actions, csrf_field=CSRF_FIELD,
         csrf_token=csrf_token(request), refresh=False, static="../", tables=tables, maintenance=maintenance,
         maintenance_runs=runs)
 

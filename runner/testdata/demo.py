@@ -23,14 +23,14 @@ from pathlib import Path
 from runner.testdata import generate
 from spark_jobs.plan import TableDataset
 from spark_jobs.runtime.session import connector_jars, submit_args
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_data_root,
     default_spec_dir,
     redact,
 )
-from spark_jobs.spec.loading import load_specs
-from spark_jobs.spec.models import KafkaSource
+from spark_jobs.stream_spec.loading import load_specs
+from spark_jobs.stream_spec.models import KafkaSource
 
 STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
 QUALITY_JOB = Path(__file__).resolve().parents[1] / "quality_job.py"

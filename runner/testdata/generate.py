@@ -57,13 +57,13 @@ from typing import Any
 from runner.testdata import groundtruth as gt
 from runner.testdata.records import GeneratorError, RecordMaker, Settings
 from spark_jobs.plan import StreamPlan, compile_plan
-from spark_jobs.runtime.files import write_atomically
-from spark_jobs.spec.layout import (
+from spark_jobs.runtime.atomic import write_atomically
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_data_root,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError
 
 DEFAULT_START = "2026-01-01T00:00:00Z"
 STATE_VERSION = 1

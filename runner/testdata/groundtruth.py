@@ -57,7 +57,7 @@ from typing import Any
 
 from spark_jobs.plan import EventTimePlan, JoinPlan, OutputPlan, StreamPlan
 from spark_jobs.runtime import clock
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
     WINDOW_END,

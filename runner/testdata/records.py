@@ -28,7 +28,7 @@ from typing import Any
 
 from runner.testdata import groundtruth as gt
 from spark_jobs.plan import StreamPlan
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     Aggregation,
     Column,
 )

@@ -36,7 +36,7 @@ from urllib.parse import quote, unquote, urlsplit
 from runner.testdata import groundtruth as gt
 from spark_jobs.plan import QUARANTINE_DDL, DeltaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset
 from spark_jobs.runtime.clock import iso_ms
-from spark_jobs.spec.models import CODE_QUERIES
+from spark_jobs.stream_spec.models import CODE_QUERIES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -481,7 +481,7 @@ def agreement(spark: SparkSession, plan: StreamPlan, uncertain: dict[str, list] 
         batch_watermark_ms,
         last_batch,
     )
-    from spark_jobs.spec.models import (
+    from spark_jobs.stream_spec.models import (
         WINDOW_END,
         Aggregation,
     )

@@ -58,7 +58,7 @@ from spark_jobs.plan import IngestionPlan, SourcePlan, StreamPlan
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, query_id, reads_nothing
 from spark_jobs.sinks.delta import DeltaAppender
 from spark_jobs.sinks.files import FileSinkWriter
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     CORRUPT_RECORD_COLUMN,
     EVENT_DATE_COLUMN,
     INGEST_FLOW,

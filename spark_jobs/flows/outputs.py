@@ -21,7 +21,7 @@ from spark_jobs.plan import (
 from spark_jobs.sinks.delta import foreach_delta_batch
 from spark_jobs.sinks.kafka import foreach_kafka_batch
 from spark_jobs.sinks.table import foreach_table_batch
-from spark_jobs.spec.models import Aggregation
+from spark_jobs.stream_spec.models import Aggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

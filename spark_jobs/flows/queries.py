@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from spark_jobs.flows.ingestion import ingestion_writer
 from spark_jobs.flows.outputs import output_writer
 from spark_jobs.plan import StreamPlan
-from spark_jobs.spec.models import INGEST_FLOW, Trigger
+from spark_jobs.stream_spec.models import INGEST_FLOW, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

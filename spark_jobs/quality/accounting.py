@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, TableDataset
-from spark_jobs.spec.models import Aggregation, Passthrough
+from spark_jobs.stream_spec.models import Aggregation, Passthrough
 
 BALANCED, UNBALANCED, PENDING, INCOMPLETE, NOT_CHECKABLE = (
     "balanced", "unbalanced", "pending", "incomplete", "not checkable")

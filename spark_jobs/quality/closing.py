@@ -31,7 +31,7 @@ from spark_jobs.runtime.checkpoint import (
     watermark_seen_by,
 )
 from spark_jobs.runtime.clock import epoch_ms, iso
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     Aggregation,
     duration_seconds,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from spark_jobs.plan import OutputPlan, StreamPlan
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.clock import EPOCH, from_ms
 from spark_jobs.sinks import delta_log
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     CODE_QUERIES,
     EVENT_DATE_COLUMN,
     WINDOW_END,

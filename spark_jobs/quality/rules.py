@@ -37,11 +37,11 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from spark_jobs.plan import DeltaDataset, OutputPlan, ParquetDataset, StreamPlan, TableDataset, result_columns
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_yaml,
     yaml_problem,
 )
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     CODE_QUERIES,
     WINDOW_END,
     WINDOW_START,
@@ -52,7 +52,7 @@ from spark_jobs.spec.models import (
     StreamSpec,
     Strict,
 )
-from spark_jobs.spec.validation import field_problems
+from spark_jobs.stream_spec.validation import field_problems
 
 EXPECTATION_NAME = re.compile(r"^expect_[a-z0-9_]+$")
 #: Arguments that name columns of the output, checked against its result columns.
@@ -195,7 +195,7 @@ def targets(plan: StreamPlan, rules: QualityRules, code_columns: dict[str, list[
     the result columns of SQL and Python outputs to Parquet, as Spark analyzes them: one
     with ``window_start`` and ``window_end`` is cut into windows, one with the event-time
     column into periods."""
-    from spark_jobs.spec.models import duration_seconds
+    from spark_jobs.stream_spec.models import duration_seconds
 
     found, skipped = [], []
     event_time = plan.event_time_column

@@ -58,8 +58,8 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.sinks import delta_log
 from spark_jobs.sinks import table as table_sink
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import (
     ACCEPTED_TABLE,
     CODE_QUERIES,
     INGEST_FLOW,

@@ -31,7 +31,7 @@ from spark_jobs.runtime.checkpoint import (
     last_batch,
     processed_files,
 )
-from spark_jobs.spec.models import INGEST_FLOW, duration_seconds
+from spark_jobs.stream_spec.models import INGEST_FLOW, duration_seconds
 
 
 @dataclass

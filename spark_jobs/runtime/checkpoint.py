@@ -31,7 +31,7 @@ from spark_jobs.plan import IngestionPlan, StreamPlan, own_accepted_path
 from spark_jobs.sinks import delta_log
 
 if TYPE_CHECKING:
-    from spark_jobs.spec.layout import Layout
+    from spark_jobs.stream_spec.layout import Layout
 
 
 def batch_ids(checkpoint: str | os.PathLike[str], log: str) -> list[int]:

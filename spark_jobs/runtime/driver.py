@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import last_batch
-from spark_jobs.runtime.files import write_atomically
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import (
     DriverLease,
@@ -53,9 +53,9 @@ from spark_jobs.runtime.lease import (
     host_id,
 )
 from spark_jobs.runtime.progress import EventLog
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import (
     SpecError,
     StreamSpec,
     Supervision,

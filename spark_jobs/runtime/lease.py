@@ -45,7 +45,7 @@ from typing import TypeVar
 
 import psutil
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

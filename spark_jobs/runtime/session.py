@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from spark_jobs.spec.models import StreamSpec
+    from spark_jobs.stream_spec.models import StreamSpec
 
 #: Session settings every stream needs. Filter pushdown into the JSON and CSV readers is
 #: off so that the ingestion's numInputRows counts every record read (the accounting of

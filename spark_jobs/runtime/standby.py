@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.lease import (
     SUPERVISORS,
     DriverLease,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from spark_jobs.plan import OutputPlan
 from spark_jobs.runtime.checkpoint import query_id
 from spark_jobs.runtime.lease import fence, held_epoch
-from spark_jobs.spec.models import Aggregation
+from spark_jobs.stream_spec.models import Aggregation
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -32,8 +32,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from spark_jobs.spec.layout import redact
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import redact
+from spark_jobs.stream_spec.models import (
     NAME_PATTERN,
     SPARK_TYPES,
 )

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spark_jobs.spec.layout import default_spec_dir
-from spark_jobs.spec.loading import spec_files
+from spark_jobs.stream_spec.layout import default_spec_dir
+from spark_jobs.stream_spec.loading import spec_files
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"

@@ -16,7 +16,7 @@ from spark_jobs.runtime.lease import (
     overlaps,
 )
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import Layout
+from spark_jobs.stream_spec.layout import Layout
 
 ROOT = Path(__file__).resolve().parents[2]
 #: screenshots of the pages the browser tests open

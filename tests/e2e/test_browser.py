@@ -19,12 +19,12 @@ from airflow_harness import ARTIFACTS, CHROMIUM_FLAGS, Airflow, sign_in, stream_
 from runner.testdata import generate
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

@@ -28,9 +28,9 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.lease import record_numbers
 from spark_jobs.sinks.delta import committed_batches
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 pytestmark = pytest.mark.e2e
 

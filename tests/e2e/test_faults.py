@@ -45,9 +45,9 @@ from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.standby import standbys
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

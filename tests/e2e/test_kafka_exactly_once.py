@@ -40,9 +40,9 @@ from spark_jobs.runtime.progress import read_events
 from spark_jobs.sinks import delta_log
 from spark_jobs.sinks.kafka import BATCH_HEADER
 from spark_jobs.sources import kafka
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec, parse_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec, parse_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

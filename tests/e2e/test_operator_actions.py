@@ -60,9 +60,9 @@ from spark_jobs.runtime.lease import (
     read_holder,
 )
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
 )
 from streamops.health import Status, assess

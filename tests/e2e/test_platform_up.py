@@ -18,11 +18,11 @@ from airflow_harness import ARTIFACTS, CHROMIUM_FLAGS, free_port, sign_in, strea
 
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_specs
+from spark_jobs.stream_spec.loading import load_specs
 
 pytestmark = pytest.mark.e2e
 

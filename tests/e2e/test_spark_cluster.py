@@ -30,9 +30,9 @@ from airflow_harness import (
 from runner.testdata import generate, verify
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import last_batch
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.health import Status, assess
 
 pytestmark = pytest.mark.e2e

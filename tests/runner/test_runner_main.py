@@ -13,9 +13,9 @@ import pytest
 from runner.__main__ import main, parser
 from runner.processes import free_port
 from spark_jobs.plan import compile_plan
-from spark_jobs.spec.layout import Layout, default_spec_dir, project_root
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import ParquetSink
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir, project_root
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import ParquetSink
 
 
 def test_up_options_and_their_defaults() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from runner.platform import Platform
-from spark_jobs.spec.layout import default_spec_dir
-from spark_jobs.spec.loading import load_specs
+from spark_jobs.stream_spec.layout import default_spec_dir
+from spark_jobs.stream_spec.loading import load_specs
 
 
 class FakeAirflow:

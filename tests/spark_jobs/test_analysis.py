@@ -18,9 +18,9 @@ import yaml
 from runner.kafka import ensure_topics
 from spark_jobs import analysis, check
 from spark_jobs.plan import StreamPlan, compile_plan
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import KafkaSource, SpecError, StreamSpec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import KafkaSource, SpecError, StreamSpec
 
 CORPUS = Path(__file__).resolve().parent / "bad_sql"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -117,7 +117,7 @@ def test_the_command_checks_every_file_and_exits_2_if_one_fails(tmp_path: Path, 
 def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, tmp_path: Path, monkeypatch,
                                                                           caplog) -> None:
     from spark_jobs import stream_job
-    from spark_jobs.spec.layout import Layout
+    from spark_jobs.stream_spec.layout import Layout
 
     path = CORPUS / "append_aggregation_without_window.yaml"
     monkeypatch.setattr("spark_jobs.runtime.session.build_session", lambda *a, **kw: spark)
@@ -134,7 +134,7 @@ def test_the_stream_job_exits_2_on_a_bad_query_before_it_starts_anything(spark, 
 def test_the_stream_job_runs_a_transform_as_spark_analyzed_it(spark, tmp_path: Path, monkeypatch) -> None:
     from spark_jobs import stream_job
     from spark_jobs.frames import accepted_batch
-    from spark_jobs.spec.layout import Layout
+    from spark_jobs.stream_spec.layout import Layout
 
     readings = {"name": "readings", "mode": "append", "query": {"type": "passthrough"},
                 "sink": {"type": "parquet", "path": "sinks/sensors/readings", "partition_by": ["event_date"]}}
@@ -266,7 +266,7 @@ def test_a_stream_with_delta_tables_is_refused_without_delta_s_jars_or_extension
     from types import SimpleNamespace
 
     from spark_jobs.analysis import _delta_problems
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.loading import parse_spec
 
     spec = parse_spec({"name": "to_delta", "checkpoint": "checkpoints/to_delta", "source": {"type": "rate"},
                        "outputs": [{"name": "rows", "mode": "append", "query": {"type": "passthrough"},

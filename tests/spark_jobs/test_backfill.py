@@ -14,15 +14,15 @@ from runner.testdata import generate
 from spark_jobs import analysis, backfill
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.models import SpecError
 
 SPEC = default_spec_dir() / "sensors.yaml"
 START, END = "2026-01-01T00:01:00Z", "2026-01-01T00:03:00Z"

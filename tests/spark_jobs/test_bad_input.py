@@ -33,12 +33,12 @@ from runner.testdata import generate, verify
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import enriched_columns
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 SPEC_DIR = default_spec_dir()
 ACCEPTED = "accepted"

@@ -14,8 +14,8 @@ from runner.testdata import generate
 from spark_jobs import changes, stream_job
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import sink_files
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
 
 EDITS = {
     "a window edited in place": (lambda d: window(d, window={"duration": "15 minutes", "slide": "5 minutes"}),
@@ -193,17 +193,17 @@ def test_a_driver_compiles_its_plan_once_and_not_again_at_a_graceful_stop(spark,
 
 
 def test_the_stream_s_page_lists_its_plans_and_the_pending_change_s_verdicts(spark, stream, monkeypatch) -> None:
-    from streamops import views
+    from streamops import page_data
 
     spec_file, data = stream
     spec = load_spec(spec_file)
     layout = Layout(spec, data, spec_file.parent)
-    first = views.plans(compile_plan(spec, layout), layout)
+    first = page_data.plans(compile_plan(spec, layout), layout)
     assert [p["number"] for p in first["started"]] == [1] and first["pending"] == []  # the run's own start
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # nothing new: it starts, keeps a plan
     edit(spec_file, EDITS["a grouping key added"][0])
     spec = load_spec(spec_file)
-    shown = views.plans(compile_plan(spec, layout), layout)
+    shown = page_data.plans(compile_plan(spec, layout), layout)
     assert [p["number"] for p in shown["started"]] == [2, 1] and shown["started"][0]["at"].endswith("Z")
     pending = {v["flow"]: v for v in shown["pending"]}
     assert pending["site_temperature_10m"]["verdict"] == "rebuild" and not pending["site_temperature_10m"]["runnable"]

@@ -10,7 +10,7 @@ import pytest
 
 from spark_jobs.frames import reference_frame
 from spark_jobs.plan import JoinPlan
-from spark_jobs.spec.models import Column
+from spark_jobs.stream_spec.models import Column
 
 
 def devices(path: Path) -> JoinPlan:

@@ -15,9 +15,9 @@ from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.lease import DriverLease
 from spark_jobs.sinks.delta import committed_batches, is_conflict, read_version, retry_conflicts
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import Trigger
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import Trigger
 
 PER_DEVICE = {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}
 

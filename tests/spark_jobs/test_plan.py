@@ -9,15 +9,15 @@ import pytest
 import yaml
 
 from spark_jobs.plan import compile_plan, ddl, query_name, written_by_ingestion
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 SPEC_DIR = default_spec_dir()
 

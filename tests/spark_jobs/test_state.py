@@ -16,8 +16,8 @@ from spark_jobs import analysis, state
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import load_spec
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from spark_jobs import plan as plan_module
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import StreamSpec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import StreamSpec
 
 SENSORS = default_spec_dir() / "sensors.yaml"
 #: the driver's start: the first call that starts the stream's flows

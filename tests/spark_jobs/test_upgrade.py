@@ -28,8 +28,8 @@ from spark_jobs.runtime.checkpoint import (
 )
 from spark_jobs.runtime.clock import from_ms
 from spark_jobs.sinks.table import open_database
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
 
 WINDOW = "site_temperature_10m"
 TABLE = "device_status"

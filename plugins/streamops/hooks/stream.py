@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from airflow.sdk import BaseHook
 
 from spark_jobs.plan import StreamPlan, compile_plan
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.lease import (
     Holder,
     holder_alive,
@@ -22,13 +22,13 @@ from spark_jobs.runtime.lease import (
     process_start,
     read_holder,
 )
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_data_root,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError, StreamSpec
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError, StreamSpec
 from streamops.health import Health, assess
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class StreamHook(BaseHook):
             waiting_files,
         )
         from spark_jobs.runtime.history import History
-        from spark_jobs.spec.models import INGEST_FLOW
+        from spark_jobs.stream_spec.models import INGEST_FLOW
 
         source = self.plan.source
         if health.backlog_records is not None:  # a Kafka source: records behind the broker

@@ -9,7 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Context
 
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.operators import job_path
 
 BACKFILL_JOB = job_path("backfill.py")

@@ -14,7 +14,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops import STREAMS_URL
 from streamops.hooks.stream import StreamHook
 from streamops.operators import job_path
@@ -86,7 +86,7 @@ class ValidateStreamOperator(SparkSubmitOperator):
         from spark_jobs.quality.pandas_engine import NeedsSpark
         from spark_jobs.quality.rules import load_rules
         from spark_jobs.quality_job import run_without_spark
-        from spark_jobs.spec.models import SpecError
+        from spark_jobs.stream_spec.models import SpecError
 
         try:
             result = run_without_spark(hook.plan, hook.layout, load_rules(hook.spec, hook.spec_dir))

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import read_holder, release_dead
 from spark_jobs.runtime.progress import EventLog, rows_read
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops import tenure
 from streamops.health import Health, Status
 from streamops.hooks.stream import StreamHook

@@ -14,7 +14,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from spark_jobs import upgrade
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.health import RUNNING
 from streamops.hooks.stream import StreamHook
 from streamops.operators import job_path

@@ -1,6 +1,6 @@
 // The Streams pages' charts, flow graphs and trends, drawn with Plotly (served by this
 // plugin from the plotly package the project installs). Every number comes from the
-// pages' own JSON (streamops.views); nothing here builds HTML from data (textContent only).
+// pages' own JSON (streamops.page_data); nothing here builds HTML from data (textContent only).
 (function () {
   "use strict";
   const STATUS = {healthy: "#2e7d32", idle: "#2e7d32", passed: "#2e7d32", lagging: "#b7791f",

@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 from streamops.triggers import file_state, read_json
 
 #: the file, beside the lease, that says when the watcher last asked for a run
@@ -65,7 +65,7 @@ class InputWaitingTrigger(BaseEventTrigger):
     def check(self, now: float | None = None) -> dict[str, Any] | None:
         """The payload of the input's next asset event, or None: nothing waits, a run is under way or
         already asked for, the stream is stopped on purpose, or it does not run on input (any more)."""
-        from spark_jobs.spec.models import duration_seconds
+        from spark_jobs.stream_spec.models import duration_seconds
         from streamops.health import Status
 
         now = time.time() if now is None else now

@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 from streamops.triggers import file_state, read_json
 
 
@@ -50,7 +50,7 @@ class SinkUnitsTrigger(BaseEventTrigger):
         soon after the last one). Records what it announces."""
         from spark_jobs.quality.closing import Closed, announcement, closed
         from spark_jobs.quality.ledger import read_ledger
-        from spark_jobs.spec.models import duration_seconds
+        from spark_jobs.stream_spec.models import duration_seconds
 
         now = time.time() if now is None else now
         hook, layout, rules, target = self._sink()

@@ -10,11 +10,11 @@ import pytest
 from runner.testdata import generate
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from spark_jobs.runtime.history import History
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops.cost import CPU, RSS, summary
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -26,11 +26,11 @@ from spark_jobs.runtime.checkpoint import (
     last_batch,
 )
 from spark_jobs.runtime.lease import DriverLease
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 from streamops import tenure
 from streamops.health import Snapshot, Status, assess, classify
 
@@ -287,7 +287,7 @@ def test_a_kafka_streams_backlog_is_its_records_behind_per_partition(spark, tmp_
                                                                      kafka_topic: str) -> None:
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.loading import parse_spec
 
     data = {"name": "k", "source": {"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap,
                                     "topics": [kafka_topic], "format": "json",
@@ -335,7 +335,7 @@ def test_a_kafka_streams_backlog_is_its_records_behind_per_partition(spark, tmp_
 
 def test_a_broker_stopped_under_a_running_driver_makes_the_stream_unhealthy_naming_it(tmp_path: Path) -> None:
     from runner.kafka import KafkaBroker
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.loading import parse_spec
 
     broker = KafkaBroker(tmp_path / "broker").start()
     try:

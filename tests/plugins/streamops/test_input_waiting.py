@@ -89,8 +89,8 @@ def test_records_arriving_on_a_scheduled_streams_topic_ask_for_a_run(spark, tmp_
     offsets against the topic's end) ask for a run; once a run read them, nothing waits."""
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
-    from spark_jobs.spec.layout import Layout
-    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.stream_spec.layout import Layout
+    from spark_jobs.stream_spec.loading import load_spec
 
     specs = tmp_path / "include" / "streams"
     specs.mkdir(parents=True)

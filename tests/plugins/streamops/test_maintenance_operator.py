@@ -15,7 +15,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowFailException
 
 from spark_jobs.runtime.session import connector_jars
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.operators.maintenance import MaintainTablesOperator
 
 

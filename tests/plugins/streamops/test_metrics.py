@@ -30,8 +30,8 @@ def data_root(data_root: Path) -> Path:
     from spark_jobs.runtime.clock import iso
     from spark_jobs.runtime.history import History
     from spark_jobs.runtime.progress import EventLog
-    from spark_jobs.spec.layout import Layout, default_spec_dir
-    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+    from spark_jobs.stream_spec.loading import load_spec
 
     quality = data_root / "quality" / "sensors"
     quality.mkdir(parents=True)

@@ -28,7 +28,7 @@ from spark_jobs.runtime.lease import (
     holder_alive,
     read_holder,
 )
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
 from streamops.operators.control import StopStreamOperator

@@ -71,7 +71,7 @@ def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from spark_jobs.runtime.files import write_atomically
+    from spark_jobs.runtime.atomic import write_atomically
     from spark_jobs.runtime.lease import host_id, process_start
 
     specs = include_with(tmp_path / "include", *_streams())
@@ -82,8 +82,8 @@ def site(spark, data_root: Path, tmp_path: Path, monkeypatch) -> Path:
     # sensors: what its state holds, as its _state DAG's job reads it
     from spark_jobs import state
     from spark_jobs.plan import compile_plan
-    from spark_jobs.spec.layout import Layout
-    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.stream_spec.layout import Layout
+    from spark_jobs.stream_spec.loading import load_spec
 
     sensors = load_spec(specs / "sensors.yaml")
     layout = Layout(sensors, data_root, specs)
@@ -129,8 +129,8 @@ def client(site: Path, monkeypatch, metadata_db):  # a fastapi TestClient
 def _supervisor_measures(stream: str) -> None:
     """What a stream's supervisor does at each check (streamops.hooks.stream): ask the broker."""
     from spark_jobs.plan import compile_plan
-    from spark_jobs.spec.layout import Layout, default_data_root, default_spec_dir
-    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.stream_spec.layout import Layout, default_data_root, default_spec_dir
+    from spark_jobs.stream_spec.loading import load_spec
     from streamops.health import assess
 
     spec = load_spec(default_spec_dir() / f"{stream}.yaml")

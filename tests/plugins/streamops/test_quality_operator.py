@@ -15,7 +15,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.operators.quality import QUALITY_JOB, ValidateStreamOperator
 
 UNIT = {"unit": "2026-01-01T00:10:00Z", "rows": 3, "status": "passed", "failed": []}
@@ -124,8 +124,8 @@ def sensors_run(spark, tmp_path_factory) -> tuple[Path, Path]:
     from runner.testdata import generate
     from spark_jobs import analysis
     from spark_jobs.flows import queries as flows
-    from spark_jobs.spec.layout import Layout
-    from spark_jobs.spec.loading import load_spec
+    from spark_jobs.stream_spec.layout import Layout
+    from spark_jobs.stream_spec.loading import load_spec
 
     root = tmp_path_factory.mktemp("sensors-run") / "data"
     spec_path = default_spec_dir() / "sensors.yaml"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.spec.models import Restart
+from spark_jobs.stream_spec.models import Restart
 from streamops.restarts import RestartBudget
 
 POLICY = Restart(max_attempts=3, backoff_initial_seconds=10, backoff_max_seconds=25, stable_after_minutes=30,

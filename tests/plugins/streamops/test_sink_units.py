@@ -48,7 +48,7 @@ def test_an_edited_rules_file_counts_at_the_next_poll(data_root: Path, tmp_path:
 
     import yaml
 
-    from spark_jobs.spec.layout import default_spec_dir
+    from spark_jobs.stream_spec.layout import default_spec_dir
 
     include = tmp_path / "include"
     shutil.copytree(default_spec_dir().parent, include)

@@ -14,10 +14,10 @@ import yaml
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.progress import EventLog
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import duration_seconds
-from streamops import sizing, views
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import duration_seconds
+from streamops import page_data, sizing
 from streamops.sizing import Sizer, Window, recommend
 
 T0 = 1_800_000_000.0
@@ -88,7 +88,7 @@ def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_chan
     log = EventLog(layout.events_file, history=History(layout.history_file))
     log.write({**event, "logged_at": T0 + 60})
     log.write({**quiet, "logged_at": T0 + 180})
-    traces = {t["name"]: t for t in next(c for c in views.charts(plan, layout, "1h", now=T0 + 240)["charts"]
+    traces = {t["name"]: t for t in next(c for c in page_data.charts(plan, layout, "1h", now=T0 + 240)["charts"]
                                          if c["id"] == "backlog")["traces"]}
     assert traces["per trigger: recommended (sizing by lag)"]["y"] == [event["per_trigger"], quiet["per_trigger"]]
     assert f"per trigger: the source's own ({plan.source.max_files_per_trigger})" in traces

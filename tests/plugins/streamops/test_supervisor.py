@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.spec.models import Restart, Supervision
+from spark_jobs.stream_spec.models import Restart, Supervision
 from streamops.health import Health, Status
 from streamops.restarts import RestartBudget
 from streamops.supervisor import (
@@ -336,7 +336,7 @@ def test_an_adaptive_stream_goes_continuous_when_its_input_arrives_fast_and_back
     ``scheduled_below`` for ``quiet_for`` is stopped between batches, and the task ends; each
     choice is an event with what it was based on."""
     from spark_jobs.runtime.progress import EventLog
-    from spark_jobs.spec.models import INGEST_FLOW, Execution
+    from spark_jobs.stream_spec.models import INGEST_FLOW, Execution
 
     execution = Execution(mode="adaptive", on_input=True, freshness="5 minutes", continuous_above=10,
                           quiet_for="2 minutes")

@@ -205,8 +205,8 @@ def test_nothing_outside_a_streams_quality_folder_is_served(client) -> None:
 
 
 def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
-    from spark_jobs.spec.layout import default_spec_dir
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.layout import default_spec_dir
+    from spark_jobs.stream_spec.loading import parse_spec
     from streamops.ui import ACTIONS, _actions
 
     app = parse_spec({"name": "rate_counts", "checkpoint": "checkpoints/rate_counts",
@@ -221,7 +221,7 @@ def test_an_application_stream_offers_only_the_actions_its_dags_have() -> None:
 def test_a_stream_with_delta_tables_shows_them_and_their_upkeep(client, tmp_path: Path, monkeypatch) -> None:
     import shutil
 
-    from spark_jobs.spec.layout import default_spec_dir
+    from spark_jobs.stream_spec.layout import default_spec_dir
 
     specs = tmp_path / "streams"
     shutil.copytree(default_spec_dir(), specs)

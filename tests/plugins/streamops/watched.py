@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from spark_jobs.spec.layout import default_spec_dir
+from spark_jobs.stream_spec.layout import default_spec_dir
 
 
 def scheduled_specs(tmp_path: Path, **execution: Any) -> Path:

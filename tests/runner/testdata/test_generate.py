@@ -16,9 +16,9 @@ from examples import clicks_csv_spec, example_spec, include_with
 
 from runner.testdata import generate as gen
 from spark_jobs.plan import compile_plan
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import duration_seconds
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import duration_seconds
 
 STREAMS = Path(__file__).resolve().parents[3] / "include" / "streams"
 SENSORS = STREAMS / "sensors.yaml"

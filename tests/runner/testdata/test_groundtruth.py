@@ -6,9 +6,9 @@ import pytest
 
 from runner.testdata import groundtruth as gt
 from spark_jobs.plan import compile_plan
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import Window
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import Window
 
 DAY = "2026-01-01T"
 

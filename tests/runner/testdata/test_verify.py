@@ -28,15 +28,15 @@ from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import StreamPlan, compile_plan, input_columns
 from spark_jobs.sinks.table import TableWriter
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     SPARK_TYPES,
     Trigger,

@@ -30,12 +30,12 @@ from spark_jobs.runtime.checkpoint import (
     watermark_seen_by,
 )
 from spark_jobs.sinks import table as table_sink
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import Trigger
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import Trigger
 
 PASSTHROUGH = {"name": "rows", "mode": "append", "query": {"type": "passthrough"},
                "sink": {"type": "parquet", "path": "sinks/rows", "partition_by": ["event_date"]}}

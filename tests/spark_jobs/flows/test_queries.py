@@ -22,12 +22,12 @@ from stream_runs import Run, at, land, make_spec, reading, run, stream_name, win
 from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan, query_name
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import Trigger
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import Trigger
 
 # file 3 holds one late row within the watermark (00:33) and one beyond it (00:05)
 LATE_FILES = [

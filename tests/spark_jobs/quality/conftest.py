@@ -18,11 +18,11 @@ from spark_jobs.runtime.progress import (
     ProgressListener,
     read_events,
 )
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 
 INCLUDE = default_spec_dir().parent
 

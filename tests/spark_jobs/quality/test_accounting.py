@@ -17,8 +17,8 @@ from spark_jobs.quality.accounting import (
     output_balance,
     written_by_ingestion_balance,
 )
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import load_spec
 
 
 def progress(batch: int, rows: int, late: int = 0, dup: int = 0, sink: int = 0, query_id: str = "q1") -> dict:

@@ -10,8 +10,8 @@ from spark_jobs.plan import compile_plan
 from spark_jobs.quality.closing import Closed, announcement, unit_ends, validated_units, validation_delays
 from spark_jobs.quality.rules import Target
 from spark_jobs.runtime.clock import iso
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import load_spec
 
 SPEC = load_spec(default_spec_dir() / "sensors.yaml")
 MIN = 60_000

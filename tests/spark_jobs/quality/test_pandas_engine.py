@@ -47,8 +47,8 @@ from spark_jobs.quality.pandas_engine import (
 from spark_jobs.quality.rules import load_rules, parse_rules
 from spark_jobs.quality.validation import EXAMPLES_PREFIX, Validator, expected_schema
 from spark_jobs.quality_job import run_without_spark
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
 
 EXAMPLE_LISTS = ("partial_unexpected_list", "partial_unexpected_counts", "partial_unexpected_index_list")
 ROW_LISTS = ("unexpected_list", "unexpected_index_list")
@@ -277,7 +277,7 @@ def test_more_rows_than_pandas_max_rows_need_spark_before_anything_is_validated(
 def test_spec_and_rules_that_need_spark_are_named() -> None:
     from dataclasses import replace
 
-    from spark_jobs.spec.layout import default_spec_dir
+    from spark_jobs.stream_spec.layout import default_spec_dir
 
     def plan_of(spec):
         return compile_plan(spec, Layout(spec))

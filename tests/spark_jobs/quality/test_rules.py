@@ -9,12 +9,12 @@ import yaml
 
 from spark_jobs.plan import compile_plan
 from spark_jobs.quality.rules import derived_expectations, load_rules, parse_rules, rules_path, targets
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.models import SpecError
 
 SENSORS = load_spec(default_spec_dir() / "sensors.yaml")
 SENSORS_PLAN = compile_plan(SENSORS, Layout(SENSORS))
@@ -157,9 +157,9 @@ def test_a_sql_output_is_validated_as_a_table_or_by_the_units_its_columns_from_s
 
 def test_validation_follows_new_output_at_most_once_per_interval_with_an_optional_clock() -> None:
     from spark_jobs.quality.rules import parse_rules
-    from spark_jobs.spec.layout import default_spec_dir
-    from spark_jobs.spec.loading import load_spec
-    from spark_jobs.spec.models import SpecError
+    from spark_jobs.stream_spec.layout import default_spec_dir
+    from spark_jobs.stream_spec.loading import load_spec
+    from spark_jobs.stream_spec.models import SpecError
 
     spec = load_spec(default_spec_dir() / "sensors.yaml")
     rules = parse_rules({}, spec)

@@ -19,9 +19,9 @@ from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     last_batch,
 )
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import SpecError
 
 
 def validator(spark, include: Path, data_root: Path) -> Validator:

@@ -23,15 +23,15 @@ from spark_jobs.runtime.checkpoint import (
     last_batch,
     processed_files,
 )
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     parse_spec,
 )
-from spark_jobs.spec.models import INGEST_FLOW
+from spark_jobs.stream_spec.models import INGEST_FLOW
 
 SPEC = default_spec_dir() / "sensors.yaml"
 

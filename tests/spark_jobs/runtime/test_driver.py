@@ -9,11 +9,11 @@ import pytest
 
 from spark_jobs.runtime import driver
 from spark_jobs.runtime.lease import DriverLease
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
+from spark_jobs.stream_spec.loading import load_spec
 
 APP = ("name: counts_app\napplication:\n  path: applications/rate_counts.py\n  queries: [counts]\n"
        "checkpoint: checkpoints/counts_app\n")

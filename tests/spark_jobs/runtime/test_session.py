@@ -16,8 +16,8 @@ from spark_jobs.runtime.session import (
     fenced_checkpoints_conf,
     local_fs_conf,
 )
-from spark_jobs.spec.layout import default_spec_dir
-from spark_jobs.spec.loading import parse_spec
+from spark_jobs.stream_spec.layout import default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
 
 
 def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None:

@@ -12,8 +12,8 @@ from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime import warmup
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
 
 OUTPUTS = [
     {"name": "rows", "mode": "append", "query": {"type": "passthrough"},

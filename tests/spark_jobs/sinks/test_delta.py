@@ -16,9 +16,9 @@ from spark_jobs import analysis
 from spark_jobs.flows import queries as flows
 from spark_jobs.plan import compile_plan
 from spark_jobs.sinks.delta import DeltaWriter, committed_batches, merge_condition
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import SpecError, Trigger
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import SpecError, Trigger
 
 PER_DEVICE = {"type": "aggregate", "group_by": ["device_id"], "aggregates": [{"name": "n", "fn": "count"}]}
 

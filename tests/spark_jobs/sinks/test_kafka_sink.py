@@ -15,8 +15,8 @@ from spark_jobs.frames import accepted_batch
 from spark_jobs.runtime.checkpoint import last_batch
 from spark_jobs.sinks.kafka import BATCH_HEADER, OUTPUT_HEADER, STREAM_HEADER
 from spark_jobs.sources import kafka
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
 
 
 def spec_data(source_topic: str, sink_topic: str, bootstrap: str) -> dict:

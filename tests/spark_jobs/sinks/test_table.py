@@ -15,7 +15,7 @@ from spark_jobs.sinks.table import (
     open_database,
     redact,
 )
-from spark_jobs.spec.models import SPARK_TYPES
+from spark_jobs.stream_spec.models import SPARK_TYPES
 
 COLUMNS = [("page", "string"), ("views", "long"), ("score", "double")]
 

@@ -19,9 +19,9 @@ from spark_jobs.flows import queries as flows
 from spark_jobs.frames import accepted_batch
 from spark_jobs.plan import QUARANTINE_DDL, KafkaPlan, compile_plan
 from spark_jobs.sources import kafka
-from spark_jobs.spec.layout import Layout, default_spec_dir
-from spark_jobs.spec.loading import parse_spec
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+from spark_jobs.stream_spec.loading import parse_spec
+from spark_jobs.stream_spec.models import SpecError
 
 T0 = datetime(2026, 1, 1)
 _names = itertools.count()

@@ -16,11 +16,11 @@ import pytest
 
 from spark_jobs import stream_job
 from spark_jobs.runtime import driver
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     load_specs,
 )
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.models import SpecError
 
 CORPUS = Path(__file__).resolve().parent / "bad_specs"
 FILES = sorted(CORPUS.glob("*.yaml"))

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from spark_jobs.spec.models import SpecError, StreamSpec
-from spark_jobs.spec.validation import field_problems, semantic_problems, shared_path_problems
+from spark_jobs.stream_spec.models import SpecError, StreamSpec
+from spark_jobs.stream_spec.validation import field_problems, semantic_problems, shared_path_problems
 
 
 class _DuplicateKey(yaml.YAMLError):

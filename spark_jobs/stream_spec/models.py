@@ -1,7 +1,7 @@
 """What a stream spec says: the typed, validated model of one YAML file (``include/streams/<name>.yaml``).
 
 Every field is checked where it is declared; rules across fields live in
-``spark_jobs.spec.validation``. No pyspark here: Airflow reads specs while it parses DAG files.
+``spark_jobs.stream_spec.validation``. No pyspark here: Airflow reads specs while it parses DAG files.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.spec.reference import REFERENCE_PAGE, main, model_order, render, spec_schema
+from spark_jobs.stream_spec.reference import REFERENCE_PAGE, main, model_order, render, spec_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / REFERENCE_PAGE
@@ -14,7 +14,7 @@ PAGE = ROOT / REFERENCE_PAGE
 
 def test_the_committed_reference_is_not_stale() -> None:
     assert PAGE.read_text(encoding="utf-8") == render(), (
-        f"{REFERENCE_PAGE} is stale: run python -m spark_jobs.spec.reference > {REFERENCE_PAGE}")
+        f"{REFERENCE_PAGE} is stale: run python -m spark_jobs.stream_spec.reference > {REFERENCE_PAGE}")
 
 
 def test_render_is_deterministic() -> None:
@@ -44,6 +44,6 @@ def test_check_exits_1_naming_the_stale_file(tmp_path: Path, capsys: pytest.Capt
     stale = tmp_path / "spec-reference.md"
     stale.write_text(render() + "an edit by hand\n", encoding="utf-8")
     assert main(["--check", str(stale)]) == 1
-    assert f"{stale} is stale: run python -m spark_jobs.spec.reference > {stale}" in capsys.readouterr().err
+    assert f"{stale} is stale: run python -m spark_jobs.stream_spec.reference > {stale}" in capsys.readouterr().err
     stale.write_text(render(), encoding="utf-8")
     assert main(["--check", str(stale)]) == 0

@@ -11,14 +11,14 @@ import pytest
 
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.history import History
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import load_spec
-from spark_jobs.spec.models import INGEST_FLOW
-from streamops import views
-from streamops.views import iso
+from spark_jobs.stream_spec.loading import load_spec
+from spark_jobs.stream_spec.models import INGEST_FLOW
+from streamops import page_data
+from streamops.page_data import iso
 
 SPEC = load_spec(default_spec_dir() / "sensors.yaml")
 NOW = time.time()
@@ -65,7 +65,7 @@ def plan(layout: Layout) -> StreamPlan:
 
 
 def test_the_charts_draw_the_history_of_the_range_with_its_events_marked(layout: Layout, plan: StreamPlan) -> None:
-    data = views.charts(plan, layout, "15m", now=NOW)
+    data = page_data.charts(plan, layout, "15m", now=NOW)
     assert data["resolution"] == "per batch"
     charts = {c["id"]: {t["name"]: t["y"] for t in c["traces"]} for c in data["charts"]}
     assert charts["rates"]["input"] == [10.0, 10.0]
@@ -89,7 +89,7 @@ def test_what_the_drivers_use_is_drawn_per_minute_at_every_range(layout: Layout,
     for at, cpu, rss in ((start + 5, 2.0, 800.0), (start + 10, 3.0, 950.0), (start + 125, 1.5, 700.0)):
         history.sample({CPU: cpu, RSS: rss}, at=at)
     for range_key in ("15m", "24h"):
-        charts = {c["id"]: c for c in views.charts(plan, layout, range_key, now=NOW)["charts"]}
+        charts = {c["id"]: c for c in page_data.charts(plan, layout, range_key, now=NOW)["charts"]}
         traces = {t["name"]: t["y"] for t in charts["cost"]["traces"]}
         assert traces == {"driver CPU seconds per minute": [5.0, 1.5], "driver memory (MB)": [950.0, 700.0]}, traces
         assert charts["cost"]["y2"] == "MB"
@@ -103,25 +103,25 @@ def test_an_adaptive_streams_choices_of_mode_are_marked_with_their_rates(layout:
         events.write({"event": "execution_decision", "stream": "sensors", "mode": mode, "rows": 1, "rate": rate,
                       "logged_at": at})
     for range_key in ("15m", "24h"):
-        marked = [(m["kind"], m["text"]) for m in views.charts(plan, layout, range_key, now=NOW)["markers"]
+        marked = [(m["kind"], m["text"]) for m in page_data.charts(plan, layout, range_key, now=NOW)["markers"]
                   if m["kind"] in ("continuous", "scheduled")]
         assert marked == [("continuous", "adaptive: runs continuous (5.404 records/s)"),
                           ("scheduled", "adaptive: runs scheduled (0 records/s)")], marked
 
 
 def test_a_day_is_drawn_per_minute_and_an_unknown_range_is_refused(layout: Layout, plan: StreamPlan) -> None:
-    day = views.charts(plan, layout, "24h", now=NOW)
+    day = page_data.charts(plan, layout, "24h", now=NOW)
     assert day["resolution"] == "per minute"
     rates = next(c for c in day["charts"] if c["id"] == "rates")
     assert sum(next(t for t in rates["traces"] if t["name"] == "input")["y"]) == pytest.approx(200 / 60, abs=0.01)
-    with pytest.raises(views.RangeError, match="range must be one of 15m, 1h, 24h"):
-        views.charts(plan, layout, "7d")
+    with pytest.raises(page_data.RangeError, match="range must be one of 15m, 1h, 24h"):
+        page_data.charts(plan, layout, "7d")
 
 
 def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layout: Layout, plan: StreamPlan) -> None:
     health = {"status": "healthy", "reason": "committing", "backlog_files": 3,
               "last_committed": {INGEST_FLOW: 9, "site_temperature_10m": 8, "device_status": None}}
-    data = views.flow(plan, layout, health, "15m", now=NOW)
+    data = page_data.flow(plan, layout, health, "15m", now=NOW)
     nodes = {n["key"]: n for n in data["nodes"]}
     assert nodes["landing"]["rows_out"] == 200 and "3 file(s) waiting" in nodes["landing"]["detail"]
     ingestion = nodes["ingestion"]
@@ -139,14 +139,14 @@ def test_the_flow_graph_carries_the_rows_of_the_range_from_landing_to_sinks(layo
 
 
 def test_the_overview_trend_is_the_last_quarter_hour(layout: Layout, plan: StreamPlan) -> None:
-    trend = views.trend(plan, layout, now=NOW)
+    trend = page_data.trend(plan, layout, now=NOW)
     processed, backlog = trend["traces"]
     assert processed["y"] == [40.0, 41.0] and backlog["y"] == [3]
 
 
 def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> None:
     from spark_jobs.quality.rules import parse_rules
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.loading import parse_spec
     from streamops.assets import quality_schedule, sink_assets
 
     data = json.loads(json.dumps(SPEC.model_dump(mode="json", exclude_none=True)))
@@ -155,7 +155,7 @@ def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> Non
     spec = parse_spec(data)
     layout = Layout(spec, tmp_path / "data", default_spec_dir())
     plan = compile_plan(spec, layout)
-    flow = views.flow(plan, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
+    flow = page_data.flow(plan, layout, {"status": "healthy", "last_committed": {}}, "15m", now=NOW)
     assert next(n for n in flow["nodes"] if n["key"] == "sink:peek")["detail"].startswith("console sink (not kept)")
     assets = sink_assets(plan, {"spec_dir": None, "data_root": None})
     assert [a.name for a in assets] == ["stream_sensors.readings", "stream_sensors.site_temperature_10m",
@@ -166,7 +166,7 @@ def test_a_sink_that_is_not_kept_is_drawn_but_is_no_asset(tmp_path: Path) -> Non
 
 def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_jvm(spark, tmp_path: Path) -> None:
     from spark_jobs import maintenance
-    from spark_jobs.spec.loading import parse_spec
+    from spark_jobs.stream_spec.loading import parse_spec
 
     data = {"name": "tables", "checkpoint": "checkpoints/tables",
             "source": {"type": "rate", "rows_per_second": 1},
@@ -180,7 +180,7 @@ def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_
     for i in range(3):
         spark.range(i * 10, i * 10 + 10).toDF("value").coalesce(1).write.format("delta").mode("append").save(path)
     plan = compile_plan(spec, layout)
-    first = {t["output"]: t for t in views.delta_tables(plan)}
+    first = {t["output"]: t for t in page_data.delta_tables(plan)}
     assert (first["rows"]["files"], first["rows"]["version"], first["rows"]["compacted"]) == (3, 2, None)
     assert first["rows"]["bytes"] == sum(p.stat().st_size for p in Path(path).glob("*.parquet"))
     assert first["later"] == {"output": "later", "path": layout.data("delta/later"), "note": "no table yet",
@@ -189,6 +189,6 @@ def test_a_delta_table_s_files_version_compaction_and_vacuum_are_read_without_a_
 
     maintenance.optimize(spark, path)
     maintenance.vacuum(spark, path, 0)
-    (table,) = [t for t in views.delta_tables(plan) if t["output"] == "rows"]
+    (table,) = [t for t in page_data.delta_tables(plan) if t["output"] == "rows"]
     assert table["files"] == 1 and table["version"] == 5  # OPTIMIZE, then VACUUM START and END
     assert table["compacted"] <= table["vacuumed"] <= iso(time.time())

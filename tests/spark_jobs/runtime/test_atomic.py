@@ -1,4 +1,4 @@
-"""Files written whole (spark_jobs.runtime.files): a reader never sees a part, writers never mix,
+"""Files written whole (spark_jobs.runtime.atomic): a reader never sees a part, writers never mix,
 the permissions asked for are applied, and a failed write leaves the old file and no debris."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs.runtime.files import write_atomically
+from spark_jobs.runtime.atomic import write_atomically
 
 
 def leftovers(folder: Path) -> list[str]:

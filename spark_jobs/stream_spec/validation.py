@@ -19,7 +19,7 @@ from spark_jobs.plan import (
     trigger_for,
     written_by_ingestion,
 )
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.models import (
     ACCEPTED_VIEW,
     CODE_QUERIES,
     INPUT_VIEW,

@@ -23,8 +23,8 @@ from spark_jobs.runtime.history import (
     History,
     Point,
 )
-from spark_jobs.spec.layout import Layout
-from spark_jobs.spec.models import (
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
     duration_seconds,
 )

@@ -9,16 +9,16 @@ import pytest
 import yaml
 
 from spark_jobs.plan import checkpoint_paths, compile_plan, has_ingestion, result_columns, written_by_ingestion
-from spark_jobs.spec.layout import (
+from spark_jobs.stream_spec.layout import (
     Layout,
     default_spec_dir,
 )
-from spark_jobs.spec.loading import (
+from spark_jobs.stream_spec.loading import (
     load_spec,
     load_specs,
     parse_spec,
 )
-from spark_jobs.spec.models import SpecError
+from spark_jobs.stream_spec.models import SpecError
 
 SPEC_DIR = default_spec_dir()
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from spark_jobs.spec.models import TRANSFORMS_DIR, StreamSpec, TableSink
+from spark_jobs.stream_spec.models import TRANSFORMS_DIR, StreamSpec, TableSink
 
 
 def project_root() -> Path:
