@@ -31,9 +31,10 @@ from spark_jobs.stream_spec.layout import (
 )
 from spark_jobs.stream_spec.loading import load_specs
 from spark_jobs.stream_spec.models import KafkaSource
+from spark_jobs.submit import job_path
 
-STREAM_JOB = Path(__file__).resolve().parents[1] / "stream_job.py"
-QUALITY_JOB = Path(__file__).resolve().parents[1] / "quality_job.py"
+STREAM_JOB = Path(job_path("stream"))
+QUALITY_JOB = Path(job_path("quality"))
 
 
 def spark_submit(spec_path: Path, data_root: Path, master: str, log_path: Path, *extra: str,
