@@ -31,7 +31,7 @@ import yaml
 from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
 from runner.testdata import generate
-from spark_jobs.plan import ParquetDataset, StreamPlan, TableDataset, compile_plan, written_by_ingestion
+from spark_jobs.plan import ParquetDataset, StreamPlan, TableDataset, compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids, sink_files
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import holder_alive, read_holder
@@ -371,7 +371,7 @@ class Stream:
         path = self.delta_spec_path
         path.parent.mkdir(exist_ok=True)
         data = yaml.safe_load(self.spec_path.read_text()) | {"accepted": {"format": "delta"}}
-        served = written_by_ingestion(self.spec)
+        served = compile_plan(self.spec, Layout(self.spec)).output_written_by_ingestion
         for output in data["outputs"]:
             if served is not None and output["name"] == served.name:
                 output["sink"] = {**output["sink"], "type": "delta"}
@@ -476,7 +476,7 @@ class Stream:
             sinks["accepted"] = self.plain_job(variant, root)["accepted"]
         if plan.ingestion is not None and plan.ingestion.quarantine:
             sinks["quarantine"] = plan.ingestion.quarantine
-        served = written_by_ingestion(self.spec_of(variant))
+        served = self.plan(root, variant).output_written_by_ingestion
         for o in plan.outputs:
             if variant in (*PLATFORM, "f") and served is not None and o.name == served.name:
                 continue  # its sink is the accepted-rows table, counted once as "accepted"
