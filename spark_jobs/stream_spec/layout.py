@@ -33,7 +33,7 @@ class Layout:
                  spec_dir: str | os.PathLike[str] | None = None):
         self.stream = spec.name
         self.checkpoint = spec.checkpoint  # as the spec says it
-        self.data_root = Path(data_root) if data_root is not None else default_data_root()
+        self.data_root = (Path(data_root) if data_root is not None else default_data_root()).resolve()
         self.spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
 
     def data(self, path: str) -> str:

@@ -371,3 +371,13 @@ def test_sizing_by_lag_is_for_a_continuous_driver_of_files_or_a_topic_with_a_tri
     assert_problem({**sensors, "trigger": {"available_now": True}}, "execution.sizing", "a processing_time trigger")
     rate = {**sensors, "source": {"type": "rate", "rows_per_second": 5}}
     assert_problem(rate, "execution.sizing", "landing files or a Kafka topic; this stream has none")
+
+
+def test_a_relative_data_root_gives_the_same_table_url_as_its_absolute_path(tmp_path: Path, sensors: dict,
+                                                                             monkeypatch) -> None:
+    """The default database lies in the data root once, whether the root is given relative or absolute."""
+    spec = parse_spec(copy.deepcopy(sensors))
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = Layout(spec, "data/demo", SPEC_DIR), Layout(spec, tmp_path / "data" / "demo", SPEC_DIR)
+    sink = spec.outputs[2].sink
+    assert relative.table_url(sink) == absolute.table_url(sink) == f"sqlite:///{tmp_path / 'data' / 'demo' / 'tables.db'}"
