@@ -171,6 +171,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
     """Judge the plan against its checkpoint, start its flows (after a takeover, for a standby) and supervise them."""
     from spark_jobs import changes, upgrade
     from spark_jobs.flows import queries
+    from spark_jobs.runtime import rate_limit
     from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
     from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import fence_lease
@@ -211,6 +212,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
                           "verdicts": {v.flow: v.verdict for v in verdicts}})
             code = EXIT_BAD_SPEC
             return code
+        judged, plan = plan, rate_limit.applied(plan, layout)  # what a micro-batch may take, as sizing by lag set it
         try:  # everything up to the flows' start, before a standby waits
             refuse_incompatible(plan, layout)
             planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
@@ -226,12 +228,13 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
         events.tags["epoch"] = lease.epoch
         events.write({"event": "driver_started", "stream": stream, "pid": os.getpid(),
                       "trigger": "available-now" if (trigger or plan.trigger).available_now else args.trigger,
-                      "standby": args.standby})
+                      "standby": args.standby,
+                      **({"per_trigger": rate_limit.own_limit(plan)} if plan.execution.sizing is not None else {})})
         started = True
         now = time.time()
         for archived in changes.retire(verdicts, previous, layout, now):
             log.info("a removed output's checkpoint archived in %s (its sink is kept)", archived)
-        changes.keep(layout, args.spec, plan, now)
+        changes.keep(layout, args.spec, judged, now)  # the spec's plan: the next start is judged against it
         upgrade.write_running_plan(layout, plan, previous, held)
         ProgressListener(events, stream, plan.spark_query_names).add(spark)
         if held:

@@ -106,13 +106,15 @@ def charts(plan: StreamPlan, layout: Layout, range_key: str = DEFAULT_RANGE, now
 
     sizing = plan.execution.sizing
     if sizing is not None and ingesting and source is not None:
-        # what a batch may take: the source's own limit, and what sizing recommends
+        # what a batch may take: the source's own limit, what sizing recommends, and what the driver takes
         own = source.kafka.max_offsets_per_trigger if source.kafka is not None else source.max_files_per_trigger
         if own:
             backlog.append({"name": f"per trigger: the source's own ({own})", "x": [iso(since), iso(now)],
                             "y": [own, own], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
         backlog.append(_trace("per trigger: recommended (sizing by lag)", points(STREAM, "per_trigger_recommended"),
                               lambda p: p.last, line={"dash": "dot", "shape": "hv"}))
+        backlog.append(_trace("per trigger: the driver's (sizing by lag)", points(STREAM, "per_trigger_applied"),
+                              lambda p: p.last, line={"shape": "hv"}))
     lag = [_trace(_label(q), points(q, "lag_s"), lambda p: p.max) for q in queries if points(q, "lag_s")]
     state = [_trace(_label(q), points(q, "state_rows"), lambda p: p.last) for q in queries if points(q, "state_rows")]
 

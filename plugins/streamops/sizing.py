@@ -17,7 +17,12 @@ interval while ``demand <= utilisation * capacity``, else the stream needs ``dem
 recommendation says. A recommendation is recorded (a ``sizing_decision`` event with every input
 above, into the stream's log and history) when it differs from the last recorded one by a quarter
 or more, or its verdict on the cores changes: hysteresis, so that noise records nothing.
-Recommendations only: the driver keeps the source's own limit.
+
+It is applied (``applied: true`` in its event) when it differs from the limit the driver runs at
+by a quarter or more, unless the spec says ``dry_run``: the supervisor records the new limit
+(``spark_jobs.runtime.rate_limit``) and hands the stream to a standby started at that size, at a
+batch boundary (``streamops.supervisor.Supervisor.rescale``): a rescale costs a takeover, not a
+cold restart.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spark_jobs.runtime import rate_limit
 from spark_jobs.runtime.checkpoint import processed_files
 from spark_jobs.runtime.progress import batches_logged
 from spark_jobs.stream_spec.models import INGEST_FLOW, duration_seconds
@@ -35,10 +41,9 @@ if TYPE_CHECKING:
     from spark_jobs.stream_spec.layout import Layout
     from streamops.health import Health
 
-#: a recommendation is recorded again once it differs from the last by this share
+#: a recommendation is recorded again once it differs from the last by this share, and applied
+#: once it differs from the limit the driver runs at by this share
 CHANGE = 0.25
-#: a source's own limit times this is the default upper bound
-DEFAULT_MAX_FACTOR = 10
 
 
 @dataclass(frozen=True)
@@ -92,13 +97,9 @@ class Sizer:
         self.stream, self.sizing, self.layout = plan.stream, sizing, layout
         self.checkpoint = plan.checkpoint(INGEST_FLOW)
         self.files = source.is_files
-        if self.files:
-            self.current: int | None = source.max_files_per_trigger
-        else:
-            assert source.kafka is not None
-            self.current = source.kafka.max_offsets_per_trigger
-        high = sizing.max_per_trigger or max(sizing.min_per_trigger, DEFAULT_MAX_FACTOR * (self.current or 1))
-        self.bounds = (sizing.min_per_trigger, high)
+        #: the limit the driver runs at: the one sizing set last, else the source's own
+        self.current: int | None = rate_limit.current(plan, layout)
+        self.bounds = rate_limit.bounds(plan)
         self.every = duration_seconds(sizing.every)
         self.trigger_seconds = duration_seconds(plan.trigger.processing_time)
         self._start: tuple[float, int] | None = None  # when the window began, and the backlog then
@@ -132,16 +133,22 @@ class Sizer:
         window = Window(now - began, self._taken(batches), busy, before, backlog)
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,
                           duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds)
-        if not self._worth_recording(found):
+        apply = not self.sizing.dry_run and self._worth_applying(found)
+        if not apply and not self._worth_recording(found):
             return None
         self.last = found
         return {"event": "sizing_decision", "stream": self.stream, "unit": found.unit,
-                "per_trigger": found.per_trigger, "current": found.current, "applied": False,
+                "per_trigger": found.per_trigger, "current": found.current, "applied": apply,
                 "window_seconds": round(window.seconds, 1), "taken": window.taken,
                 "busy_seconds": round(busy, 2), "backlog_before": before, "backlog": window.backlog_now,
                 "arrival_per_s": found.arrival, "capacity_per_s": found.capacity, "demand_per_s": found.demand,
                 "utilisation": round(busy / window.seconds, 3), "cores_factor": found.cores_factor,
                 "enough_cores": found.enough_cores}
+
+    def _worth_applying(self, found: Recommendation) -> bool:
+        if self.current is None:
+            return True
+        return abs(found.per_trigger - self.current) >= max(1.0, CHANGE * self.current)
 
     def _worth_recording(self, found: Recommendation) -> bool:
         last = self.last

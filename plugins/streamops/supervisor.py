@@ -14,6 +14,8 @@ does next, as a :class:`Decision` that says what to log:
   deleted unread, a spec only Spark finds invalid);
 * keep a warm standby, and let it take the stream over when the driver dies;
 * end when an operator stopped the stream (the hold marker) or an available-now run finished;
+* rescale: when sizing by lag set a new per-trigger limit, launch a standby at that size and,
+  once it is ready, stop the driver between batches so that the standby takes the stream over;
 * stop a continuous driver between batches and end when its spec switched the stream to
   scheduled runs; for an adaptive stream, after a scheduled run, go on with a continuous driver
   when its input arrived fast enough, and stop that driver once its input went quiet;
@@ -51,6 +53,9 @@ if TYPE_CHECKING:
 STANDBY_TAKEOVER_SECONDS = 30.0
 #: A standby that ended is replaced no more often than this.
 STANDBY_RELAUNCH_SECONDS = 10.0
+#: How long a rescale's standby may take to be ready (its JVM, session, plan and rehearsal) before
+#: the rescale is given up (the limit stays set for the driver's next start).
+RESCALE_READY_SECONDS = 300.0
 
 
 class Driver(Protocol):
@@ -78,6 +83,8 @@ class Act(StrEnum):
     WATCH = "watch"
     #: ask the driver to stop between micro-batches (``Decision.why``: who asks, and why)
     STOP = "stop"
+    #: launch a standby at a new size (``Decision.event``: the sizing decision), to take the stream over once ready
+    RESCALE = "rescale"
     #: the driver ended and is to be replaced: by a standby that takes the stream over, else started anew
     TAKE_OVER = "take over"
     #: nothing yet: look again shortly
@@ -119,6 +126,21 @@ class _Watch:
     #: stopping to switch the stream to scheduled runs (its spec's ``execution.mode``, or an adaptive
     #: stream's quiet input)
     switching: bool = False
+    #: stopping to hand the stream to a rescale's standby
+    rescaling: bool = False
+
+
+@dataclass
+class _Rescale:
+    """A rescale under way: the limit it sets, the standby launched at it, since when, and when the
+    driver was asked to hand over."""
+
+    per_trigger: int
+    unit: str
+    previous: int | None
+    since: float
+    standby: Driver | None = None
+    handing_over_at: float | None = None
 
 
 @dataclass
@@ -174,6 +196,7 @@ class Supervisor:
         self._standby_launched = float("-inf")
         self._watch = _Watch(archived_at=monotonic())
         self._takeover = _Takeover(None, set(), since=monotonic())
+        self._rescale: _Rescale | None = None
 
     def begin(self, tenure: Tenure, budget: RestartBudget, *, events_file: Path | None = None,
               checkpoint_root: str = "", available_now: bool = False, adaptive: Execution | None = None,
@@ -288,6 +311,16 @@ class Supervisor:
             self.budget.record_end(self.clock(), code, self._watch.reason, forced=forced, requested=True)
             return Decision(Act.END, f"stream {self.stream} {self._watch.reason} (exit {code}); its "
                                      "DAG's scheduled runs take it on from its checkpoint", end_standby=True)
+        if self._watch.rescaling and held_by is None and self._rescale is not None:
+            self.budget.record_end(self.clock(), code, self._watch.reason, forced=forced, requested=True)
+            r = self._rescale
+            waited = self.monotonic() - (r.handing_over_at or r.since)
+            return Decision(Act.TAKE_OVER, f"stream {self.stream}: its driver stopped between batches (exit {code}, "
+                                           f"{waited:.1f}s after it was asked) for its standby at {r.per_trigger} "
+                                           f"{r.unit} a micro-batch", event={
+                                "event": "rescaled", "stream": self.stream, "per_trigger": r.per_trigger,
+                                "unit": r.unit, "previous": r.previous, "stop_seconds": round(waited, 2),
+                                "standby": r.standby.driver_id if r.standby else None})
         if finished and held_by is None and self.adaptive is not None:
             run = self.budget.last_run()
             self.budget.record_end(self.clock(), code, reason, finished=True)
@@ -413,7 +446,7 @@ class Supervisor:
     def overdue(self) -> bool:
         """Has the driver asked to stop had its grace period? Then it is killed (once)."""
         w = self._watch
-        grace = self.switch_grace if w.switching else self.stop_grace
+        grace = self.switch_grace if w.switching or w.rescaling else self.stop_grace
         if w.stopping_since is None or self.monotonic() - w.stopping_since <= grace:
             return False
         w.stopping_since = float("inf")
@@ -430,6 +463,53 @@ class Supervisor:
     def watched(self) -> tuple[str, bool]:
         """Why the watched driver ended, and whether this supervisor stopped it."""
         return self._watch.reason, self._watch.stopping_since is not None
+
+    # ---- rescaling (sizing by lag) ----------------------------------------------------------
+
+    def rescale(self, per_trigger: int, unit: str, previous: int | None) -> Decision | None:
+        """Sizing by lag set a new per-trigger limit (``previous``: the one the driver runs at): RESCALE,
+        a standby launched at the new size (the standby warmed at the old size ended first), unless
+        this task runs no continuous driver of its own, is stopping it, or a rescale is under way."""
+        if (self.active is None or self.epoch is None or self.available_now or self._watch.stopping_since is not None
+                or self._rescale is not None):
+            return None
+        self._rescale = _Rescale(per_trigger, unit, previous, since=self.monotonic())
+        return Decision(Act.RESCALE, f"stream {self.stream}: sizing by lag sets {per_trigger} {unit} a micro-batch "
+                                     f"(the driver takes {previous if previous is not None else 'no limit'}): launching "
+                                     "a standby at that size to take the stream over", end_standby=True)
+
+    @property
+    def rescale_pending(self) -> bool:
+        """Is a rescale's standby warming, not yet asked to take over?"""
+        return self._rescale is not None and self._rescale.handing_over_at is None
+
+    def rescaling(self, standby: Driver) -> None:
+        """The rescale's standby was launched: this task's standby now."""
+        assert self._rescale is not None
+        self._rescale.standby = self.standby = standby
+
+    def hand_over_when_ready(self, ready: set[str]) -> Decision | None:
+        """Once the rescale's standby is ready (``ready``: the driver ids of the ready standbys): STOP the
+        driver between batches, for the standby to take the stream over (:meth:`run_ended`, then
+        :meth:`takeover`). A standby that ended, or was not ready within ``RESCALE_READY_SECONDS``:
+        the rescale is given up (WAIT, ``driver``: the standby to end), and the limit is the next start's."""
+        r, w = self._rescale, self._watch
+        if r is None or r.standby is None or r.handing_over_at is not None or w.stopping_since is not None:
+            return None
+        waited = self.monotonic() - r.since
+        if r.standby.driver_id in ready and r.standby.alive():
+            r.handing_over_at = w.stopping_since = self.monotonic()
+            w.reason, w.rescaling = f"stopped for its standby at {r.per_trigger} {r.unit} a micro-batch", True
+            return Decision(Act.STOP, f"stream {self.stream}: the standby at {r.per_trigger} {r.unit} a micro-batch is "
+                                      f"ready ({waited:.0f}s); stopping the driver between batches for it to take over",
+                            why=f"its supervisor ({self.tenure_name}): rescale to {r.per_trigger} {r.unit} a micro-batch")
+        if r.standby.alive() and waited <= RESCALE_READY_SECONDS:
+            return None
+        self._rescale, self.standby = None, None
+        why = f"was not ready within {RESCALE_READY_SECONDS:.0f}s" if r.standby.alive() else "ended"
+        return Decision(Act.WAIT, f"stream {self.stream}: rescale to {r.per_trigger} {r.unit} a micro-batch given up "
+                                  f"(its standby {why}); the driver's next start takes that size", "warning",
+                        driver=r.standby)
 
     # ---- the standby ------------------------------------------------------------------------
 
@@ -461,7 +541,7 @@ class Supervisor:
     def hand_over(self, ready_elsewhere: set[str]) -> None:
         """The active driver ended: wait for a standby to take the stream over, this task's own or
         one of those ready on other workers (their driver ids)."""
-        standby, self.standby = self.standby, None
+        standby, self.standby, self._rescale = self.standby, None, None
         self._takeover = _Takeover(standby, ready_elsewhere - {standby.driver_id if standby else ""}, self.monotonic())
 
     def takeover(self, holder: Holder | None) -> Decision:

@@ -121,6 +121,8 @@ def values_of(event: dict[str, Any]) -> tuple[str | None, dict[str, float]]:
                 values[name] = event[key]
     elif kind == "execution_decision" and isinstance(event.get("rate"), int | float):  # an adaptive stream's
         return STREAM, {"continuous": 1.0 if event.get("mode") == "continuous" else 0.0, "arrival_rate": event["rate"]}
+    elif kind in ("driver_started", "rescaled") and isinstance(event.get("per_trigger"), int | float):
+        return STREAM, {"per_trigger_applied": event["per_trigger"]}  # what a micro-batch may take (sizing by lag)
     elif kind == "sizing_decision" and isinstance(event.get("per_trigger"), int | float):  # execution.sizing's
         return STREAM, {"per_trigger_recommended": event["per_trigger"],
                         **({"demand_per_s": event["demand_per_s"]}

@@ -95,6 +95,11 @@ class Layout:
         return Path(self.data(f"backfill/{self.stream}/{output}"))
 
     @property
+    def per_trigger_file(self) -> Path:
+        """What a micro-batch of the ingestion may take, as sizing by lag last set it (``spark_jobs.runtime.rate_limit``)."""
+        return self.lease_dir / "per_trigger.json"
+
+    @property
     def records_behind_file(self) -> Path:
         """A Kafka stream's records behind, as the supervisor last measured them against the broker
         (``streamops.health``): what the pages show, never asking the broker themselves."""

@@ -674,8 +674,9 @@ class Sizing(Strict):
     Kafka records) so that a backlog clears within ``catch_up`` while each batch takes at most
     ``utilisation`` of the trigger interval, within ``min_per_trigger`` and ``max_per_trigger``
     (default: 10 times the source's own limit). Each recommendation is a ``sizing_decision``
-    event with its inputs, charted on the stream's page. Recommendations only: the driver keeps
-    the source's own limit."""
+    event with its inputs, charted on the stream's page. The supervisor applies it by handing the
+    stream to a standby started at the new size (a rescale, ``spark_jobs.runtime.rate_limit``);
+    with ``dry_run`` it only recommends, and the driver keeps the source's own limit."""
 
     catch_up: Duration = "5 minutes"
     utilisation: float = Field(default=0.7, gt=0, le=1)
@@ -683,6 +684,8 @@ class Sizing(Strict):
     max_per_trigger: int | None = Field(default=None, ge=1)
     #: how often the supervisor reconsiders (its window of observation)
     every: Duration = "1 minute"
+    #: recommend only: the driver keeps the source's own limit
+    dry_run: bool = False
 
     @model_validator(mode="after")
     def _bounds(self) -> Sizing:

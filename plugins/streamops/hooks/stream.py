@@ -8,7 +8,7 @@ import signal
 import time
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
@@ -86,25 +86,52 @@ class StreamHook(BaseHook):
         return assess(self.plan, self.layout, now)
 
     def record(self, health: Health) -> None:
-        """What each look of the supervisor adds to the stream's history: the backlog, the drivers'
-        cost, and with ``execution.sizing`` a recommendation when one is due (``streamops.sizing``)."""
+        """What each look of the supervisor adds to the stream's history: the backlog and the drivers' cost."""
         self.record_backlog(health)
         self.record_cost()
+
+    def size(self, health: Health) -> dict[str, Any] | None:
+        """With ``execution.sizing``: the ``sizing_decision`` event when one is due (``streamops.sizing``;
+        not yet written: :meth:`write_event`), else None."""
         if self.plan.execution.sizing is None:
-            return
-        from spark_jobs.runtime.history import History
-        from spark_jobs.runtime.progress import EventLog
+            return None
         from streamops.sizing import Sizer
 
         if self._sizer is None:
             self._sizer = Sizer(self.plan, self.layout)
         try:
-            event = self._sizer.observe(health, time.time())
+            return self._sizer.observe(health, time.time())
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a recommendation never stops the supervisor
             self.log.warning("stream %s: no sizing recommendation this window: %s", self.stream, exc)
+            return None
+
+    def resize(self, per_trigger: int, by: str) -> None:
+        """Set what a micro-batch of the ingestion may take from the next driver's start on (``by``: who, why)."""
+        from spark_jobs.runtime import rate_limit
+
+        rate_limit.write(self.layout, per_trigger, rate_limit.unit(self.plan), by)
+        if self._sizer is not None:
+            self._sizer.current = per_trigger
+
+    def archive_committed(self) -> None:
+        """Move input every flow has committed out of the landing directory (``spark_jobs.runtime.archive``);
+        a failure is logged, never fatal (tried again later)."""
+        from spark_jobs.runtime.archive import archive
+
+        try:
+            result = archive(self.plan)
+        except OSError as exc:
+            self.log.warning("stream %s: archiving committed input failed (tried again later): %s", self.stream, exc)
             return
-        if event is not None:
-            EventLog(self.layout.events_file, history=History(self.layout.history_file)).write(event)
+        if result.archived or result.conflicts:
+            self.log.info("stream %s: %s", self.stream, result.describe())
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        """An event of the supervisor's, into the stream's log and history."""
+        from spark_jobs.runtime.history import History
+        from spark_jobs.runtime.progress import EventLog
+
+        EventLog(self.layout.events_file, history=History(self.layout.history_file)).write(event)
 
     def record_backlog(self, health: Health) -> None:
         """Add the backlog the supervisor sees (files, bytes, rows estimated; a Kafka source's

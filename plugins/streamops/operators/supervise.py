@@ -9,13 +9,11 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import read_holder, release_dead
 from spark_jobs.runtime.progress import EventLog, rows_read
 from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops import tenure
 from streamops.health import Health, Status
-from streamops.hooks.stream import StreamHook
 from streamops.operators.driver import StreamDriverOperator
 from streamops.restarts import RestartBudget
 from streamops.supervisor import Act, Decision, Supervisor
@@ -33,21 +31,14 @@ class StreamSupervisorOperator(StreamDriverOperator):
 
     The driver runs as a child of this task (client mode), or in the cluster (YARN or Kubernetes
     cluster mode), where the lease's heartbeat tells a retried task that it still runs. Every
-    ``poll_seconds`` the stream's health is read from its checkpoint: a stalled driver is
-    stopped (graceful, then hard) and started again, a dead one started again, with
-    exponential backoff until ``restart.max_attempts`` failures within ``restart.period_minutes``
-    (then the task fails and its failure callback alerts). A corrupt checkpoint is never
-    touched, nor a Kafka stream restarted whose unread records were deleted. A driver left
-    running by an earlier try is adopted, never doubled; a try that a newer one replaced
-    (``streamops.tenure``) leaves the stream alone. The task ends successfully when an operator
-    stopped the stream (the hold marker), an available-now run finished, or the stream switched
-    to scheduled runs; any other exit of the driver is a failed run. A scheduled stream's run
-    launches no driver when nothing waits (``execution``, docs/operating.md), and an adaptive
-    one's goes on continuously while its input is busy. With ``supervision.standby`` it keeps a
-    warm standby (``spark_jobs.runtime.standby``) that takes over when the active driver dies.
-    An application of the user's own (``application:``) is submitted as that application, its
-    spec's path in ``STREAMS_APP_SPEC`` (:mod:`spark_jobs.runtime.driver`). What its drivers use
-    is sampled into the stream's history (``streamops.cost``).
+    ``poll_seconds`` the stream's health is read from its checkpoint; what follows (restarts with
+    backoff within the restart budget, stops of stalled drivers, adoption, the standby, switches
+    of mode, rescales by sizing) is listed in :mod:`streamops.supervisor`. The task ends
+    successfully when an operator stopped the stream (the hold marker), an available-now run
+    finished, or the stream switched to scheduled runs; any other exit of the driver is a failed
+    run. An application of the user's own (``application:``) is submitted as that application,
+    its spec's path in ``STREAMS_APP_SPEC`` (:mod:`spark_jobs.runtime.driver`). What its drivers
+    use is sampled into the stream's history (``streamops.cost``).
 
     What to do is decided by a :class:`~streamops.supervisor.Supervisor` (``self.supervisor``),
     from the stream's health, lease and hold marker; this task does it and logs what it says.
@@ -157,10 +148,34 @@ class StreamSupervisorOperator(StreamDriverOperator):
         return sup.quiet(rows_read(self.stream_hook.layout.events_file, INGEST_FLOW, time.time() - sup.quiet_seconds))
 
     def _record(self, decision: Decision) -> None:
-        """The decision's event, in the stream's log and history (an adaptive stream's choice of mode)."""
+        """The decision's event, in the stream's log and history (an adaptive stream's choice of mode, a rescale)."""
         if decision.event is not None:
-            layout = self.stream_hook.layout
-            EventLog(layout.events_file, history=History(layout.history_file)).write(decision.event)
+            self.stream_hook.write_event(decision.event)
+
+    def _size(self, health: Health) -> None:
+        """Sizing by lag (``streamops.sizing``): a recommendation when due; one to apply sets the new
+        limit and launches a standby at it, which takes the stream over once ready (a rescale)."""
+        hook, sup = self.stream_hook, self.supervisor
+        event = hook.size(health)
+        rescale = sup.rescale(event["per_trigger"], event["unit"], event["current"]) if event and event["applied"] else None
+        if event is not None:
+            event["applied"] = rescale is not None
+            hook.write_event(event)
+        if rescale is not None:
+            self._say(rescale)
+            hook.resize(event["per_trigger"], f"its supervisor ({sup.tenure_name}): sizing by lag")
+            self._end_standby()
+            sup.rescaling(self._launch(standby=True, tenure=sup.tenure))
+        if sup.rescale_pending:
+            from spark_jobs.runtime.standby import READY, standbys
+
+            if (step := sup.hand_over_when_ready({s.driver_id for s in standbys(hook.layout.lease_dir)
+                                                  if s.state == READY})) is not None:
+                self._say(step)
+                if step.act is Act.STOP:
+                    hook.request_stop(sup.epoch, step.why)
+                if step.driver is not None:
+                    step.driver.kill()
 
     def _skip_if_nothing_to_run(self, context: Context) -> None:
         """A scheduled stream's run that its schedule or its input started (not an operator's deploy)
@@ -243,6 +258,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 hook.request_stop(sup.epoch, switch.why)
             health = hook.health()
             hook.record(health)
+            self._size(health)
             self._keep_standby(health)
             if health.status != last_status:
                 self.log.info("%s", health.summary())
@@ -257,7 +273,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 if pid is not None:
                     self.log.warning("graceful stop took more than %.0fs: killed driver pid %s", sup.stop_grace, pid)
             if sup.archive_due(health):
-                self._archive(hook)
+                hook.archive_committed()
         return sup.watched()
 
     def _keep_standby(self, health: Health) -> None:
@@ -269,18 +285,6 @@ class StreamSupervisorOperator(StreamDriverOperator):
                              f": {error.splitlines()[0]}" if error else "")
         if launch:
             self.supervisor.standby = self._launch(standby=True, tenure=self.supervisor.tenure)
-
-    def _archive(self, hook: StreamHook) -> None:
-        """Move committed input out of the landing directory; a failure is logged, never fatal."""
-        from spark_jobs.runtime.archive import archive
-
-        try:
-            result = archive(hook.plan)
-        except OSError as exc:
-            self.log.warning("stream %s: archiving committed input failed (tried again later): %s", self.stream, exc)
-            return
-        if result.archived or result.conflicts:
-            self.log.info("stream %s: %s", self.stream, result.describe())
 
     def on_kill(self) -> None:
         """Stop the driver this task runs gracefully, then hard if it does not stop before

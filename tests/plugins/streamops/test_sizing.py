@@ -3,6 +3,7 @@ with its inputs when it changed enough, and charted on the stream's page."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from spark_jobs.plan import compile_plan
+from spark_jobs.runtime import rate_limit
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.progress import EventLog
 from spark_jobs.stream_spec.layout import Layout, default_spec_dir
@@ -93,3 +95,38 @@ def test_a_window_s_recommendation_is_recorded_with_its_inputs_only_when_it_chan
     assert traces["per trigger: recommended (sizing by lag)"]["y"] == [event["per_trigger"], quiet["per_trigger"]]
     assert f"per trigger: the source's own ({plan.source.max_files_per_trigger})" in traces
     assert json.loads(layout.events_file.read_text().splitlines()[-1])["event"] == "sizing_decision"
+
+
+def test_a_recommendation_a_quarter_away_from_the_driver_s_limit_is_applied_unless_the_spec_says_dry_run(
+        stream, monkeypatch) -> None:
+    plan, layout = stream
+    monkeypatch.setattr(sizing, "processed_files", lambda checkpoint, through_batch: set(range(5 * (through_batch + 1))))
+    backlog = lambda files: SimpleNamespace(backlog_files=files, backlog_records=None)  # noqa: E731
+
+    def window(sizer: Sizer, start: float, files_waiting: int) -> dict | None:
+        sizer.observe(backlog(files_waiting), start)
+        for b in range(12):  # 5 files a batch, 2.5 s each: capacity 2 files/s
+            progress(layout, start + 5 * b + 1, b, 500, 2500)
+        return sizer.observe(backlog(files_waiting), start + 60)
+
+    # a backlog of 3,000 files to clear in 5 minutes: 10 + 1 files/s, 55 a 5 s trigger (bounds 1 to 100)
+    event = window(Sizer(plan, layout), T0, 3000)
+    assert event is not None and event["per_trigger"] == 55 and event["current"] == 10 and event["applied"]
+    # the limit set is what the driver takes next (rate_limit), and what the next recommendation is held against
+    rate_limit.write(layout, 55, "files", "a test")
+    assert rate_limit.applied(plan, layout).source.max_files_per_trigger == 55
+    again = Sizer(plan, layout)
+    assert again.current == 55
+    assert window(again, T0 + 100, 3000)["applied"] is False  # recorded (its first), not applied again
+    # within the bounds, whatever the file says; another unit (the source changed kind) is not taken
+    rate_limit.write(layout, 5000, "files", "a test")
+    assert rate_limit.current(plan, layout) == 100
+    rate_limit.write(layout, 55, "records", "a test")
+    assert rate_limit.current(plan, layout) == 10
+    # dry run: recommended, never applied; the driver keeps the source's own limit
+    dry = dataclasses.replace(plan, execution=plan.execution.model_copy(
+        update={"sizing": plan.execution.sizing.model_copy(update={"dry_run": True})}))
+    rate_limit.write(layout, 55, "files", "a test")
+    assert rate_limit.applied(dry, layout) is dry
+    dry_event = window(Sizer(dry, layout), T0 + 200, 3000)
+    assert dry_event is not None and dry_event["per_trigger"] == 55 and not dry_event["applied"]

@@ -16,6 +16,7 @@ from spark_jobs.stream_spec.models import Restart, Supervision
 from streamops.health import Health, Status
 from streamops.restarts import RestartBudget
 from streamops.supervisor import (
+    RESCALE_READY_SECONDS,
     STANDBY_RELAUNCH_SECONDS,
     STANDBY_TAKEOVER_SECONDS,
     Act,
@@ -426,6 +427,62 @@ def test_the_standby_takes_over_when_the_driver_dies(tmp_path: Path, clock: Cloc
     sup.standby = ended = FakeDriver("sensors-3", running=False)
     clock.advance(STANDBY_RELAUNCH_SECONDS)
     assert sup.keep_standby(health(Status.HEALTHY), beside) == (ended, True)
+
+
+def test_a_rescale_hands_the_stream_to_a_standby_at_the_new_size_once_it_is_ready(tmp_path: Path,
+                                                                                     clock: Clock) -> None:
+    sup = supervisor(tmp_path, clock)
+    sup.next_run(health(Status.DEAD), None, False, None)
+    active = FakeDriver("sensors-1")
+    sup.started(active)
+    sup.watch()
+    assert sup.rescale(20, "files", 4) is None  # not before its driver holds the lease
+    sup.lease_taken(FakeHolder("sensors-1", epoch=1))
+    sup.standby = FakeDriver("sensors-2")  # warmed at the old size
+    decision = sup.rescale(20, "files", 4)
+    assert decision is not None and decision.act is Act.RESCALE and decision.end_standby
+    assert sup.rescale(30, "files", 4) is None  # one at a time
+    assert sup.drop_standby().driver_id == "sensors-2"
+    sup.rescaling(standby := FakeDriver("sensors-3"))
+    assert sup.standby is standby and sup.rescale_pending
+    assert sup.hand_over_when_ready(set()) is None  # warming
+    assert sup.hand_over_when_ready({"sensors-2"}) is None  # another's readiness says nothing
+    clock.advance(25)
+    stop = sup.hand_over_when_ready({"sensors-3"})
+    assert stop is not None and stop.act is Act.STOP and "rescale to 20 files a micro-batch" in stop.why
+    assert not sup.rescale_pending and sup.observe(health(Status.STALLED), lambda epoch: False) is None
+    assert not sup.overdue()  # a rescale's stop has the full graceful grace (switch_grace), not the stalled 5 s
+    clock.advance(6)
+    assert not sup.overdue()
+    # the driver stops between batches: a handover, not a failed run, and the standby takes over
+    active.running = False
+    code, reason = sup.exited(*sup.watched()[:1], (0, ""))
+    ended = sup.run_ended(code, reason, sup.watched()[1], None)
+    assert ended.act is Act.TAKE_OVER and ended.event is not None
+    assert {k: ended.event[k] for k in ("event", "per_trigger", "unit", "previous", "standby")} == {
+        "event": "rescaled", "per_trigger": 20, "unit": "files", "previous": 4, "standby": "sensors-3"}
+    assert ended.event["stop_seconds"] == 6.0
+    assert sup.budget.consecutive_failures() == 0
+    sup.hand_over(set())
+    assert sup.takeover(FakeHolder("sensors-3", epoch=2)).act is Act.WATCH and sup.active is standby
+    sup.started()
+    sup.watch()
+    sup.lease_taken(FakeHolder("sensors-3", epoch=2))
+    # a rescale whose standby ends before it is ready, or is not ready in time, is given up; the driver runs on
+    assert sup.rescale(40, "files", 20) is not None
+    sup.rescaling(dying := FakeDriver("sensors-4"))
+    dying.running = False
+    gave_up = sup.hand_over_when_ready(set())
+    assert gave_up is not None and gave_up.act is Act.WAIT
+    assert "given up (its standby ended)" in gave_up.say and sup.standby is None and not sup.rescale_pending
+    assert sup.rescale(40, "files", 20) is not None
+    sup.rescaling(slow := FakeDriver("sensors-5"))
+    clock.advance(RESCALE_READY_SECONDS + 1)
+    late = sup.hand_over_when_ready(set())
+    assert late is not None and late.driver is slow and "not ready within" in late.say
+    # nor while an available-now run goes, or a stop is under way
+    assert sup.observe(health(Status.STALLED), lambda epoch: False) is not None
+    assert sup.rescale(40, "files", 20) is None
 
 
 def test_a_standby_on_another_worker_takes_over_and_is_supervised_through_its_lease(tmp_path: Path,
