@@ -1,6 +1,7 @@
 """How soon a stream runs again after its driver is killed: a warm standby against a cold restart.
 
-    python -m bench.takeover [--kills N] [--every S] [--events-per-file N] [--variants standby,cold] [--keep]
+    python -m bench.takeover [--kills N] [--every S] [--events-per-file N] [--variants standby,cold,rescale,restart]
+                             [--keep]
 
 The stream: ``clicks_four_outputs`` (``bench.harness.bench_specs``: a deduplicating ingestion
 joined with reference data, writing the pass-through output; a 15-minute window sliding every
@@ -19,6 +20,15 @@ first commit of each query (its commit file's time) by the next driver:
   queries have committed and ``STANDBY_RELAUNCH_SECONDS`` passed since the last launch); the next
   kill waits until it is ready.
 * ``cold``: a new driver is started at the kill, as a supervisor without a standby restarts one.
+
+A rescale (sizing by lag set a new per-trigger limit, ``spark_jobs.runtime.rate_limit``; each
+round flips it between 4 and 8 files a micro-batch) is measured the same way, without a kill: the
+seconds each query goes without a commit, from its last commit by the old driver to its first by
+the new one (the new driver's lease divides them), and that the new driver runs at the new size:
+
+* ``rescale``: as the supervisor rescales: a standby launched at the new size, and once it is
+  ready the active driver asked to stop between batches, for the standby to take over;
+* ``restart``: the driver asked to stop between batches, and a new one started once it exited.
 
 Afterwards every sink is read back against the generator's ground truth (exactly once across
 every kill). Output: a table of medians and maxima per query, ``bench/results/takeover.json``.
@@ -58,6 +68,7 @@ from bench.harness import (
 from bench.report import machine, results_path, write_results
 from runner.processes import wait_for
 from spark_jobs.plan import compile_plan
+from spark_jobs.runtime import rate_limit
 from spark_jobs.runtime.checkpoint import (
     batch_ids,
     file_name,
@@ -65,7 +76,9 @@ from spark_jobs.runtime.checkpoint import (
     sink_files,
     watermark_to_catch_up,
 )
+from spark_jobs.runtime.driver import request_stop
 from spark_jobs.runtime.lease import read_holder
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.runtime.standby import READY, standbys
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -125,6 +138,10 @@ class Run:
             later = [t for t in times if t > moment]
             found[query] = min(later) if later else None
         return found
+
+    def last_commit_before(self, query: str, moment: float) -> float:
+        times = [p.stat().st_mtime for p in (Path(self.plan.checkpoints[query]) / "commits").glob("[0-9]*")]
+        return max(t for t in times if t <= moment)
 
     def every_query_committed_after(self, moment: float) -> dict[str, float] | None:
         found = self.commits_after(moment)
@@ -225,6 +242,49 @@ def one_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: a
     return {"rounds": rounds, "root": str(run.root), "spec": run.spec}
 
 
+def one_rescale_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: argparse.Namespace,
+                        say: Any) -> dict[str, Any]:
+    """Rounds of rescales: through a standby at the new size, or a graceful stop and a cold start."""
+    run = Run(work / variant, spec_path, staged, args.every)
+    run.land(4)
+    started = time.time()
+    active = run.launch()
+    wait_for(lambda: run.every_query_committed_after(started), "the first driver's first commits", 300)
+    run.start_feeding()
+    rounds = []
+    try:
+        for n in range(args.kills):
+            size = 8 if n % 2 == 0 else 4
+            rate_limit.write(run.layout, size, "files", "bench")
+            if variant == "rescale":
+                standby = run.launch("--standby")
+                wait_for(run.ready_standby, "a ready standby", 300, every=0.2)
+            time.sleep(args.settle)
+            old = read_holder(run.layout.lease_dir)
+            assert old is not None
+            request_stop(run.layout.stop_marker, old.epoch, "bench: rescale")
+            if variant == "restart":
+                wait_for(lambda proc=active: proc.poll() is not None, "the driver to stop", 300, every=0.05)
+                standby = run.launch()
+            active = standby
+            new = wait_for(lambda was=old.epoch: (h := read_holder(run.layout.lease_dir)) is not None and h.epoch > was and h,
+                           "the new driver's lease", 300, every=0.05)
+            first = wait_for(lambda at=new.started_at: run.every_query_committed_after(at), "every query's first commit",
+                             300, every=0.05)
+            seconds = {q: round(t - run.last_commit_before(q, new.started_at), 2) for q, t in first.items()}
+            taken = [e.get("per_trigger") for e in read_events(run.layout.events_file)
+                     if e.get("event") == "driver_started" and e.get("epoch") == new.epoch]
+            assert taken == [size], f"the new driver runs at {taken}, not {size}"
+            say(f"{variant} {n + 1}/{args.kills} to {size} files a micro-batch: without a commit "
+                + ", ".join(f"{q} {s:.1f}s" for q, s in seconds.items()))
+            rounds.append(seconds)
+        run.land(len(run.pending))
+        wait_caught_up(run)
+    finally:
+        run.stop()
+    return {"rounds": rounds, "root": str(run.root), "spec": run.spec}
+
+
 def check(result: dict[str, Any]) -> dict[str, Any]:
     """The sinks against the ground truth (one local SparkSession)."""
     from pyspark.sql import SparkSession
@@ -272,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_path = specs[FOUR]
         spec = yaml.safe_load(spec_path.read_text())
         spec["trigger"] = {"processing_time": "2 seconds"}
+        spec["execution"] = {"sizing": {"max_per_trigger": 20}}  # a limit a rescale sets applies
         spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
         variants = args.variants.split(",")
         files = 4 + int((args.kills * 40 + 60) / args.every)
@@ -279,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         run_generator(spec_path, staged, files, args.events_per_file, seed=7)
         say(f"{files} files of {args.events_per_file} events generated; one lands every {args.every}s")
         for variant in variants:
-            result = one_variant(variant, work, spec_path, staged, args, say)
+            measure = one_rescale_variant if variant in ("rescale", "restart") else one_variant
+            result = measure(variant, work, spec_path, staged, args, say)
             checked = check(result)
             say(f"{variant}: sinks {'equal to' if checked['ok'] else 'DIFFERENT from'} the ground truth")
             if not checked["ok"]:
@@ -297,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = (results["standby"]["summary"]["every query"]["median_s"]
                  / results["cold"]["summary"]["every query"]["median_s"])
         lines.append(f"standby/cold, every query's first commit (medians): {ratio:.2f}")
+    if {"rescale", "restart"} <= set(results):
+        ratio = (results["rescale"]["summary"]["every query"]["median_s"]
+                 / results["restart"]["summary"]["every query"]["median_s"])
+        lines.append(f"rescale/restart, the longest time without a commit (medians): {ratio:.2f}")
     print("\n".join(lines))
     out = results_path(args.out)
     write_results(out, {"machine": machine(), "args": vars(args), "results": results})

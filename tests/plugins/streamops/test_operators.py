@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk.exceptions import AirflowFailException
+from examples import example_spec, include_with
 from watched import scheduled_specs
 
-from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.checkpoint import file_name, last_batch, processed_files
 from spark_jobs.runtime.lease import (
     DRIVER_ID_ENV,
     holder_alive,
     read_holder,
 )
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
@@ -614,3 +616,75 @@ def test_the_watch_of_a_scheduled_streams_upgrade_waits_for_the_run_after_it(dat
     events.write({"event": "driver_failed", "error": "boom"})
     with pytest.raises(AirflowFailException, match="failed after upgrade 1: boom"):
         watch()
+
+
+def test_a_rescale_hands_the_stream_to_a_standby_started_at_the_new_size(data_root: Path, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    """Real drivers (spark-submit of the stream job): sizing by lag sets 2 files a micro-batch (the spec
+    says 10); the supervisor launches a standby at that size, stops the driver between batches once
+    the standby is ready, and the standby runs the stream on at 2 files a micro-batch. No failed run."""
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STREAMS", json.dumps({"conn_type": "spark", "host": "local[1]"}))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # spark-submit
+    data = example_spec("sensors")
+    data["trigger"] = {"processing_time": "1 second"}
+    data["execution"] = {"sizing": {"max_per_trigger": 20}}
+    specs = include_with(tmp_path / "include", data)
+    stream = StreamHook("sensors", str(specs), str(data_root))
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs), data_root=str(data_root),
+                                  conn_id="spark_streams", poll_seconds=0.2, grace_seconds=30,
+                                  conf={"spark.sql.shuffle.partitions": "2"})
+    decided: list[float] = []
+
+    def size(health) -> dict | None:  # the sizer's own arithmetic is tested in test_sizing: here, one decision
+        if decided or len(started()) == first:  # once the first driver runs its flows
+            return None
+        decided.append(time.time())
+        return {"event": "sizing_decision", "stream": "sensors", "unit": "files", "per_trigger": 2, "current": 10,
+                "applied": True}
+
+    op.stream_hook.size = size
+    events = lambda: read_events(stream.layout.events_file)  # noqa: E731
+    started = lambda: [e for e in events() if e["event"] == "driver_started"]  # noqa: E731
+    first = len(started())
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(op.execute({})), daemon=True)
+    thread.start()
+
+    def wait(condition, what: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert thread.is_alive() and time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    landing = Path(stream.plan.source.landing)
+    ingestion = stream.plan.checkpoint("_ingest")
+    try:
+        wait(lambda: len(started()) > first + 1, "the standby to take the stream over")
+        old, new = started()[first:first + 2]
+        assert (old["standby"], old["per_trigger"]) == (False, 10)
+        assert (new["standby"], new["per_trigger"]) == (True, 2) and new["epoch"] > old["epoch"]
+        for f in range(6):  # input after the rescale: taken two files a micro-batch
+            (landing / f"part-9{f:05d}.json").write_text(json.dumps(
+                {"event_id": f"r{f}", "device_id": "dev-001", "ts": "2026-01-01T00:00:00Z", "temperature": 21.0}) + "\n")
+        after = last_batch(ingestion, "commits")
+        wait(lambda: {file_name(f) for f in processed_files(ingestion)} >= {f.name for f in landing.glob("part-9*")},
+             "the new files' commits")
+        StopStreamOperator(task_id="stop", stream="sensors", spec_dir=str(specs), data_root=str(data_root)).execute({})
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        if thread.is_alive():  # the supervisor ends once the stream is stopped on purpose
+            stream.hold("the test, failing")
+            stream.kill_driver()
+            thread.join(60)
+    batches = range(after + 1, last_batch(ingestion, "commits") + 1)
+    sizes = [len(processed_files(ingestion, through_batch=b)) - len(processed_files(ingestion, through_batch=b - 1))
+             for b in batches]
+    assert sum(sizes) == 6 and max(sizes) <= 2, sizes
+    rescaled = [e for e in events() if e["event"] == "rescaled"]
+    assert [(e["per_trigger"], e["previous"], e["unit"]) for e in rescaled] == [(2, 10, "files")]
+    stopped = {e["epoch"]: e["exit_code"] for e in events() if e["event"] == "driver_stopped"}
+    assert stopped[old["epoch"]] == 0  # stopped between batches
+    assert json.loads(stream.layout.per_trigger_file.read_text())["per_trigger"] == 2
+    runs = json.loads(stream.layout.runs_file.read_text())
+    assert [(r["exit_code"], r["requested"]) for r in runs] == [(0, True), (0, True)]  # a handover, then the stop

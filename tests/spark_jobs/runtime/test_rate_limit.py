@@ -35,8 +35,9 @@ def test_a_driver_takes_the_limit_sizing_set_and_keeps_the_spec_s_own_in_its_pla
 
     assert start(spark, spec_file, tmp_path / "data", monkeypatch) == 0
     ingestion = plan.checkpoint(INGEST_FLOW)
-    assert batch_ids(ingestion, "commits") == [0, 1, 2]  # one file a micro-batch, not all three in one
-    assert [len(processed_files(ingestion, through_batch=b)) for b in (0, 1, 2)] == [1, 2, 3]
+    taken = [len(processed_files(ingestion, through_batch=b)) - len(processed_files(ingestion, through_batch=b - 1))
+             for b in batch_ids(ingestion, "commits")]  # a batch without data may follow, moving the watermark
+    assert taken[:3] == [1, 1, 1] and sum(taken) == 3  # one file a micro-batch, not all three in one
     started = [e for e in read_events(layout.events_file) if e.get("event") == "driver_started"]
     assert started[-1]["per_trigger"] == 1
     # the plan kept for the next start's verdicts is the spec's (a limit sizing set is no change of the spec)
