@@ -22,7 +22,8 @@ first commit of each query (its commit file's time) by the next driver:
 * ``cold``: a new driver is started at the kill, as a supervisor without a standby restarts one.
 
 A rescale (sizing by lag set a new per-trigger limit, ``spark_jobs.runtime.rate_limit``; each
-round flips it between 4 and 8 files a micro-batch) is measured the same way, without a kill: the
+round flips it between 2 and 4 files a micro-batch: at most the spec's own 4, the grouping the
+ground truth's late records are made for) is measured the same way, without a kill: the
 seconds each query goes without a commit, from its last commit by the old driver to its first by
 the new one (the new driver's lease divides them), and that the new driver runs at the new size:
 
@@ -254,7 +255,7 @@ def one_rescale_variant(variant: str, work: Path, spec_path: Path, staged: Path,
     rounds = []
     try:
         for n in range(args.kills):
-            size = 8 if n % 2 == 0 else 4
+            size = 2 if n % 2 == 0 else 4
             rate_limit.write(run.layout, size, "files", "bench")
             if variant == "rescale":
                 standby = run.launch("--standby")
