@@ -19,7 +19,8 @@ above, into the stream's log and history) when it differs from the last recorded
 or more, or its verdict on the cores changes: hysteresis, so that noise records nothing.
 
 It is applied (``applied: true`` in its event) when it differs from the limit the driver runs at
-by a quarter or more, unless the spec says ``dry_run``: the supervisor records the new limit
+by a quarter or more (a smaller one only while batches take more than ``utilisation`` of the
+time), unless the spec says ``dry_run``: the supervisor records the new limit
 (``spark_jobs.runtime.rate_limit``) and hands the stream to a standby started at that size, at a
 batch boundary (``streamops.supervisor.Supervisor.rescale``): a rescale costs a takeover, not a
 cold restart.
@@ -133,7 +134,7 @@ class Sizer:
         window = Window(now - began, self._taken(batches), busy, before, backlog)
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,
                           duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds)
-        apply = not self.sizing.dry_run and self._worth_applying(found)
+        apply = not self.sizing.dry_run and self._worth_applying(found, busy / window.seconds)
         if not apply and not self._worth_recording(found):
             return None
         self.last = found
@@ -145,9 +146,14 @@ class Sizer:
                 "utilisation": round(busy / window.seconds, 3), "cores_factor": found.cores_factor,
                 "enough_cores": found.enough_cores}
 
-    def _worth_applying(self, found: Recommendation) -> bool:
+    def _worth_applying(self, found: Recommendation, utilisation: float) -> bool:
+        """A quarter or more away from the driver's limit; a smaller limit only while batches take more
+        than ``utilisation`` of the time (a smaller one would not make them shorter otherwise: it costs
+        a rescale, and slows the next burst's catch-up)."""
         if self.current is None:
             return True
+        if found.per_trigger < self.current and utilisation <= self.sizing.utilisation:
+            return False
         return abs(found.per_trigger - self.current) >= max(1.0, CHANGE * self.current)
 
     def _worth_recording(self, found: Recommendation) -> bool:

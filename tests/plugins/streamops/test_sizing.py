@@ -118,6 +118,15 @@ def test_a_recommendation_a_quarter_away_from_the_driver_s_limit_is_applied_unle
     again = Sizer(plan, layout)
     assert again.current == 55
     assert window(again, T0 + 100, 3000)["applied"] is False  # recorded (its first), not applied again
+    # the backlog gone: a smaller limit is recommended, but not applied while batches fit the trigger
+    quiet = window(Sizer(plan, layout), T0 + 150, 0)
+    assert quiet is not None and quiet["per_trigger"] < 55 and quiet["utilisation"] < 0.7 and not quiet["applied"]
+    for b in range(12):  # batches that overrun (55 of the 60 s): a smaller limit keeps them short
+        progress(layout, T0 + 301 + 5 * b, b, 500, 4600)
+    busy = Sizer(plan, layout)
+    busy.observe(backlog(0), T0 + 300)
+    overrun = busy.observe(backlog(0), T0 + 360)
+    assert overrun is not None and overrun["per_trigger"] < 55 and overrun["applied"]
     # within the bounds, whatever the file says; another unit (the source changed kind) is not taken
     rate_limit.write(layout, 5000, "files", "a test")
     assert rate_limit.current(plan, layout) == 100
