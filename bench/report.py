@@ -115,3 +115,12 @@ def write_results(path: Path, data: dict[str, Any], indent: int = 1) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=indent, default=str))
     return path
+
+
+def finish(lines: list[str], out: str, args: Any, results: dict[str, dict[str, Any]]) -> int:
+    """Print the table's ``lines``, write the results with the machine and the arguments to
+    ``results_path(out)``; the exit code: 0 only if every variant's sinks were exact."""
+    print("\n".join(lines))
+    path = write_results(results_path(out), {"machine": machine(), "args": vars(args), "results": results})
+    print(f"written: {path}")
+    return 0 if all(r["sinks_exact"] for r in results.values()) else 1

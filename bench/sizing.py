@@ -48,7 +48,7 @@ from bench.harness import (
     run_generator,
     working_folder,
 )
-from bench.report import machine, results_path, write_results
+from bench.report import finish
 from bench.takeover import Run, check, wait_caught_up
 from runner.processes import wait_for
 from spark_jobs import submit
@@ -175,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"fixed", "sizing"} <= set(results):
         lines.append(f"sizing/fixed, every output caught up: "
                      f"{results['sizing']['every_output_s'] / results['fixed']['every_output_s']:.2f}")
-    print("\n".join(lines))
-    out = results_path(args.out)
-    write_results(out, {"machine": machine(), "args": vars(args), "results": results})
-    print(f"written: {out}")
-    return 0 if all(r["sinks_exact"] for r in results.values()) else 1
+    return finish(lines, args.out, args, results)
 
 
 if __name__ == "__main__":

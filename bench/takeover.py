@@ -66,7 +66,7 @@ from bench.harness import (
     run_generator,
     working_folder,
 )
-from bench.report import machine, results_path, write_results
+from bench.report import finish
 from runner.processes import wait_for
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime import rate_limit
@@ -204,14 +204,22 @@ def wait_caught_up(run: Run, timeout: float = 600) -> None:
     wait_for(caught_up, "the stream to take every file", timeout, every=1)
 
 
-def one_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: argparse.Namespace,
-                say: Any) -> dict[str, Any]:
+def first_driver(variant: str, work: Path, spec_path: Path, staged: Path,
+                 args: argparse.Namespace) -> tuple[Run, subprocess.Popen]:
+    """The variant's data root with 4 files landed, its first driver once every query committed, and
+    the feed of landing files started."""
     run = Run(work / variant, spec_path, staged, args.every)
     run.land(4)
     started = time.time()
-    run.launch()
+    active = run.launch()
     wait_for(lambda: run.every_query_committed_after(started), "the first driver's first commits", 300)
     run.start_feeding()
+    return run, active
+
+
+def one_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: argparse.Namespace,
+                say: Any) -> dict[str, Any]:
+    run, _ = first_driver(variant, work, spec_path, staged, args)
     standby_launched = float("-inf")
     if variant == "standby":
         run.launch("--standby")
@@ -246,12 +254,7 @@ def one_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: a
 def one_rescale_variant(variant: str, work: Path, spec_path: Path, staged: Path, args: argparse.Namespace,
                         say: Any) -> dict[str, Any]:
     """Rounds of rescales: through a standby at the new size, or a graceful stop and a cold start."""
-    run = Run(work / variant, spec_path, staged, args.every)
-    run.land(4)
-    started = time.time()
-    active = run.launch()
-    wait_for(lambda: run.every_query_committed_after(started), "the first driver's first commits", 300)
-    run.start_feeding()
+    run, active = first_driver(variant, work, spec_path, staged, args)
     rounds = []
     try:
         for n in range(args.kills):
@@ -364,11 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = (results["rescale"]["summary"]["every query"]["median_s"]
                  / results["restart"]["summary"]["every query"]["median_s"])
         lines.append(f"rescale/restart, the longest time without a commit (medians): {ratio:.2f}")
-    print("\n".join(lines))
-    out = results_path(args.out)
-    write_results(out, {"machine": machine(), "args": vars(args), "results": results})
-    print(f"written: {out}")
-    return 0 if all(r["sinks_exact"] for r in results.values()) else 1
+    return finish(lines, args.out, args, results)
 
 
 if __name__ == "__main__":
