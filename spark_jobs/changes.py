@@ -61,6 +61,8 @@ SINK_PLACE = ("kind", "path", "partition_by", "table", "url")
 #: sinks that take rows of another shape under the same checkpoint (a projection)
 TAKES_NEW_COLUMNS = ("parquet", "kafka", "console", "memory")
 #: what makes a SQL query stateful, roughly: a grouping, a distinct, a join, a window
+#: what an unknown verdict's reason says to do
+REHEARSE = "rehearse it (python -m spark_jobs.check SPEC --rehearse, or the upgrade DAG)"
 _STATEFUL_SQL = re.compile(r"\b(group\s+by|distinct|join|window|session_window|dropduplicates)\b", re.I)
 
 
@@ -159,7 +161,7 @@ def judge(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
             verdicts.append(Verdict(name, RETIRED, [f"{spec_file}: outputs: {name} was removed; its checkpoint "
                                                     f"{kept} is archived, its sink kept"] if kept else
                                     [f"{spec_file}: outputs: {name} was removed; its sink is kept"]))
-    return verdicts
+    return settled(verdicts, plan, previous, spec_file)
 
 
 def _resumes(checkpoint: str | None) -> bool:
@@ -191,11 +193,17 @@ def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Ve
             "accepted.format": (old.get("accepted_format") or "parquet", ingestion.accepted_format,
                                 "the accepted-rows table's format"),
             "quarantine.path": (old.get("quarantine"), ingestion.quarantine, "the quarantine (the accounting counts it)"),
-            "transform": (old.get("transform"), _jsonable(ingestion.transform), "the transform that makes the accepted rows"),
         }
         for name, (before, after, what) in places.items():
             if before != after:
                 j.change(REPROCESS, name, f"{what} changed from {_show(before)} to {_show(after)}")
+        before_transform, after_transform = old.get("transform"), _jsonable(ingestion.transform)
+        if before_transform != after_transform:
+            j.change(UNKNOWN, "transform", f"the transform changed from {_show(before_transform)} to "
+                                           f"{_show(after_transform)}: what it makes of the rows cannot be told from "
+                                           f"the plan; {REHEARSE}")
+        elif ingestion.transform is not None and ingestion.transform.python is not None:
+            _code(j, "transform.python", ingestion.transform.python, previous, plan)
         if ingestion.accepted_columns is not None:  # None: a transform's, before Spark's analysis
             _columns(j, old.get("accepted_columns") or {}, ingestion.accepted_columns)
         if (old.get("event_time") or {}).get("watermark") != (ingestion.event_time.watermark if ingestion.event_time
@@ -284,6 +292,8 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
     if old.get("mode") != output.mode:
         j.change(REBUILD, "mode", f"the output mode changed from {old.get('mode')} to {output.mode}")
     _query(j, output, old.get("query") or {}, checkpoint)
+    if isinstance(output.query, PythonQuery) and (old.get("query") or {}) == _jsonable(output.query):
+        _code(j, "query.python", output.query.python, previous, plan)
     old_sink = old.get("sink") or {}
     for name in SINK_PLACE:
         empty = [] if name == "partition_by" else None  # what a dataset without the field has
@@ -333,11 +343,20 @@ def _query(j: _Judge, output: OutputPlan, old: dict[str, Any], checkpoint: str) 
         if state_schemas(checkpoint):
             j.change(REBUILD, "query.sql", "the query of a stateful output changed (its checkpoint holds state)")
         elif _STATEFUL_SQL.search(q.sql):
-            j.change(UNKNOWN, "query.sql", "the query changed and may keep state its checkpoint lacks; rehearse it")
+            j.change(UNKNOWN, "query.sql", f"the query changed and may keep state its checkpoint lacks; {REHEARSE}")
         else:
             j.change(COMPATIBLE, "query.sql", "a filter or projection of a query without state; Spark allows it")
     else:
-        j.change(UNKNOWN, "query", "a Python query changed: its effect on state cannot be told from the plan")
+        j.change(UNKNOWN, "query", f"a Python query changed: its effect on state cannot be told from the plan; {REHEARSE}")
+
+
+def _code(j: _Judge, field: str, ref: str, previous: dict[str, Any], plan: StreamPlan) -> None:
+    """The module behind an unchanged reference, against the one the last start ran (a plan kept
+    before the plans recorded code says nothing)."""
+    before, after = (previous.get("code") or {}).get(ref), plan.code.get(ref)
+    if before is not None and after is not None and before != after:
+        j.change(UNKNOWN, field, f"the code of {ref} changed (its module's SHA-256 {before[:12]} -> {after[:12]}): "
+                                 f"its effect cannot be told from the plan; {REHEARSE}")
 
 
 def _against_state(j: _Judge, output: OutputPlan, checkpoint: str, watermark: str | None) -> None:
@@ -355,6 +374,47 @@ def _against_state(j: _Judge, output: OutputPlan, checkpoint: str, watermark: st
                 j.change(REBUILD, "event_time.watermark", f"the state's windows were kept by a watermark of "
                                                           f"{schema.watermark_ms / 1000:g}s ({schema.file}), the spec "
                                                           f"says {watermark}")
+
+
+# ---- what a rehearsal settled ---------------------------------------------------------------
+
+
+def rehearsals_dir(plan: StreamPlan) -> Path:
+    """Where rehearsals keep what they settled (``_control/rehearsals/<change>.json``) and their scratch."""
+    return Path(plan.checkpoint_root) / "_control" / "rehearsals"
+
+
+def change_key(plan: StreamPlan, previous: dict[str, Any], spec_file: str | os.PathLike[str]) -> str:
+    """The change a rehearsal settles: the spec file's text, the plan it is judged against and the
+    code it runs. Anything else edited afterwards is another change, to be rehearsed again."""
+    digest = hashlib.sha256()
+    for part in (Path(spec_file).read_bytes(), json.dumps(previous, sort_keys=True, default=str).encode(),
+                 json.dumps(plan.code, sort_keys=True).encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
+def record_rehearsal(plan: StreamPlan, previous: dict[str, Any], spec_file: str | os.PathLike[str],
+                     rehearsed: list[Verdict], at: float) -> Path:
+    """Keep what a rehearsal settled, for every later judgement of the same change."""
+    key = change_key(plan, previous, spec_file)
+    return write_atomically(rehearsals_dir(plan) / f"{key}.json", json.dumps({
+        "change": key, "rehearsed_at": at, "spec_file": str(spec_file),
+        "verdicts": {v.flow: {"verdict": v.verdict, "reasons": v.reasons} for v in rehearsed}}, indent=1))
+
+
+def settled(verdicts: list[Verdict], plan: StreamPlan, previous: dict[str, Any],
+            spec_file: str | os.PathLike[str]) -> list[Verdict]:
+    """The unknown verdicts a rehearsal of this very change settled, replaced by what it found."""
+    if not any(v.verdict == UNKNOWN for v in verdicts):
+        return verdicts
+    try:
+        path = rehearsals_dir(plan) / f"{change_key(plan, previous, spec_file)}.json"
+        found = json.loads(path.read_text(encoding="utf-8"))["verdicts"]
+    except (OSError, ValueError, KeyError):
+        return verdicts
+    return [Verdict(v.flow, found[v.flow]["verdict"], list(found[v.flow]["reasons"]))
+            if v.verdict == UNKNOWN and v.flow in found else v for v in verdicts]
 
 
 def blocking(verdicts: list[Verdict]) -> list[Verdict]:

@@ -7,8 +7,9 @@ loads each spec (``spark_jobs.stream_spec``) and analyzes it on a local SparkSes
 the file, the field and Spark's own message (a Kafka source's broker must answer and its
 topics exist). For a stream that has run (under ``--data-root``), it also prints the verdict
 of each flow against the plan of its last start and the state its checkpoint holds
-(``spark_jobs.changes``), and fails on one a driver would refuse to start with; and how the stream
-runs (``execution``: continuous, scheduled or adaptive), which a change of mode alone changes.
+(``spark_jobs.changes``), and fails on one a driver would refuse to start with (``--rehearse``:
+an *unknown* verdict is first settled by a rehearsal on a copy of the checkpoint,
+``spark_jobs.rehearsal``); and how the stream runs (``execution``: continuous, scheduled or adaptive), which a change of mode alone changes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from spark_jobs import changes
+from spark_jobs import changes, rehearsal
 from spark_jobs.analysis import analyze
 from spark_jobs.runtime.checkpoint import previous_plan
 from spark_jobs.sources.kafka import KafkaUnavailable
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("specs", nargs="+", help="spec files (YAML)")
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="settle unknown verdicts by a rehearsal of one micro-batch on a copy of the checkpoint")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from pyspark.sql import SparkSession
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             previous = previous_plan(layout)
             if previous or Path(layout.checkpoint_root).exists():
                 verdicts = changes.judge(plan, previous, path, spec.event_time.watermark if spec.event_time else None)
+                if args.rehearse:
+                    verdicts = rehearsal.rehearse(spark, plan, previous, verdicts, path)
                 print(f"{path}: against {layout.checkpoint_root}:\n" + changes.report(verdicts))
                 if changes.blocking(verdicts):
                     failed += 1

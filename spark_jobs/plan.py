@@ -63,6 +63,7 @@ from spark_jobs.stream_spec.models import (
     Trigger,
     duration_seconds,
 )
+from spark_jobs.user_code import code_hashes
 
 if TYPE_CHECKING:
     from spark_jobs.stream_spec.layout import Layout
@@ -485,6 +486,9 @@ class StreamPlan:
     supervision: Supervision = field(default_factory=Supervision)
     #: the session's settings (its ``spark.conf``, memory, the connection that says where Spark runs)
     spark: Spark = field(default_factory=Spark)
+    #: the Python code the stream runs: each ``package.module:function`` its transform or queries name ->
+    #: its module file's SHA-256 (``user_code.code_hashes``)
+    code: dict[str, str] = field(default_factory=dict)
 
     @property
     def available_now(self) -> bool:
@@ -611,6 +615,12 @@ def compile_source(spec: StreamSpec, layout: Layout) -> SourcePlan:
     return SourcePlan("rate", columns=list(src.columns), rows_per_second=src.rows_per_second)
 
 
+def python_refs(spec: StreamSpec) -> list[str]:
+    """The Python functions the stream runs (``package.module:function``): its transform's, its queries'."""
+    refs = [spec.transform.python] if spec.transform is not None and spec.transform.python is not None else []
+    return refs + [o.query.python for o in spec.outputs if isinstance(o.query, PythonQuery)]
+
+
 def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | None = None) -> StreamPlan:
     """The spec's plan: every path, schema, key and name the job needs, resolved once.
     ``transformed``: the stream's transform as Spark analyzed it; without it, the plan of
@@ -657,11 +667,11 @@ def compile_plan(spec: StreamSpec, layout: Layout, transformed: Transformed | No
         reads_source=trigger_for(spec, o).kind == "continuous", written_by_ingestion=o is written,
         former_checkpoint=layout.data(paths[o.name]) if o is written else None)
         for o in spec.outputs]
-    python = (any(isinstance(o.query, PythonQuery) for o in spec.outputs)
-              or (spec.transform is not None and spec.transform.python is not None))
+    refs = python_refs(spec)
     checkpoints = ({INGEST_FLOW: ingestion.checkpoint} if ingestion else {}) | {
         o.name: o.checkpoint for o in outputs if o.checkpoint is not None}
     return StreamPlan(spec.name, et.column if et else None, source, ingestion, outputs,
-                      transforms_dir=str(layout.transforms_dir) if python else None, checkpoint_root=root,
+                      transforms_dir=str(layout.transforms_dir) if refs else None, checkpoint_root=root,
                       checkpoints=checkpoints, trigger=spec.trigger, execution=spec.execution,
-                      supervision=spec.supervision, spark=spec.spark)
+                      supervision=spec.supervision, spark=spec.spark,
+                      code=code_hashes(layout.transforms_dir, refs))

@@ -2,6 +2,7 @@
 output, with a savepoint to roll back to.
 
     python -m spark_jobs.submit upgrade --spec include/streams/<name>.yaml [-- --data-root R]
+    python -m spark_jobs.submit upgrade --spec ... -- --step rehearse
     python -m spark_jobs.submit upgrade --spec ... -- --step prepare --online   (then --step rebuild, --step swap)
     python -m spark_jobs.submit upgrade --spec ... -- --rollback
 
@@ -20,9 +21,11 @@ Each flow's verdict (``spark_jobs.changes``) says what it takes:
   the live path; see ``runtime.files.exchange``); a database table by two renames in one
   transaction. The staged checkpoint takes the old one's place the same way. A reader of the
   sink sees the old complete result until then and the new complete result after, never a mix;
-* *reprocess* and *unknown*: refused (the input read again into new tables, a rehearsal of a
-  Python query: not carried out by an upgrade yet), as is the rebuild of a Kafka output (what a
-  topic received cannot be taken back).
+* *unknown*: rehearsed first (``spark_jobs.rehearsal``: one micro-batch of the new plan on a
+  copy of the checkpoint), which settles it as compatible or rebuild; one it cannot settle is
+  refused;
+* *reprocess*: refused (the input read again into new tables: not carried out by an upgrade
+  yet), as is the rebuild of a Kafka output (what a topic received cannot be taken back).
 
 First a **savepoint** (``_control/upgrades/<n>/savepoint/``): the checkpoints of the outputs to
 rebuild and the plan they ran copied, and each one's sink and position recorded. The old sinks
@@ -54,7 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from spark_jobs import changes
+from spark_jobs import changes, rehearsal
 from spark_jobs.plan import (
     DeltaDataset,
     KafkaDataset,
@@ -240,8 +243,9 @@ def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
     verdicts = changes.judge(plan, previous, spec_file, watermark)
     refused = [v for v in verdicts if v.verdict in (changes.REPROCESS, changes.UNKNOWN)]
     if refused:
-        raise UpgradeRefused("an upgrade cannot carry these changes out yet (a reprocess reads the input again "
-                             "into new tables, an unknown change needs a rehearsal); restore them in the spec:\n"
+        raise UpgradeRefused("an upgrade cannot carry these changes out (a reprocess reads the input again into "
+                             "new tables; an unknown change is settled by its rehearsal first, --step rehearse, "
+                             "whose reasons say why it could not); restore them in the spec:\n"
                              + changes.report(refused))
     rebuild = [v.flow for v in verdicts if v.verdict == changes.REBUILD]
     for name in rebuild:
@@ -542,7 +546,7 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
 
 
 #: the steps one can run on their own (``--step``); ``all`` runs them in order, holding the lease
-STEPS = ("all", "prepare", "rebuild", "swap")
+STEPS = ("all", "rehearse", "prepare", "rebuild", "swap")
 
 
 def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str = "all", online: bool = False,
@@ -550,8 +554,10 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
     """Carry out (or continue) the stream's upgrade to the spec in ``spec_file``, or roll the newest
     back; the upgrade's record.
 
-    ``step``: ``all`` (the default) prepares, rebuilds, swaps and records the plan, holding the
-    stream's lease throughout (no driver runs meanwhile); ``prepare`` only takes the savepoint
+    ``step``: ``all`` (the default) rehearses unknown changes, prepares, rebuilds, swaps and records
+    the plan, holding the stream's lease from the preparation on (no driver runs meanwhile);
+    ``rehearse`` only settles unknown verdicts (``spark_jobs.rehearsal``: on a copy of the
+    checkpoint, beside a running driver); ``prepare`` only takes the savepoint
     (``online``: a driver started afterwards runs every flow but the outputs to rebuild, which it
     starts once the upgrade is done); ``rebuild`` and ``swap`` (which records the plan too) go on
     with a prepared upgrade, beside the running driver if it is online."""
@@ -573,6 +579,14 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         with lease:
             rollback(spark, compile_plan(spec, layout), layout, newest)
         return newest
+    if step in ("all", "rehearse") and record is None:  # unknown verdicts settled on a copy of the checkpoint
+        plan = analyze(spark, spec, layout, spec_file)
+        previous = previous_plan(layout)
+        verdicts = rehearsal.rehearse(spark, plan, previous, changes.judge(
+            plan, previous, spec_file, spec.event_time.watermark if spec.event_time else None), spec_file)
+        if step == "rehearse":
+            return {"number": None, "phase": "rehearsed", "verdicts": [
+                {"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts]}
     if record is not None and record.get("spec") != text:
         raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
                              f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
@@ -641,7 +655,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
-    log.info("upgrade %d: %s at %s", record["number"], record["phase"], iso(time.time()))
+    if record["number"] is None:  # a rehearsal
+        log.info("rehearsed at %s:\n%s", iso(time.time()), "\n".join(
+            f"{v['flow']}: {v['verdict']}: {'; '.join(v['reasons'])}" for v in record["verdicts"]))
+    else:
+        log.info("upgrade %d: %s at %s", record["number"], record["phase"], iso(time.time()))
     return EXIT_OK
 
 

@@ -46,6 +46,23 @@ def ship(spark: SparkSession, folder: str) -> None:
     _shipped[key] = archive
 
 
+def module_file(folder: str | Path, ref: str) -> Path | None:
+    """The file of the module that holds ``ref`` (``package.module:function``) in ``folder``."""
+    base = Path(folder) / ref.split(":")[0].replace(".", "/")
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def code_hashes(folder: str | Path | None, refs: list[str]) -> dict[str, str]:
+    """Each reference's module file as a SHA-256: a change of the code behind an unchanged
+    reference is a change of the plan (``spark_jobs.changes``). Only that file: what it imports
+    in turn is not followed."""
+    found = {}
+    for ref in refs if folder is not None else []:
+        if (file := module_file(folder, ref)) is not None:
+            found[ref] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return found
+
+
 def load_function(spark: SparkSession, folder: str, ref: str) -> Callable[[DataFrame], Any]:
     """The function ``ref`` (``package.module:function``) from ``folder``."""
     module_name, name = ref.split(":")

@@ -197,8 +197,8 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
         return resume, running
 
     upgrade_doc = (f"{_doc(spec, plan, 'upgrade to its changed spec')}\n\nCarries out the spec file's change "
-                   "flow by flow (docs/changes.md): checks the verdicts first (nothing runs if an upgrade cannot "
-                   "carry them out); stops the stream between batches; takes a savepoint; starts the stream again "
+                   "flow by flow (docs/changes.md): rehearses a change whose effect the plan cannot tell on a copy "
+                   "of the checkpoint, then checks the verdicts (nothing runs if an upgrade cannot carry them out); stops the stream between batches; takes a savepoint; starts the stream again "
                    "with its outputs to rebuild held, so the others keep committing; rebuilds those beside their "
                    "live sinks from the accepted rows; swaps each in, in one step; watches the stream. If a step "
                    "after the savepoint fails, the stream is stopped, rolled back to the savepoint and the spec it "
@@ -206,9 +206,13 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
     with DAG(dag_id(spec.name, "upgrade"), doc_md=upgrade_doc, schedule=None, start_date=START, catchup=False,
              max_active_runs=1, tags=[*tags, "upgrade"], default_args=once) as upgrade_dag:
 
-        @task
+        # an unknown verdict is settled on a copy of the checkpoint first (skipped when there is none)
+        rehearse = UpgradeStepOperator(task_id="rehearse", stream=spec.name, step="rehearse", **spark, **paths)
+
+        @task(trigger_rule="none_failed")
         def check() -> dict[str, Any]:
-            """The verdicts of the spec file's change against the stream's last plan and state."""
+            """The verdicts of the spec file's change against the stream's last plan and state (a
+            rehearsal's settled)."""
             from spark_jobs import upgrade
             from spark_jobs.runtime.checkpoint import previous_plan
             from streamops.hooks.stream import StreamHook
@@ -235,11 +239,12 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
         rebuild = UpgradeStepOperator(task_id="rebuild", stream=spec.name, step="rebuild", **spark, **paths)
         swap = UpgradeStepOperator(task_id="swap", stream=spec.name, step="swap", **spark, **paths)
         watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, scheduled=not online, **paths)
+        checked = rehearse >> check()
         if online:
-            check() >> stop >> prepare >> resume
+            checked >> stop >> prepare >> resume
             running >> rebuild >> swap >> watch
         else:
-            check() >> stop >> prepare >> rebuild >> swap >> resume
+            checked >> stop >> prepare >> rebuild >> swap >> resume
             running >> watch
         # the way back, from any failure once the stream was stopped: stopped again, this run's upgrade (if it
         # prepared one) rolled back, started again. A refused check stopped nothing: then nothing happens

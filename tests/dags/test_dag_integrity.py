@@ -293,11 +293,13 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
     for name in ("sensors", "clicks"):
         dag = bag.dags[f"stream_{name}_upgrade"]
         assert dag.schedule is None and dag.max_active_runs == 1 and "docs/changes.md" in dag.doc_md
-        order = ["check", "stop", "prepare", "resume", "start", "running", "rebuild", "swap", "watch"]
+        order = ["rehearse", "check", "stop", "prepare", "resume", "start", "running", "rebuild", "swap", "watch"]
         for before, after in itertools.pairwise(order):
             assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
         steps = {t.task_id: t.step for t in dag.tasks if isinstance(t, UpgradeStepOperator)}
-        assert steps == {"prepare": "prepare", "rebuild": "rebuild", "swap": "swap", "rollback": "rollback"}
+        assert steps == {"rehearse": "rehearse", "prepare": "prepare", "rebuild": "rebuild", "swap": "swap",
+                         "rollback": "rollback"}
+        assert dag.get_task("check").trigger_rule == "none_failed"  # after a rehearsal, or none to do
         assert dag.get_task("prepare").online and isinstance(dag.get_task("watch"), WatchUpgradeOperator)
         gate = dag.get_task("stopped")  # only a run that stopped the stream goes back
         assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {"running", "rebuild", "swap", "watch"}

@@ -10,9 +10,10 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
-from spark_jobs import upgrade
+from spark_jobs import changes, upgrade
+from spark_jobs.runtime.checkpoint import previous_plan
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.health import RUNNING
@@ -34,7 +35,10 @@ class UpgradeStepOperator(SparkSubmitOperator):
     retry; the job's log says why. Returns the upgrade's record, without the spec's text (XCom).
 
     :param stream: the stream's name. (templated)
-    :param step: ``prepare``, ``rebuild``, ``swap``, ``all`` or ``rollback``.
+    ``rehearse`` settles the change's unknown verdicts on a copy of the checkpoint
+    (``spark_jobs.rehearsal``); with none to settle, it submits nothing and is skipped.
+
+    :param step: ``rehearse``, ``prepare``, ``rebuild``, ``swap``, ``all`` or ``rollback``.
     :param online: with ``prepare``: the stream runs during the rebuild and the swap.
     :param number: with ``rollback``: only this upgrade, if it is the newest (templated; empty:
         none was prepared, and there is nothing to roll back; None: the newest).
@@ -53,7 +57,10 @@ class UpgradeStepOperator(SparkSubmitOperator):
         self.number = number
 
     def execute(self, context: Context) -> dict[str, Any]:
-        args = ["--spec", f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml"]
+        spec_file = f"{self.spec_dir or default_spec_dir()}/{self.stream}.yaml"
+        if self.step == "rehearse":
+            return self._rehearse(context, spec_file)
+        args = ["--spec", spec_file]
         if self.step == "rollback" and self.number is not None:
             if not str(self.number).strip():
                 self.log.info("stream %s: no upgrade was prepared: nothing to roll back", self.stream)
@@ -73,6 +80,29 @@ class UpgradeStepOperator(SparkSubmitOperator):
             self.log.info("%s: %s %s", verdict["flow"], verdict["verdict"], "; ".join(verdict["reasons"]))
         self.log.info("upgrade %s of %s: %s", record.get("number"), self.stream, record.get("phase"))
         return {k: v for k, v in record.items() if k != "spec"}
+
+    def _rehearse(self, context: Context, spec_file: str) -> dict[str, Any]:
+        def unknown() -> list[changes.Verdict]:
+            hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+            event_time = hook.plan.ingestion.event_time if hook.plan.ingestion is not None else None
+            return [v for v in changes.judge(hook.plan, previous_plan(hook.layout), spec_file,
+                                             event_time.watermark if event_time else None)
+                    if v.verdict == changes.UNKNOWN]
+
+        if not unknown():
+            raise AirflowSkipException(f"stream {self.stream}: no unknown verdict to rehearse")
+        self.application_args = ["--spec", spec_file, "--step", "rehearse"] + (
+            ["--data-root", self.data_root] if self.data_root else [])
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            raise AirflowFailException(f"the rehearsal of stream {self.stream}'s change failed (its log above says "
+                                       f"why): {exc}") from None
+        left = unknown()  # what the rehearsal could not settle: the check refuses it
+        for v in left:
+            self.log.warning("%s", v.text())
+        return {"unsettled": [v.flow for v in left]}
 
 
 class WatchUpgradeOperator(BaseOperator):

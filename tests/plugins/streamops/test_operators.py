@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from examples import example_spec, include_with
 from watched import scheduled_specs
 
@@ -563,7 +563,6 @@ class Run:
 
 def test_a_scheduled_run_starts_no_driver_when_nothing_waits_or_the_stream_was_stopped(data_root: Path,
                                                                                         tmp_path: Path) -> None:
-    from airflow.sdk.exceptions import AirflowSkipException
 
     from streamops.triggers import read_json
     from streamops.triggers.input_waiting import RUN_FILE
@@ -582,6 +581,17 @@ def test_a_scheduled_run_starts_no_driver_when_nothing_waits_or_the_stream_was_s
         task.execute({"dag_run": Run("scheduled")})
     assert task.stream_hook.held_by() is not None  # a scheduled run does not undo an operator's stop
     assert not task.stream_hook.driver_alive()
+
+
+def test_an_upgrade_s_rehearsal_submits_nothing_without_an_unknown_verdict(data_root: Path, tmp_path: Path) -> None:
+    from streamops.operators.upgrade import UpgradeStepOperator
+
+    specs = include_with(tmp_path / "include", example_spec("sensors"))
+    task = UpgradeStepOperator(task_id="rehearse", stream="sensors", step="rehearse", spec_dir=str(specs),
+                               data_root=str(data_root))
+    task.submit_job = None  # it must not get as far as spark-submit
+    with pytest.raises(AirflowSkipException, match="no unknown verdict to rehearse"):
+        task.execute({})
 
 
 def test_the_watch_of_a_scheduled_streams_upgrade_waits_for_the_run_after_it(data_root: Path, tmp_path: Path) -> None:
