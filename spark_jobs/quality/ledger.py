@@ -84,6 +84,30 @@ def read_ledger(quality_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def problems_since(ledger: dict[str, Any], since: float, outputs: list[str]) -> tuple[list[str], int]:
+    """What the stream's validations after ``since`` (epoch seconds) found wrong with ``outputs``
+    and the stream's own accounting (``ledger``: :func:`read_ledger`): failed units and unbalanced
+    balances, each in words; and how many runs validated after ``since``. An upgrade's watch asks."""
+    from spark_jobs.quality.accounting import INGESTION, UNBALANCED
+    from spark_jobs.runtime.clock import epoch_seconds
+
+    def after(at: Any) -> bool:  # the ledger's times are whole seconds
+        return (when := epoch_seconds(at)) is not None and when >= int(since)
+
+    problems, runs = [], [r for r in ledger.get("runs") or [] if after(r.get("at")) and not r.get("backfill")]
+    for name in outputs:
+        for unit in ((ledger.get("outputs") or {}).get(name) or {}).get("units", {}).values():
+            if unit.get("status") == "failed" and after(unit.get("validated_at")):
+                problems.append(f"{name} {unit.get('unit')} ({unit.get('rows')} rows): failed "
+                                f"{'; '.join(map(str, unit.get('failed') or []))}")
+    for run in runs:
+        for balance in (run.get("accounting") or {}).get("balances") or []:
+            if balance.get("status") == UNBALANCED and balance.get("output") in (*outputs, INGESTION):
+                problems.append(f"run {run.get('run_id')}: the accounting of {balance.get('output')} is unbalanced: "
+                                f"{balance.get('message')}")
+    return problems, len(runs)
+
+
 @contextlib.contextmanager
 def run_lock(directory: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the stream's validation lock (``<quality dir>/run.lock``), waiting for a run that holds it.

@@ -13,6 +13,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from spark_jobs import changes, upgrade
+from spark_jobs.quality.ledger import problems_since, read_ledger
 from spark_jobs.runtime.checkpoint import previous_plan
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import default_spec_dir
@@ -109,8 +110,10 @@ class WatchUpgradeOperator(BaseOperator):
     """Watch a stream after its upgrade swapped the rebuilt outputs in: the driver must start each
     of them (its ``outputs_released`` event, then each query's start; a scheduled stream's next
     run: each query's start, then the run's clean end) and the stream must stay running, with no
-    driver or query failing, for ``watch_seconds``. Fails otherwise, which sends the DAG to its
-    rollback.
+    driver or query failing, for ``watch_seconds``, and every validation that ends meanwhile (the
+    stream's quality DAG, on its sinks' asset events) must find the rebuilt outputs' units passing
+    and the accounting of the stream and of those outputs balanced. Fails otherwise, which sends
+    the DAG to its rollback.
 
     :param stream: the stream's name. (templated)
     :param watch_seconds: how long the stream must run well after the release; default 60.
@@ -162,6 +165,10 @@ class WatchUpgradeOperator(BaseOperator):
         while True:
             events = [e for e in read_events(hook.layout.events_file) if e.get("logged_at", 0) >= since]
             self._check(events, record)
+            quality, validations = problems_since(read_ledger(hook.layout.quality_dir), released_at, sorted(rebuilt))
+            if quality:  # a validation after the release: a rebuilt output's unit failed, or rows went missing
+                raise AirflowFailException(f"stream {self.stream}: its validation after upgrade {record['number']} "
+                                           f"found: {'; '.join(quality)[:1500]}")
             health = hook.health()
             if health.status not in RUNNING:
                 raise AirflowFailException(f"stream {self.stream} is {health.status} after its upgrade: {health.reason}")
@@ -170,9 +177,11 @@ class WatchUpgradeOperator(BaseOperator):
             time.sleep(self.poll_seconds)
         commits = {e.get("query"): e.get("batch_id") for e in events
                    if e.get("event") == "progress" and e.get("query") in rebuilt and e.get("logged_at", 0) >= released_at}
-        self.log.info("stream %s ran well for %.0fs after its upgrade (%s); last batches of the rebuilt outputs: %s",
-                      self.stream, self.watch_seconds, health.status, commits or "none yet (no new input)")
-        return {"stream": self.stream, "upgrade": record["number"], "status": str(health.status), "batches": commits}
+        self.log.info("stream %s ran well for %.0fs after its upgrade (%s); last batches of the rebuilt outputs: %s; "
+                      "validation runs since, all clean: %d", self.stream, self.watch_seconds, health.status,
+                      commits or "none yet (no new input)", validations)
+        return {"stream": self.stream, "upgrade": record["number"], "status": str(health.status), "batches": commits,
+                "validations": validations}
 
     def _check(self, events: list[dict[str, Any]], record: dict[str, Any]) -> None:
         failed = [e for e in events if e.get("event") == "driver_failed"

@@ -24,6 +24,7 @@ from examples import example_spec, include_with
 from watched import scheduled_specs
 
 from spark_jobs.runtime.checkpoint import file_name, last_batch, processed_files
+from spark_jobs.runtime.clock import iso
 from spark_jobs.runtime.lease import (
     DRIVER_ID_ENV,
     holder_alive,
@@ -623,6 +624,31 @@ def test_the_watch_of_a_scheduled_streams_upgrade_waits_for_the_run_after_it(dat
                   {"event": "started", "query": "site_temperature_10m"}, {"event": "driver_stopped", "exit_code": 0}):
         events.write(event)
     assert watch()["upgrade"] == 1
+    # the stream's validations meanwhile: an unchanged output's failed unit is not the upgrade's doing, a
+    # rebuilt output's is, and so is rows gone missing from the stream's accounting
+    ledger = layout.quality_dir / "ledger.json"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+
+    def validated(output: str, status: str, at: float, balance: str = "balanced") -> None:
+        unit = {"unit": "2026-01-01T00:00", "rows": 7, "status": status, "failed": ["expect_column_values_to_be_"
+                                                                                     "between(temperature)"],
+                "validated_at": iso(at)}
+        ledger.write_text(json.dumps({"outputs": {output: {"units": {unit["unit"]: unit}}}, "runs": [
+            {"run_id": "r1", "at": iso(at), "accounting": {"balances": [
+                {"output": "ingestion", "status": balance, "message": "2 rows missing"}]}}]}))
+
+    later = time.time() + 1  # after the run's end the watch saw (the ledger's times are whole seconds)
+    validated("readings", "failed", later)
+    assert watch()["validations"] == 1
+    validated("site_temperature_10m", "failed", now - 600)  # before the upgrade: not its doing
+    assert watch()["validations"] == 0
+    validated("site_temperature_10m", "failed", later)
+    with pytest.raises(AirflowFailException, match=r"site_temperature_10m 2026-01-01T00:00 \(7 rows\): failed expect"):
+        watch()
+    validated("readings", "passed", later, balance="unbalanced")
+    with pytest.raises(AirflowFailException, match="the accounting of ingestion is unbalanced: 2 rows missing"):
+        watch()
+    ledger.unlink()
     events.write({"event": "driver_failed", "error": "boom"})
     with pytest.raises(AirflowFailException, match="failed after upgrade 1: boom"):
         watch()
