@@ -5,6 +5,7 @@ output, with a savepoint to roll back to.
     python -m spark_jobs.submit upgrade --spec ... -- --step rehearse
     python -m spark_jobs.submit upgrade --spec ... -- --step prepare --online   (then --step rebuild, --step swap)
     python -m spark_jobs.submit upgrade --spec ... -- --rollback
+    python -m spark_jobs.submit upgrade --spec ... -- --clean [--keep 1]   (what old upgrades keep, removed)
 
 (the steps one by one are what the DAG ``stream_<name>_upgrade`` runs; docs/changes.md)
 
@@ -542,6 +543,39 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
              f"; its drivers run the spec it ran before ({pinned}) until the spec file changes again" if pinned else "")
 
 
+def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
+    """Remove what ended upgrades keep for a rollback, all but the newest ``keep`` upgrades': the
+    old Parquet folders (at their staged places), the old tables (``<table>__before_<n>``), the
+    old and the savepoint's checkpoints. A cleaned upgrade can no longer be rolled back (its record
+    says ``cleaned_at``). A Delta table's old versions are Delta's to vacuum. ``plan``: the spec's
+    as it is now (its database URLs). What was removed, in words."""
+    removed = []
+    ended = [r for r in history(layout) if r.get("phase") in (DONE, ROLLED_BACK)]
+    newest = {r["number"] for r in history(layout)[:keep]}
+    for record in ended:
+        if record["number"] in newest or record.get("cleaned_at"):
+            continue
+        folder, number = Path(record["folder"]), record["number"]
+        for name in record["rebuild"] if record.get("phase") == DONE else []:
+            place = record["outputs"][name]
+            live = place.get("sink") or {}
+            if place["kind"] == "parquet" and place.get("staged") and Path(place["staged"]).exists():
+                shutil.rmtree(place["staged"])
+                removed.append(f"upgrade {number}: {name}'s old folder {place['staged']}")
+            elif place["kind"] == "table" and live.get("table") and any(o.name == name for o in plan.outputs):
+                from spark_jobs.sinks.table import open_database
+
+                before = before_table(live["table"], number)
+                if open_database(_table_url(plan, name)).drop_table(before):
+                    removed.append(f"upgrade {number}: {name}'s old table {before}")
+        for kept in (folder / "staged", folder / "savepoint" / "checkpoints"):
+            if kept.exists():
+                shutil.rmtree(kept)
+                removed.append(f"upgrade {number}: {kept}")
+        _save(record, cleaned_at=time.time())
+    return removed
+
+
 # ---- the whole upgrade, by hand or from its DAG -------------------------------------------
 
 
@@ -573,6 +607,9 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         newest = latest(layout)
         if newest is None or newest.get("phase") == ROLLED_BACK:
             raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
+        if newest.get("cleaned_at"):
+            raise UpgradeRefused(f"upgrade {newest['number']} of {spec.name} was cleaned up (--clean): what a "
+                                 "rollback needs is gone")
         if number is not None and newest["number"] != number:
             raise UpgradeRefused(f"upgrade {number} of {spec.name} is not its newest ({newest['number']}): only the "
                                  "newest is rolled back")
@@ -629,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=None, help="root of relative data paths (default: $STREAMS_DATA_DIR or ./data)")
     p.add_argument("--rollback", action="store_true", help="roll the newest upgrade back to its savepoint")
     p.add_argument("--number", type=int, default=None, help="with --rollback: only if it is this upgrade")
+    p.add_argument("--clean", action="store_true",
+                   help="remove the old sinks and checkpoints ended upgrades keep for a rollback (see --keep)")
+    p.add_argument("--keep", type=int, default=1, help="with --clean: the newest upgrades left as they are")
     p.add_argument("--step", choices=STEPS, default="all", help="one step only (see spark_jobs.upgrade.run)")
     p.add_argument("--online", action="store_true",
                    help="with --step prepare: the stream runs during the rebuild, its outputs to rebuild held")
@@ -637,6 +677,16 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.runtime.lease import LeaseHeld
     from spark_jobs.runtime.session import build_session
 
+    if args.clean:  # files and database tables: no Spark
+        try:
+            spec = load_spec(args.spec)
+            layout = Layout(spec, args.data_root, spec_dir=Path(args.spec).resolve().parent)
+            removed = clean(compile_plan(spec, layout), layout, keep=max(args.keep, 0))
+        except (UpgradeRefused, SpecError) as exc:
+            log.error("%s", exc)
+            return EXIT_REFUSED
+        log.info("cleaned up %d item(s)%s", len(removed), "".join(f"\n  {r}" for r in removed))
+        return EXIT_OK
     spark = None
     try:
         spark = build_session("upgrade")

@@ -135,6 +135,14 @@ class _Database:
                                f"ALTER TABLE {_quote(before)} RENAME TO {_quote(live)}"]
             self.run_ddl(conn, statements)
 
+    def drop_table(self, table: str) -> bool:
+        """Drop ``table`` if it exists (an upgrade's old table, cleaned up); whether it did."""
+        with self.connect() as conn:
+            if self.describe(conn, table) is None:
+                return False
+            self.run_ddl(conn, [f"DROP TABLE {_quote(table)}"])
+            return True
+
 
 class _SQLite(_Database):
     dialect = "sqlite"

@@ -127,6 +127,15 @@ def test_a_window_edited_in_place_is_rebuilt_beside_its_sink_swapped_in_one_step
     after = sink_rows(live)
     assert len(after) > len(new) and durations(after) == {timedelta(minutes=15)}
     assert window_rows(after) == expected_windows(spark, spec_file, data)
+    # what the upgrade keeps for a rollback, cleaned up: never the newest's unless asked, never the live sink
+    rollback_kept = Path(record["folder"]) / "savepoint" / "checkpoints" / WINDOW
+    assert upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--clean"]) == upgrade.EXIT_OK
+    assert staged.exists() and rollback_kept.exists()
+    live_files = files_under(Path(live))
+    assert upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--clean", "--keep", "0"]) == upgrade.EXIT_OK
+    assert not staged.exists() and not rollback_kept.exists() and files_under(Path(live)) == live_files
+    assert upgrade.latest(layout)["cleaned_at"]
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_REFUSED
 
 
 def test_a_grouping_key_added_to_the_update_table_is_rebuilt_and_swapped_in_one_transaction(
@@ -156,6 +165,10 @@ def test_a_grouping_key_added_to_the_update_table_is_rebuilt_and_swapped_in_one_
         assert database.describe(conn, table)[1] == ["device_id", "event_date"]
     assert table_rows(layout, upgrade.before_table(table, 1)) == old  # the old table kept under another name
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    assert upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--clean", "--keep", "0"]) == upgrade.EXIT_OK
+    with database.connect() as conn:  # the old table dropped, the live one kept
+        assert database.describe(conn, upgrade.before_table(table, 1)) is None
+        assert database.describe(conn, table) is not None
 
 
 def test_a_rollback_puts_every_checkpoint_sink_table_and_the_plan_back(spark, stream, monkeypatch) -> None:
