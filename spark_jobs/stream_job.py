@@ -50,6 +50,7 @@ from spark_jobs.runtime.driver import (
     load,
     prepare_to_stop,
     report_loss,
+    stop_between_batches,
     supervise_queries,
 )
 from spark_jobs.runtime.history import History
@@ -242,7 +243,10 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
                      unfinished["number"], ", ".join(held))
             events.write({"event": "outputs_held", "stream": stream, "outputs": held,
                           "upgrade": unfinished["number"]})
-        release = upgrade.Release(layout, unfinished, [p for p in planned if p.name in held], spark, events)
+        release = upgrade.Release(layout, unfinished if held else None, [p for p in planned if p.name in held], spark,
+                                  events, args.spec,
+                                  stop=lambda q: stop_between_batches(q, plan.checkpoints, args.grace_seconds),
+                                  replan=lambda names: queries.plan_queries(spark, plan, trigger, outputs=names))
         runnable = [p for p in planned if p.name not in held]
         for only in phases:
             try:

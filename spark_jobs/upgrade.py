@@ -53,6 +53,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,10 @@ log = logging.getLogger("upgrade")
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
 #: an upgrade's steps, in order; ``rolled_back`` ends one too
-PREPARED, REBUILT, SWAPPED, DONE, ROLLED_BACK = "prepared", "rebuilt", "swapped", "done", "rolled_back"
+HOLDING, PREPARED, REBUILT, SWAPPED, DONE, ROLLED_BACK = (
+    "holding", "prepared", "rebuilt", "swapped", "done", "rolled_back")
+#: how long a live upgrade waits for the running driver to hold the outputs to rebuild
+HOLD_SECONDS = 300.0
 
 
 class UpgradeRefused(ValueError):
@@ -142,33 +146,74 @@ def write_running_plan(layout: Layout, plan: StreamPlan, previous: dict[str, Any
 
 
 class Release:
-    """A driver's held outputs (:func:`held_outputs`), started once their upgrade is done: called at
-    each look of the driver's loop, it returns the queries it started (none until then)."""
+    """A driver's outputs held for an upgrade, started once it is done. Held from the driver's
+    start (one started during an online upgrade: :func:`held_outputs`), or on request while it
+    runs (a live upgrade's ``holding`` record: those outputs' queries are stopped between batches,
+    the others go on); a live hold starts them again from the upgraded spec's plan, compiled
+    then. Called at each look of the driver's loop with its running queries, which it changes."""
 
     def __init__(self, layout: Layout, record: dict[str, Any] | None, planned: list[Any], spark: SparkSession,
-                 events: Any):
+                 events: Any, spec_file: str, stop: Callable[[dict[str, Any]], None],
+                 replan: Callable[[list[str]], list[Any]]):
+        """``stop``: stops queries between batches; ``replan``: the driver's own plan's queries of the
+        outputs named (a live hold, rolled back, starts them again as they were)."""
         self.layout, self.record, self.planned, self.spark, self.events = layout, record, planned, spark, events
+        self.spec_file, self.stop, self.replan = spec_file, stop, replan
         self._said = False
 
-    def __call__(self) -> dict[str, Any]:
-        if not self.planned or self.record is None:
-            return {}
-        now = _read(Path(self.record["folder"])) or {}
-        if now.get("phase") == ROLLED_BACK and not self._said:
+    def __call__(self, running: dict[str, Any]) -> None:
+        if self.record is None:
+            self._hold_on_request(running)
+            return
+        phase = (_read(Path(self.record["folder"])) or {}).get("phase")
+        live = self.planned is None
+        if phase == ROLLED_BACK and live:  # checkpoints and sinks as they were when held: go on as before
+            self._start(running, self.replan(self.record["rebuild"]), "rolled back: outputs %s started as they were")
+        elif phase == ROLLED_BACK and not self._said:
             self._said = True
             log.warning("upgrade %d was rolled back: outputs %s stay held; restart the stream to run its plan",
-                        self.record["number"], ", ".join(p.name for p in self.planned))
-        if now.get("phase") != DONE:
-            return {}
+                        self.record["number"], ", ".join(self.record["rebuild"]))
+        elif phase == DONE and (planned := self._upgraded_plan() if live else self.planned) is not None:
+            self._start(running, planned, "done: outputs %s started from their rebuilt results")
+
+    def _start(self, running: dict[str, Any], planned: list[Any], said: str) -> None:
         from spark_jobs.flows import queries
 
-        started = queries.start_planned(self.spark, self.planned)
-        log.info("upgrade %d done: outputs %s started from their rebuilt results", self.record["number"],
-                 ", ".join(started))
+        assert self.record is not None
+        started = queries.start_planned(self.spark, planned)
+        running.update(started)
+        log.info(f"upgrade %d {said}", self.record["number"], ", ".join(started))
         self.events.write({"event": "outputs_released", "stream": self.record["stream"], "outputs": sorted(started),
                            "upgrade": self.record["number"]})
-        self.planned = []
-        return started
+        self.record, self.planned = None, []  # a later upgrade may hold them again
+
+    def _hold_on_request(self, running: dict[str, Any]) -> None:
+        record = unfinished(self.layout)
+        if record is None or record.get("phase") != HOLDING or not record.get("live"):
+            return
+        held = {name: running.pop(name) for name in record["rebuild"] if name in running}
+        self.stop(held)
+        log.info("upgrade %d: outputs %s stopped between batches and held while they are rebuilt; the stream's "
+                 "other flows go on", record["number"], ", ".join(record["rebuild"]))
+        self.events.write({"event": "outputs_held", "stream": record["stream"], "outputs": list(record["rebuild"]),
+                           "upgrade": record["number"], "live": True})
+        self.record, self.planned = record, None  # started from the upgraded spec's plan once it is done
+
+    def _upgraded_plan(self) -> list[Any] | None:
+        """The held outputs' queries as the upgraded spec plans them (None, said once, if the spec
+        file changed again since: they stay held until the stream restarts)."""
+        from spark_jobs.analysis import analyze
+        from spark_jobs.flows import queries
+
+        assert self.record is not None
+        if Path(self.spec_file).read_text(encoding="utf-8") != self.record["spec"]:
+            if not self._said:
+                self._said = True
+                log.warning("upgrade %d is done, but %s changed again since: outputs %s stay held; restart the "
+                            "stream", self.record["number"], self.spec_file, ", ".join(self.record["rebuild"]))
+            return None
+        plan = analyze(self.spark, load_spec(self.spec_file), self.layout, self.spec_file)
+        return queries.plan_queries(self.spark, plan, outputs=self.record["rebuild"])
 
 
 def _read(folder: Path) -> dict[str, Any] | None:
@@ -265,9 +310,14 @@ def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
 
 
 def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None,
-            online: bool = False) -> dict[str, Any]:
+            online: bool = False, live: bool = False) -> dict[str, Any]:
     """The verdicts (:func:`check`), then the savepoint; the upgrade's record. A pinned spec (a
-    rollback's) gives way: this upgrade is to the spec file as it is now."""
+    rollback's) gives way: this upgrade is to the spec file as it is now.
+
+    ``live``: the stream's driver runs (it holds the lease): the record says ``holding`` first,
+    which asks that driver to stop the outputs to rebuild between batches (:class:`Release`); once
+    its ``outputs_held`` event says so, their checkpoints are still and the savepoint is taken,
+    while its other flows go on committing."""
     previous = previous_plan(layout)
     verdicts, rebuild = check(plan, previous, spec_file, watermark)
     unpin(layout)
@@ -275,21 +325,52 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
     folder = upgrades_dir(layout) / f"{number:06d}"
     savepoint = folder / "savepoint"
     savepoint.mkdir(parents=True)
-    checkpoints = {name: c for name in rebuild if (c := (previous.get("checkpoints") or {}).get(name))
-                   and Path(c).exists()}
-    for name, checkpoint in checkpoints.items():
-        shutil.copytree(checkpoint, savepoint / "checkpoints" / name, symlinks=True)
-    if layout.plan_file.exists():
-        shutil.copy2(layout.plan_file, savepoint / "plan.json")
-    outputs = {name: _sink_position(plan.output(name), (previous_output(previous, name) or {}), number)
-               for name in rebuild}
     record = {"number": number, "folder": str(folder), "stream": plan.stream, "spec_file": spec_file,
               "spec": Path(spec_file).read_text(encoding="utf-8"), "started_at": time.time(),
               "verdicts": [{"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts],
-              "rebuild": rebuild, "outputs": outputs, "checkpoints": checkpoints, "online": online}
+              "rebuild": rebuild, "outputs": {}, "checkpoints": {}, "online": online or live, "live": live}
+    if live:
+        _save(record, phase=HOLDING)
+        log.info("upgrade %d of %s: asked the running driver to hold outputs %s", number, plan.stream,
+                 ", ".join(rebuild))
+        _wait_until_held(layout, record)
+    try:
+        checkpoints = {name: c for name in rebuild if (c := (previous.get("checkpoints") or {}).get(name))
+                       and Path(c).exists()}
+        for name, checkpoint in checkpoints.items():
+            shutil.copytree(checkpoint, savepoint / "checkpoints" / name, symlinks=True)
+        if layout.plan_file.exists():
+            shutil.copy2(layout.plan_file, savepoint / "plan.json")
+        record["outputs"] = {name: _sink_position(plan.output(name), (previous_output(previous, name) or {}), number)
+                             for name in rebuild}
+        record["checkpoints"] = checkpoints
+    except BaseException:
+        if live:  # nothing live was changed: the running driver starts the held outputs again as they were
+            _save(record, phase=ROLLED_BACK, finished_at=time.time())
+        raise
     log.info("upgrade %d of %s: savepoint in %s; outputs to rebuild: %s", number, plan.stream, savepoint,
              ", ".join(rebuild))
     return _save(record, phase=PREPARED)
+
+
+def _wait_until_held(layout: Layout, record: dict[str, Any], seconds: float = HOLD_SECONDS) -> None:
+    """Until the running driver's ``outputs_held`` event for this upgrade; refused (and the record
+    ended: nothing was held or copied) if no driver runs or none holds them in time."""
+    from spark_jobs.runtime.lease import holder_alive
+    from spark_jobs.runtime.progress import read_events
+
+    deadline = time.monotonic() + seconds
+    while True:
+        if any(e.get("event") == "outputs_held" and e.get("upgrade") == record["number"]
+               for e in read_events(layout.events_file) if e.get("logged_at", 0) >= record["started_at"]):
+            return
+        if not holder_alive(layout.lease_dir) or time.monotonic() > deadline:
+            _save(record, phase=ROLLED_BACK, finished_at=time.time())
+            raise UpgradeRefused(f"upgrade {record['number']} of {record['stream']}: the stream's driver "
+                                 + ("ended" if not holder_alive(layout.lease_dir) else f"did not hold outputs "
+                                    f"{record['rebuild']} within {seconds:.0f}s") + " before its savepoint; "
+                                 "nothing was changed: run the upgrade again")
+        time.sleep(0.5)
 
 
 def previous_output(previous: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -502,6 +583,9 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
     folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
     and the plan; the staged results go. The other flows' checkpoints and sinks stay as they are."""
     folder, number = Path(record["folder"]), record["number"]
+    if record.get("phase") == HOLDING:  # nothing copied nor changed yet
+        _save(record, phase=ROLLED_BACK, finished_at=time.time())
+        return
     for name in record["rebuild"]:
         place = record["outputs"][name]
         live, staged, old_sink = place.get("sink") or {}, place.get("staged"), place.get("old_sink") or {}
@@ -596,7 +680,7 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
     starts once the upgrade is done); ``rebuild`` and ``swap`` (which records the plan too) go on
     with a prepared upgrade, beside the running driver if it is online."""
     from spark_jobs.analysis import analyze
-    from spark_jobs.runtime.lease import DriverLease
+    from spark_jobs.runtime.lease import DriverLease, LeaseHeld
 
     spec = load_spec(spec_file)
     layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
@@ -628,13 +712,20 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
                              f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
     if step in ("all", "prepare"):
-        with lease:
+        watermark = spec.event_time.watermark if spec.event_time else None
+        try:
+            with lease:
+                plan = analyze(spark, spec, layout, spec_file)
+                if record is None:
+                    record = prepare(plan, layout, spec_file, watermark, online=online and step == "prepare")
+                if step == "all":
+                    _carry_out(spark, plan, layout, record, through=SWAPPED)
+        except LeaseHeld:
+            if not (online and step == "prepare" and record is None):
+                raise
+            # the stream runs: its driver holds the outputs to rebuild, its other flows go on
             plan = analyze(spark, spec, layout, spec_file)
-            if record is None:
-                record = prepare(plan, layout, spec_file, spec.event_time.watermark if spec.event_time else None,
-                                 online=online and step == "prepare")
-            if step == "all":
-                _carry_out(spark, plan, layout, record, through=SWAPPED)
+            record = prepare(plan, layout, spec_file, watermark, online=True, live=True)
         return record
     if record is None:
         raise UpgradeRefused(f"stream {spec.name} has no unfinished upgrade to this spec: prepare one first "

@@ -198,8 +198,10 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
 
     upgrade_doc = (f"{_doc(spec, plan, 'upgrade to its changed spec')}\n\nCarries out the spec file's change "
                    "flow by flow (docs/changes.md): rehearses a change whose effect the plan cannot tell on a copy "
-                   "of the checkpoint, then checks the verdicts (nothing runs if an upgrade cannot carry them out); stops the stream between batches; takes a savepoint; starts the stream again "
-                   "with its outputs to rebuild held, so the others keep committing; rebuilds those beside their "
+                   "of the checkpoint, then checks the verdicts (nothing runs if an upgrade cannot carry them out); "
+                   "has the running driver stop the outputs to rebuild between batches and hold them while its "
+                   "other flows go on committing (a scheduled stream is stopped instead); takes a savepoint; "
+                   "rebuilds those beside their "
                    "live sinks from the accepted rows; swaps each in, in one step; watches the stream. If a step "
                    "after the savepoint fails, the stream is stopped, rolled back to the savepoint and the spec it "
                    "ran before, and started again.")
@@ -229,38 +231,41 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
                 print(v.text())
             return {"rebuild": rebuild, "verdicts": {v.flow: v.verdict for v in verdicts}}
 
-        stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
-        # a continuous stream runs again, its outputs to rebuild held, while they are rebuilt; a
-        # scheduled one holds no driver between runs: it stays stopped, and its next run starts them
+        # a continuous stream's running driver holds the outputs to rebuild (stopped between batches) while
+        # its other flows go on: no stop, no restart; a scheduled one holds no driver between runs: it is
+        # stopped (no run starts) through the swap, and its next run starts them
         online = not spec.execution.scheduled
         prepare = UpgradeStepOperator(task_id="prepare", stream=spec.name, step="prepare", online=online, **spark,
                                       **paths)
-        resume, running = restart("")
         rebuild = UpgradeStepOperator(task_id="rebuild", stream=spec.name, step="rebuild", **spark, **paths)
         swap = UpgradeStepOperator(task_id="swap", stream=spec.name, step="swap", **spark, **paths)
         watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, scheduled=not online, **paths)
         checked = rehearse >> check()
         if online:
-            checked >> stop >> prepare >> resume
-            running >> rebuild >> swap >> watch
+            checked >> prepare >> rebuild >> swap >> watch
+            gone_wrong = [rebuild, swap, watch]
         else:
+            stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
+            resume, running = restart("")
             checked >> stop >> prepare >> rebuild >> swap >> resume
             running >> watch
-        # the way back, from any failure once the stream was stopped: stopped again, this run's upgrade (if it
-        # prepared one) rolled back, started again. A refused check stopped nothing: then nothing happens
+            gone_wrong = [running, rebuild, swap, watch]
+        # the way back, from any failure once this run prepared an upgrade (or stopped the stream): stopped,
+        # this run's upgrade rolled back, started again. A refused check changed nothing: then nothing happens
 
         @task(trigger_rule="one_failed")
-        def stopped(ti: Any = None) -> None:
-            """Go back only if this run stopped the stream."""
-            if ti.xcom_pull(task_ids="stop") is None:
-                raise AirflowSkipException("this run stopped nothing (its check refused the change): nothing to undo")
+        def changed(ti: Any = None) -> None:
+            """Go back only if this run prepared an upgrade or stopped the stream."""
+            if ti.xcom_pull(task_ids="prepare") is None and (online or ti.xcom_pull(task_ids="stop") is None):
+                raise AirflowSkipException("this run changed nothing (its check or preparation refused the change): "
+                                           "nothing to undo")
 
         back = StopStreamOperator(task_id="rollback_stop", stream=spec.name, mode="graceful", **paths)
         undo = UpgradeStepOperator(task_id="rollback", stream=spec.name, step="rollback",
                                    number="{{ (ti.xcom_pull(task_ids='prepare') or {}).get('number', '') }}", **spark,
                                    **paths)
         back_resume, _ = restart("rollback_", trigger_rule="none_failed_min_one_success")
-        [running, rebuild, swap, watch] >> stopped() >> back >> undo >> back_resume
+        gone_wrong >> changed() >> back >> undo >> back_resume
     dags[upgrade_dag.dag_id] = upgrade_dag
 
     rollback_doc = (f"{_doc(spec, plan, 'roll its newest upgrade back')}\n\nStops the stream between batches, "

@@ -156,18 +156,18 @@ def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] 
 def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, StreamingQuery],
                       stop_requested: threading.Event, events: EventLog, lease: DriverLease,
                       grace_seconds: float = GRACE_SECONDS,
-                      release: Callable[[], dict[str, StreamingQuery]] | None = None) -> tuple[int, str, bool]:
+                      release: Callable[[dict[str, StreamingQuery]], None] | None = None) -> tuple[int, str, bool]:
     """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
     driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
     immediate stop halts the driver. ``plan``: the one the driver started with (its checkpoints).
-    ``release``: asked at each look for queries held back until now (an upgrade's outputs, once
-    swapped in), which join the others."""
+    ``release``: given the running queries at each look, it may take some out (an upgrade's
+    outputs, held while they are rebuilt) and put others in (those outputs, once swapped in)."""
     marker, stream = layout.stop_marker, plan.stream
     code, cause, stopped = EXIT_OK, "", False
     try:
         while True:
             if release is not None:
-                queries.update(release())
+                release(queries)
             failed = [(n, q.exception()) for n, q in queries.items() if not q.isActive and q.exception() is not None]
             if failed:
                 for name, exc in failed:

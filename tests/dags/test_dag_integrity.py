@@ -293,30 +293,31 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
     for name in ("sensors", "clicks"):
         dag = bag.dags[f"stream_{name}_upgrade"]
         assert dag.schedule is None and dag.max_active_runs == 1 and "docs/changes.md" in dag.doc_md
-        order = ["rehearse", "check", "stop", "prepare", "resume", "start", "running", "rebuild", "swap", "watch"]
+        order = ["rehearse", "check", "prepare", "rebuild", "swap", "watch"]  # the running driver holds the outputs
         for before, after in itertools.pairwise(order):
             assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
+        assert not {"stop", "resume", "start", "running"} & set(dag.task_ids)  # the other flows go on: no stop
         steps = {t.task_id: t.step for t in dag.tasks if isinstance(t, UpgradeStepOperator)}
         assert steps == {"rehearse": "rehearse", "prepare": "prepare", "rebuild": "rebuild", "swap": "swap",
                          "rollback": "rollback"}
         assert dag.get_task("check").trigger_rule == "none_failed"  # after a rehearsal, or none to do
         assert dag.get_task("prepare").online and isinstance(dag.get_task("watch"), WatchUpgradeOperator)
-        gate = dag.get_task("stopped")  # only a run that stopped the stream goes back
-        assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {"running", "rebuild", "swap", "watch"}
-        assert dag.get_task("rollback_stop").upstream_task_ids == {"stopped"}
+        gate = dag.get_task("changed")  # only a run that prepared an upgrade goes back
+        assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {"rebuild", "swap", "watch"}
+        assert dag.get_task("rollback_stop").upstream_task_ids == {"changed"}
         assert dag.get_task("rollback_stop").trigger_rule == "all_success"
 
-        class Ti:  # what the stop task returned to XCom: None if it never ran (the check refused)
-            def __init__(self, stopped: dict | None) -> None:
-                self.stopped = stopped
+        class Ti:  # what prepare returned to XCom: None if it never ran or failed (nothing of it to undo)
+            def __init__(self, prepared: dict | None) -> None:
+                self.prepared = prepared
 
             def xcom_pull(self, task_ids: str) -> dict | None:
-                assert task_ids == "stop"
-                return self.stopped
+                assert task_ids == "prepare"
+                return self.prepared
 
         with pytest.raises(AirflowSkipException):
             gate.python_callable(ti=Ti(None))
-        gate.python_callable(ti=Ti({"stream": name, "stopped": True}))
+        gate.python_callable(ti=Ti({"number": 1, "phase": "prepared"}))
         assert "xcom_pull(task_ids='prepare')" in dag.get_task("rollback").number  # only what this run prepared
         assert dag.get_task("rollback_resume").trigger_rule == "none_failed_min_one_success"
         assert dag.get_task("rollback_start").trigger_dag_id == f"stream_{name}"

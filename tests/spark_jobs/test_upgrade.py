@@ -360,3 +360,68 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
     live = sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))
     assert durations(live) == {timedelta(minutes=15)}
     assert window_rows(live) == expected_windows(spark, spec_file, data)
+
+
+def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_starts_it_from_the_new_plan(
+        spark, stream, monkeypatch) -> None:
+    """The driver runs the spec as it was; the spec is edited and the upgrade prepared online: that driver
+    stops the window output between batches and holds it while its other flows commit, and once the
+    upgrade is done starts it from the upgraded spec's plan. One driver throughout: no stop, no restart."""
+    import time
+
+    from spark_jobs.runtime.progress import read_events
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    began = time.time()
+    hot, checkpoint = Path(layout.checkpoint_root) / "hot", Path(layout.checkpoint_root) / WINDOW
+    steps: dict[str, object] = {}
+
+    def events(kind: str) -> list[dict]:
+        return [e for e in read_events(layout.events_file) if e.get("event") == kind and e.get("logged_at", 0) > began]
+
+    def wait(condition, what: str, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert time.monotonic() < deadline, f"not within {seconds}s: {what}"
+            time.sleep(0.2)
+
+    def feed(files: int, seed: int) -> None:
+        assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
+                              "--events-per-file", "25", "--seed", str(seed),
+                              "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+
+    def step(*args: str) -> int:
+        return upgrade.main(["--spec", str(spec_file), "--data-root", str(data), *args])
+
+    def operate() -> None:  # what the upgrade DAG does while the stream runs
+        try:
+            wait(lambda: events("driver_started"), "the driver runs")
+            edit(spec_file, lambda d: window(d, window=FIFTEEN))
+            steps["prepare"] = step("--step", "prepare", "--online")  # until the driver holds the window output
+            record = upgrade.latest(layout)
+            steps["held"] = (record["phase"], record["live"], [e.get("live") for e in events("outputs_held")])
+            commits = last_batch(hot, "commits")
+            feed(3, 9)
+            wait(lambda: last_batch(hot, "commits") != commits, "an unchanged output commits during the upgrade")
+            steps["rebuild"], steps["swap"] = step("--step", "rebuild"), step("--step", "swap")
+            wait(lambda: events("outputs_released"), "the window output started")
+            released = last_batch(checkpoint, "commits")
+            feed(2, 10)
+            wait(lambda: last_batch(checkpoint, "commits") != released, "the window output commits after its release")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            steps["error"] = exc
+        finally:
+            layout.stop_marker.write_text('{"mode": "graceful"}')
+
+    code = run_beside(spark, spec_file, data, monkeypatch, operate)
+    assert "error" not in steps, steps.get("error")
+    assert code == stream_job.EXIT_OK and steps == {"prepare": 0, "held": (upgrade.PREPARED, True, [True]),
+                                                    "rebuild": 0, "swap": 0}
+    assert len(events("driver_started")) == 1  # the same driver throughout
+    assert upgrade.latest(layout)["phase"] == upgrade.DONE
+    assert verdicts(spec_file, data)[WINDOW].verdict == changes.UNCHANGED
+    live = sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))
+    assert durations(live) == {timedelta(minutes=15)}  # rebuilt, then run on by the upgraded plan
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # whatever was still unread
+    assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)

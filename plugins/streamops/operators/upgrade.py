@@ -137,6 +137,9 @@ class WatchUpgradeOperator(BaseOperator):
         if record is None or record.get("phase") != upgrade.DONE:
             raise AirflowFailException(f"stream {self.stream} has no finished upgrade to watch: {record and record.get('phase')}")
         rebuilt = set(record["rebuild"])
+        if not self.scheduled and not record.get("live") and hook.held_by() is not None and not hook.driver_alive():
+            raise AirflowSkipException(f"stream {self.stream} is stopped on purpose ({hook.held_by()}): its next "
+                                       f"start runs the rebuilt outputs {sorted(rebuilt)}; nothing to watch now")
         # a scheduled stream's: what its runs did after the swap (no driver ran during the upgrade)
         since = record.get("finished_at") or record["started_at"] if self.scheduled else record["started_at"]
         deadline = time.monotonic() + self.timeout_seconds
