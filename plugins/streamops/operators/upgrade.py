@@ -108,8 +108,8 @@ class UpgradeStepOperator(SparkSubmitOperator):
 
 class WatchUpgradeOperator(BaseOperator):
     """Watch a stream after its upgrade swapped the rebuilt outputs in: the driver must start each
-    of them (its ``outputs_released`` event, then each query's start; a scheduled stream's next
-    run: each query's start, then the run's clean end) and the stream must stay running, with no
+    of them (its ``outputs_released`` event, or a driver's start after the swap, then each query's
+    start; a scheduled stream's next run: each query's start, then the run's clean end) and the stream must stay running, with no
     driver or query failing, for ``watch_seconds``, and every validation that ends meanwhile (the
     stream's quality DAG, on its sinks' asset events) must find the rebuilt outputs' units passing
     and the accounting of the stream and of those outputs balanced. Fails otherwise, which sends
@@ -151,9 +151,11 @@ class WatchUpgradeOperator(BaseOperator):
                 after = max((e["logged_at"] for e in events if e.get("event") == "started"), default=None)
                 released = [e for e in events if e.get("event") == "driver_stopped" and e.get("exit_code") == 0
                             and after is not None and e["logged_at"] >= after]
-            else:
+            else:  # the driver that held them released them; or a driver started after the swap runs them
                 released = [e for e in events if e.get("event") == "outputs_released"
-                            and e.get("upgrade") == record["number"]]
+                            and e.get("upgrade") == record["number"]] or [
+                    e for e in events if e.get("event") == "driver_started"
+                    and e["logged_at"] >= record.get("finished_at", float("inf"))]
             if released and rebuilt <= started:
                 released_at = released[-1]["logged_at"]
                 break
