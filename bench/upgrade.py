@@ -53,7 +53,7 @@ import yaml
 from bench.harness import child_env, clean_up, kill_descendants, run_generator, spark_submit, working_folder
 from bench.report import Progress, machine, results_path, spread, write_results
 from runner.processes import wait_until
-from spark_jobs.plan import compile_plan
+from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch, sink_files
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import Layout, project_root
@@ -87,16 +87,16 @@ def sink_rows(path: str) -> list[dict]:
     return [row for f in sorted(sink_files(path)) for row in pq.read_table(f.removeprefix("file:")).to_pylist()]
 
 
-def plain_and_check(work: Path, logs: Path, repeat: int | str, spec: Any, plan: Any, layout: Layout, window: dict,
+def plain_and_check(work: Path, logs: Path, repeat: int | str, plan: StreamPlan, layout: Layout, window: dict,
                     timeout: float) -> tuple[dict[str, Any], int]:
     """The plain Spark batch job computing the edited windows over the accepted rows as they are now,
     and the check: the upgraded sink holds exactly its windows that the output's last watermark
     closed. The job's figures, and the windows compared."""
     job, output = work / f"plain-{repeat}.json", work / f"plain-{repeat}"
     job.write_text(json.dumps({
-        "conf": {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
+        "conf": {"spark.sql.shuffle.partitions": str(plan.spark.shuffle_partitions),
                  "spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"},
-        "accepted": plan.accepted_path, "event_time": spec.event_time.column, "duration": EDITED["duration"],
+        "accepted": plan.accepted_path, "event_time": plan.event_time_column, "duration": EDITED["duration"],
         "slide": EDITED["slide"], "group_by": window["query"]["group_by"],
         "aggregates": window["query"]["aggregates"], "output": str(output)}))
     plain = spark_submit([str(project_root() / "bench" / "upgrade_plain.py"), "--job", str(job)],
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(data_root, pristine, symlinks=True)
         samples: list[dict[str, Any]] = []
         if args.live:
-            return _live(args, spec_path, original, edited, data_root, pristine, layout, logs, work, spec, plan, window,
+            return _live(args, spec_path, original, edited, data_root, pristine, layout, logs, work, plan, window,
                          accepted_rows, say)
         for repeat in range(1, args.repeats + 1):
             shutil.rmtree(data_root)
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             spec_path.write_text(edited)
             upgrade_s = submit("upgrade", spec_path, data_root, logs / f"upgrade-{repeat}.log", args.timeout)
             spec_path.write_text(original)
-            plain, upgraded = plain_and_check(work, logs, repeat, spec, plan, layout, window, args.timeout)
+            plain, upgraded = plain_and_check(work, logs, repeat, plan, layout, window, args.timeout)
             samples.append({"upgrade_s": upgrade_s, "plain_s": plain["wall_s"], "ratio": upgrade_s / plain["wall_s"],
                             "windows": upgraded, "plain_peak_rss_mb": plain.get("peak_rss_mb")})
             say(f"repeat {repeat}: upgrade {upgrade_s:.1f}s, plain batch job {plain['wall_s']:.1f}s "
@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         clean_up(work, args.keep, say)
 
 
-def _live(args: argparse.Namespace, spec_path: Path, original: str, edited: str, data_root: Path, pristine: Path, layout: Layout,
-          logs: Path, work: Path, spec: Any, plan: Any, window: dict, accepted_rows: int, say: Progress) -> int:
+def _live(args: argparse.Namespace, spec_path: Path, original: str, edited: str, data_root: Path, pristine: Path,
+          layout: Layout, logs: Path, work: Path, plan: StreamPlan, window: dict, accepted_rows: int,
+          say: Progress) -> int:
     samples = []
     for repeat in range(1, args.repeats + 1):
         shutil.rmtree(data_root)
@@ -258,7 +259,7 @@ def _live(args: argparse.Namespace, spec_path: Path, original: str, edited: str,
         if sample["drivers"] != 1 or sample["held"] != 1:
             raise RuntimeError(f"repeat {repeat}: {sample['drivers']} driver(s) ran, {sample['held']} hold(s): the "
                                "upgrade was not carried out in the running driver")
-        plain, upgraded = plain_and_check(work, logs, f"live-{repeat}", spec, plan, layout, window, args.timeout)
+        plain, upgraded = plain_and_check(work, logs, f"live-{repeat}", plan, layout, window, args.timeout)
         samples.append(sample | {"windows": upgraded})
         say(f"repeat {repeat}: upgraded in {sample['upgrade_s']:.1f}s beside the running driver; longest gap between "
             "commits before / during: " + ", ".join(f"{f} {g['before_s']:.1f}/{g['during_s']:.1f}s"
