@@ -151,6 +151,22 @@ def supervisor_current(control_dir: str | os.PathLike[str], supervisor: int) -> 
     return process_start(int(record.get("pid", 0))) == record["pid_start"]
 
 
+def hand_to(control_dir: str | os.PathLike[str], driver_id: str, seconds: float) -> Path:
+    """Name the standby that is to take the stream over next (a rescale's, warmed at the new size), for
+    ``seconds``: meanwhile any other standby leaves the free lease to it (``_control/handover.json``)."""
+    return write_atomically(Path(control_dir) / "handover.json",
+                            json.dumps({"to": driver_id, "until": time.time() + seconds}))
+
+
+def handed_to(control_dir: str | os.PathLike[str]) -> str | None:
+    """The standby named by :func:`hand_to`, until its time is up; None if none is."""
+    try:
+        named = json.loads((Path(control_dir) / "handover.json").read_text(encoding="utf-8"))
+        return str(named["to"]) if float(named["until"]) > time.time() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def take_over(lease: DriverLease, hold_marker: Path, supervisor: int, stop: threading.Event,
               record: StandbyRecord | None = None, poll: float = POLL_SECONDS) -> bool:
     """Wait until the stream's lease is free, then take it (see the module). False, holding
@@ -171,6 +187,8 @@ def take_over(lease: DriverLease, hold_marker: Path, supervisor: int, stop: thre
         holder = latest(lease.dir)
         if holder is not None and holder.alive():
             continue
+        if record is not None and handed_to(lease.dir) not in (None, record.standby.driver_id):
+            continue  # a rescale hands the stream to another standby (the one at the new size)
         if record is not None:
             record.set(TAKING_OVER)
         if holder is not None and holder.released_at is None:

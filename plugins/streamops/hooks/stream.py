@@ -185,11 +185,17 @@ class StreamHook(BaseHook):
         holder = read_holder(self.layout.lease_dir)
         return holder if holder is not None and holder.host == host_id() and self.driver_alive() else None
 
-    def request_stop(self, epoch: int, by: str, immediate: bool = False) -> Path:
+    def request_stop(self, epoch: int, by: str, immediate: bool = False, hand_to: str | None = None,
+                     grace_seconds: float = 120.0) -> Path:
         """Ask the driver holding ``epoch`` of the lease to stop (it polls this marker): between
-        micro-batches, or at once; ``by``: who asks (for the driver's log)."""
+        micro-batches, or at once; ``by``: who asks (for the driver's log). ``hand_to``: the standby
+        that is to take the stream over (a rescale's): others leave it the lease for the stop's
+        ``grace_seconds`` and a minute more."""
         from spark_jobs.runtime.driver import request_stop
+        from spark_jobs.runtime.standby import hand_to as name_standby
 
+        if hand_to is not None:
+            name_standby(self.layout.lease_dir, hand_to, grace_seconds + 60)
         request_stop(self.layout.stop_marker, epoch, by, immediate)
         return self.layout.stop_marker
 

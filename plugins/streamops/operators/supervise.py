@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from spark_jobs.runtime.lease import read_holder, release_dead
 from spark_jobs.runtime.progress import EventLog, rows_read
+from spark_jobs.runtime.standby import READY, WARMING, standbys
 from spark_jobs.stream_spec.models import INGEST_FLOW
 from streamops import tenure
 from streamops.health import Health, Status
@@ -167,13 +168,12 @@ class StreamSupervisorOperator(StreamDriverOperator):
             self._end_standby()
             sup.rescaling(self._launch(standby=True, tenure=sup.tenure))
         if sup.rescale_pending:
-            from spark_jobs.runtime.standby import READY, standbys
-
             if (step := sup.hand_over_when_ready({s.driver_id for s in standbys(hook.layout.lease_dir)
                                                   if s.state == READY})) is not None:
                 self._say(step)
-                if step.act is Act.STOP:
-                    hook.request_stop(sup.epoch, step.why)
+                if step.act is Act.STOP:  # for the rescale's standby (not one on another worker, at the old size)
+                    hook.request_stop(sup.epoch, step.why, hand_to=sup.standby and sup.standby.driver_id,
+                                      grace_seconds=sup.switch_grace)
                 if step.driver is not None:
                     step.driver.kill()
 
@@ -226,8 +226,6 @@ class StreamSupervisorOperator(StreamDriverOperator):
         hook, sup = self.stream_hook, self.supervisor
         if sup.ended is not None:
             release_dead(hook.layout.lease_dir, sup.ended.driver_id)
-        from spark_jobs.runtime.standby import WARMING, standbys
-
         sup.hand_over({s.driver_id for s in standbys(hook.layout.lease_dir) if s.state != WARMING})
         while (step := sup.takeover(read_holder(hook.layout.lease_dir))).act is Act.WAIT:
             time.sleep(0.1)

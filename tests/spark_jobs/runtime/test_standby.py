@@ -21,6 +21,8 @@ from spark_jobs.runtime.standby import (
     STALE_SECONDS,
     StandbyRecord,
     end_standby,
+    hand_to,
+    handed_to,
     standbys,
     take_over,
 )
@@ -155,3 +157,25 @@ def test_a_standby_elsewhere_counts_while_it_refreshes_its_record(tmp_path: Path
     data["seen_at"] = data["since"] = time.time() - STALE_SECONDS - 1
     path.write_text(json.dumps(data))
     assert standbys(control) == []
+
+
+def test_a_standby_leaves_the_lease_to_the_one_a_rescale_names_until_its_time_is_up(tmp_path: Path) -> None:
+    """A rescale hands the stream to its standby at the new size: another ready standby (one on another
+    worker, warmed at the old size) does not take the free lease while that one is named."""
+    control = tmp_path / "_control"
+    active = holder(control)
+    hand_to(control, "standby-at-the-new-size", seconds=1.0)
+    assert handed_to(control) == "standby-at-the-new-size"
+    active.kill()
+    active.wait()
+    thread, result, stop = waiting(control, control / "hold")  # standby-1: not the one named
+    try:
+        time.sleep(0.5)  # the lease is free all along: a standby that took it now would run the old size
+        assert thread.is_alive() and read_holder(control).pid == active.pid
+        thread.join(10)  # once the naming lapses, it is a standby like any
+        assert result["took"] and handed_to(control) is None and read_holder(control).pid == os.getpid()
+    finally:
+        stop.set()
+        thread.join(10)
+        if "lease" in result:
+            result["lease"].release()
