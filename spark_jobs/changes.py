@@ -14,8 +14,9 @@ rebuild     a change of an output's state or meaning (window, grouping keys, agg
             from the accepted rows
 reprocess   a change to the ingestion its checkpoint cannot honour (the source, its path or
             topics, a column's type, the deduplication key, the event-time column, the
-            accepted rows' table, the transform): the input must be read again into new tables
-unknown     a change whose effect on state the plan cannot tell (a Python query)
+            accepted rows' table): the input must be read again into new tables
+unknown     a change whose effect the plan cannot tell (the transform, a Python query or its
+            code): settled by a rehearsal (``spark_jobs.rehearsal``)
 =========== ===================================================================================
 
 The rules are Spark's ("Recovery Semantics after Changes in a Streaming Query"): any change to a
@@ -60,9 +61,9 @@ SEVERITY = (UNCHANGED, COMPATIBLE, NEW, RETIRED, UNKNOWN, REBUILD, REPROCESS)
 SINK_PLACE = ("kind", "path", "partition_by", "table", "url")
 #: sinks that take rows of another shape under the same checkpoint (a projection)
 TAKES_NEW_COLUMNS = ("parquet", "kafka", "console", "memory")
-#: what makes a SQL query stateful, roughly: a grouping, a distinct, a join, a window
 #: what an unknown verdict's reason says to do
 REHEARSE = "rehearse it (python -m spark_jobs.check SPEC --rehearse, or the upgrade DAG)"
+#: what makes a SQL query stateful, roughly: a grouping, a distinct, a join, a window
 _STATEFUL_SQL = re.compile(r"\b(group\s+by|distinct|join|window|session_window|dropduplicates)\b", re.I)
 
 

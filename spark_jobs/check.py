@@ -9,7 +9,8 @@ topics exist). For a stream that has run (under ``--data-root``), it also prints
 of each flow against the plan of its last start and the state its checkpoint holds
 (``spark_jobs.changes``), and fails on one a driver would refuse to start with (``--rehearse``:
 an *unknown* verdict is first settled by a rehearsal on a copy of the checkpoint,
-``spark_jobs.rehearsal``); and how the stream runs (``execution``: continuous, scheduled or adaptive), which a change of mode alone changes.
+``spark_jobs.rehearsal``); and how the stream runs (``execution``: continuous, scheduled or
+adaptive), which a change of mode alone changes.
 """
 
 from __future__ import annotations
