@@ -700,7 +700,7 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         with lease:
             rollback(spark, compile_plan(spec, layout), layout, newest)
         return newest
-    if step in ("all", "rehearse") and record is None:  # unknown verdicts settled on a copy of the checkpoint
+    if step == "rehearse" or (step == "all" and record is None):  # unknown verdicts settled on a copy
         plan = analyze(spark, spec, layout, spec_file)
         previous = previous_plan(layout)
         verdicts = rehearsal.rehearse(spark, plan, previous, changes.judge(
