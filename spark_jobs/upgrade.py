@@ -700,6 +700,7 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
         with lease:
             rollback(spark, compile_plan(spec, layout), layout, newest)
         return newest
+    plan = None  # analyzed once, for the rehearsal and the steps after it
     if step == "rehearse" or (step == "all" and record is None):  # unknown verdicts settled on a copy
         plan = analyze(spark, spec, layout, spec_file)
         previous = previous_plan(layout)
@@ -713,9 +714,9 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
                              f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
     if step in ("all", "prepare"):
         watermark = spec.event_time.watermark if spec.event_time else None
+        plan = plan or analyze(spark, spec, layout, spec_file)
         try:
             with lease:
-                plan = analyze(spark, spec, layout, spec_file)
                 if record is None:
                     record = prepare(plan, layout, spec_file, watermark, online=online and step == "prepare")
                 if step == "all":
@@ -724,7 +725,6 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
             if not (online and step == "prepare" and record is None):
                 raise
             # the stream runs: its driver holds the outputs to rebuild, its other flows go on
-            plan = analyze(spark, spec, layout, spec_file)
             record = prepare(plan, layout, spec_file, watermark, online=True, live=True)
         return record
     if record is None:

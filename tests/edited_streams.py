@@ -59,9 +59,14 @@ def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:
     root, and a copy of both. The copy is put back in place (the same paths: Spark's file-sink logs
     name absolute paths) before each test (:func:`stream`)."""
     root = tmp_path_factory.mktemp("changes")
-    spec_file = include_with(root / "run" / "include", _spec()) / "sensors.yaml"
+    return run_once(spark, root, include_with(root / "run" / "include", _spec()) / "sensors.yaml", files=8)
+
+
+def run_once(spark, root: Path, spec_file: Path, files: int) -> tuple[Path, Path, Path]:
+    """The stream of ``spec_file`` (under ``root / "run"``) fed ``files`` files and run once, its data
+    root beside its include/; the run copied to ``root / "pristine"`` (:func:`as_it_ran`)."""
     data = root / "run" / "data"
-    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "8",
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
                           "--events-per-file", "25", "--seed", "4", "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
     with pytest.MonkeyPatch.context() as mp:
         assert start(spark, spec_file, data, mp) == stream_job.EXIT_OK
@@ -69,13 +74,18 @@ def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:
     return spec_file, data, root
 
 
-@pytest.fixture
-def stream(ran) -> tuple[Path, Path]:
-    """That run as it was, for one test to edit and start again."""
+def as_it_ran(ran: tuple[Path, Path, Path]) -> tuple[Path, Path]:
+    """The run of :func:`run_once` put back as it was, for one test to edit and start again."""
     spec_file, data, root = ran
     shutil.rmtree(root / "run")
     shutil.copytree(root / "pristine", root / "run")
     return spec_file, data
+
+
+@pytest.fixture
+def stream(ran) -> tuple[Path, Path]:
+    """That run as it was, for one test to edit and start again."""
+    return as_it_ran(ran)
 
 
 def edit(spec_file: Path, change) -> Path:

@@ -3,11 +3,10 @@ rehearsal of one micro-batch on a copy of the checkpoint (spark_jobs.rehearsal).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from edited_streams import EVENT_INTERVAL_MS, edit, files_under, in_session, start
+from edited_streams import EVENT_INTERVAL_MS, as_it_ran, edit, files_under, in_session, run_once, start
 from examples import example_spec, include_with
 
 from runner.testdata import generate
@@ -50,21 +49,12 @@ def ran(spark, tmp_path_factory) -> tuple[Path, Path, Path]:
     (root / "run" / "include" / "transforms").mkdir()
     for name, text in MODULES.items():
         (root / "run" / "include" / "transforms" / f"{name}.py").write_text(text)
-    data_root = root / "run" / "data"
-    assert generate.main(["--spec", str(spec_file), "--data-root", str(data_root), "--files", "6",
-                          "--events-per-file", "25", "--seed", "4", "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
-    with pytest.MonkeyPatch.context() as mp:
-        assert start(spark, spec_file, data_root, mp) == stream_job.EXIT_OK
-    shutil.copytree(root / "run", root / "pristine")
-    return spec_file, data_root, root
+    return run_once(spark, root, spec_file, files=6)
 
 
 @pytest.fixture
 def stream(ran) -> tuple[Path, Path]:
-    spec_file, data, root = ran
-    shutil.rmtree(root / "run")
-    shutil.copytree(root / "pristine", root / "run")
-    return spec_file, data
+    return as_it_ran(ran)
 
 
 def _query(name: str, python: str):

@@ -4,6 +4,7 @@ sink and swapped in one step, killed and continued, rolled back to its savepoint
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from spark_jobs.runtime.checkpoint import (
     unread_accepted_files,
 )
 from spark_jobs.runtime.clock import from_ms
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.sinks.table import open_database
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -295,14 +297,23 @@ def test_a_window_moved_to_a_delta_table_then_edited_there_is_rebuilt_and_rolled
     assert durations(delta_rows()) == {timedelta(minutes=10)} and DeltaTable(table).version() == version + 2
 
 
+def events_since(layout: Layout, kind: str, began: float) -> list[dict]:
+    """The stream's events of ``kind`` logged after ``began``."""
+    return [e for e in read_events(layout.events_file) if e.get("event") == kind and e.get("logged_at", 0) > began]
+
+
+def wait(condition, what: str, seconds: float = 120) -> None:
+    """Until ``condition()`` holds; fails saying ``what`` did not happen in ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds}s: {what}"
+        time.sleep(0.2)
+
+
 def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then_starts_it(
         spark, stream, monkeypatch) -> None:
     """Prepared online, the stream runs during the rebuild and the swap: its other outputs commit, the
     window output is held, then started from its rebuilt result once the upgrade is done."""
-    import time
-
-    from spark_jobs.runtime.progress import read_events
-
     spec_file, data = stream
     layout = layout_of(spec_file, data)
     edit(spec_file, lambda d: window(d, window=FIFTEEN))
@@ -313,13 +324,7 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
     steps: dict[str, object] = {}
 
     def events(kind: str) -> list[dict]:
-        return [e for e in read_events(layout.events_file) if e.get("event") == kind and e.get("logged_at", 0) > began]
-
-    def wait(condition, what: str, seconds: float = 120) -> None:
-        deadline = time.monotonic() + seconds
-        while not condition():
-            assert time.monotonic() < deadline, f"not within {seconds}s: {what}"
-            time.sleep(0.2)
+        return events_since(layout, kind, began)
 
     def operate() -> None:  # what the upgrade DAG does once the stream runs again
         try:
@@ -367,10 +372,6 @@ def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_start
     """The driver runs the spec as it was; the spec is edited and the upgrade prepared online: that driver
     stops the window output between batches and holds it while its other flows commit, and once the
     upgrade is done starts it from the upgraded spec's plan. One driver throughout: no stop, no restart."""
-    import time
-
-    from spark_jobs.runtime.progress import read_events
-
     spec_file, data = stream
     layout = layout_of(spec_file, data)
     began = time.time()
@@ -378,13 +379,7 @@ def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_start
     steps: dict[str, object] = {}
 
     def events(kind: str) -> list[dict]:
-        return [e for e in read_events(layout.events_file) if e.get("event") == kind and e.get("logged_at", 0) > began]
-
-    def wait(condition, what: str, seconds: float = 120) -> None:
-        deadline = time.monotonic() + seconds
-        while not condition():
-            assert time.monotonic() < deadline, f"not within {seconds}s: {what}"
-            time.sleep(0.2)
+        return events_since(layout, kind, began)
 
     def feed(files: int, seed: int) -> None:
         assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),

@@ -69,18 +69,22 @@ class UpgradeStepOperator(SparkSubmitOperator):
             args += ["--number", str(int(self.number))]
         args += ["--rollback"] if self.step == "rollback" else ["--step", self.step]
         args += ["--online"] if self.online and self.step == "prepare" else []
-        self.application_args = args + (["--data-root", self.data_root] if self.data_root else [])
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
-        try:
-            super().execute(context)
-        except AirflowException as exc:
-            raise AirflowFailException(f"the upgrade's {self.step} of stream {self.stream} was refused or failed "
-                                       f"(its log above says why): {exc}") from None
+        self._submit(context, args, f"the upgrade's {self.step} of stream {self.stream} was refused or failed")
         record = upgrade.latest(StreamHook(self.stream, self.spec_dir, self.data_root).layout) or {}
         for verdict in record.get("verdicts", []):
             self.log.info("%s: %s %s", verdict["flow"], verdict["verdict"], "; ".join(verdict["reasons"]))
         self.log.info("upgrade %s of %s: %s", record.get("number"), self.stream, record.get("phase"))
         return {k: v for k, v in record.items() if k != "spec"}
+
+    def _submit(self, context: Context, args: list[str], failed: str) -> None:
+        """``spark-submit`` the upgrade job with ``args`` (and the data root); a refusal or failure fails
+        the task without a retry, saying ``failed``."""
+        self.application_args = args + (["--data-root", self.data_root] if self.data_root else [])
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            raise AirflowFailException(f"{failed} (its log above says why): {exc}") from None
 
     def _rehearse(self, context: Context, spec_file: str) -> dict[str, Any]:
         def unknown() -> list[changes.Verdict]:
@@ -92,14 +96,8 @@ class UpgradeStepOperator(SparkSubmitOperator):
 
         if not unknown():
             raise AirflowSkipException(f"stream {self.stream}: no unknown verdict to rehearse")
-        self.application_args = ["--spec", spec_file, "--step", "rehearse"] + (
-            ["--data-root", self.data_root] if self.data_root else [])
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
-        try:
-            super().execute(context)
-        except AirflowException as exc:
-            raise AirflowFailException(f"the rehearsal of stream {self.stream}'s change failed (its log above says "
-                                       f"why): {exc}") from None
+        self._submit(context, ["--spec", spec_file, "--step", "rehearse"],
+                     f"the rehearsal of stream {self.stream}'s change failed")
         left = unknown()  # what the rehearsal could not settle: the check refuses it
         for v in left:
             self.log.warning("%s", v.text())
