@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -69,7 +70,10 @@ def read_source(spark: SparkSession, source: SourcePlan, streaming: bool = True)
     for key, value in source.options.items():
         reader = reader.option(key, value)
     df = reader.load(source.landing)
-    return df.withColumn(SOURCE_FILE_COLUMN, F.col("_metadata.file_path"))
+    path = F.col("_metadata.file_path")
+    if source.replay_of:  # a folder beside the landing folder: its name in the file's URI becomes the landing's
+        path = F.regexp_replace(path, r"/[^/]+(/[^/]+)$", "/" + quote(Path(source.replay_of).name) + "$1")
+    return df.withColumn(SOURCE_FILE_COLUMN, path)
 
 
 def _read_kafka(spark: SparkSession, source: SourcePlan, streaming: bool) -> DataFrame:

@@ -251,6 +251,9 @@ class SourcePlan:
     #: files: where landed files go once ingested (``spark_jobs.runtime.archive``), and how long after they landed
     archive_path: str | None = None
     archive_after: str | None = None
+    #: files: the landing folder that ``landing`` replays (a reprocess reads links of its files
+    #: from a folder beside it): the rows name the landing folder's files (``_source_file``)
+    replay_of: str | None = None
 
     @property
     def reader_options(self) -> dict[str, str]:

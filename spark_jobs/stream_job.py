@@ -246,7 +246,8 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
         release = upgrade.Release(layout, unfinished if held else None, [p for p in planned if p.name in held], spark,
                                   events, args.spec,
                                   stop=lambda q: stop_between_batches(q, plan.checkpoints, args.grace_seconds),
-                                  replan=lambda names: queries.plan_queries(spark, plan, trigger, outputs=names))
+                                  replan=lambda names: queries.plan_queries(spark, plan, trigger, on_batch=events.write,
+                                                                             outputs=names))
         runnable = [p for p in planned if p.name not in held]
         for only in phases:
             try:

@@ -25,8 +25,10 @@ Each flow's verdict (``spark_jobs.changes``) says what it takes:
 * *unknown*: rehearsed first (``spark_jobs.rehearsal``: one micro-batch of the new plan on a
   copy of the checkpoint), which settles it as compatible or rebuild; one it cannot settle is
   refused;
-* *reprocess*: refused (the input read again into new tables: not carried out by an upgrade
-  yet), as is the rebuild of a Kafka output (what a topic received cannot be taken back).
+* *reprocess* (the ingestion's): the input read again from its start by the new ingestion into
+  staged tables, and every output rebuilt from them, all swapped in together
+  (``spark_jobs.reprocess``). The rebuild of a Kafka output is refused (what a topic received
+  cannot be taken back).
 
 First a **savepoint** (``_control/upgrades/<n>/savepoint/``): the checkpoints of the outputs to
 rebuild and the plan they ran copied, and each one's sink and position recorded. The old sinks
@@ -59,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from spark_jobs import changes, rehearsal
+from spark_jobs import changes, rehearsal, reprocess
 from spark_jobs.plan import (
     DeltaDataset,
     KafkaDataset,
@@ -74,7 +76,7 @@ from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_bat
 from spark_jobs.runtime.clock import iso
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
-from spark_jobs.stream_spec.models import SpecError, Trigger
+from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -161,6 +163,11 @@ class Release:
         self.spec_file, self.stop, self.replan = spec_file, stop, replan
         self._said = False
 
+    @property
+    def holding(self) -> bool:
+        """Whether flows are held now (a reprocess holds every one: the driver waits, it has not ended)."""
+        return self.record is not None
+
     def __call__(self, running: dict[str, Any]) -> None:
         if self.record is None:
             self._hold_on_request(running)
@@ -213,7 +220,7 @@ class Release:
                             "stream", self.record["number"], self.spec_file, ", ".join(self.record["rebuild"]))
             return None
         plan = analyze(self.spark, load_spec(self.spec_file), self.layout, self.spec_file)
-        return queries.plan_queries(self.spark, plan, outputs=self.record["rebuild"])
+        return queries.plan_queries(self.spark, plan, outputs=self.record["rebuild"], on_batch=self.events.write)
 
 
 def _read(folder: Path) -> dict[str, Any] | None:
@@ -287,20 +294,24 @@ def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
     rebuild; refused (:class:`UpgradeRefused`, saying why) when a verdict is one an upgrade cannot
     carry out, or when there is nothing to carry out. No Spark: the upgrade DAG checks first."""
     verdicts = changes.judge(plan, previous, spec_file, watermark)
-    refused = [v for v in verdicts if v.verdict in (changes.REPROCESS, changes.UNKNOWN)]
+    refused = [v for v in verdicts if v.verdict == changes.UNKNOWN]
     if refused:
-        raise UpgradeRefused("an upgrade cannot carry these changes out (a reprocess reads the input again into "
-                             "new tables; an unknown change is settled by its rehearsal first, --step rehearse, "
-                             "whose reasons say why it could not); restore them in the spec:\n"
-                             + changes.report(refused))
-    rebuild = [v.flow for v in verdicts if v.verdict == changes.REBUILD]
+        raise UpgradeRefused("an upgrade cannot carry these changes out (an unknown change is settled by its "
+                             "rehearsal first, --step rehearse, whose reasons say why it could not); restore them "
+                             "in the spec:\n" + changes.report(refused))
+    if any(v.verdict == changes.REPROCESS for v in verdicts):  # the input read again: every output rebuilt
+        rebuild = reprocess.flows(plan, spec_file)
+    else:
+        rebuild = [v.flow for v in verdicts if v.verdict == changes.REBUILD]
     for name in rebuild:
+        if name == INGEST_FLOW:
+            continue
         output = plan.output(name)
         if isinstance(output.sink, KafkaDataset):
             raise UpgradeRefused(f"{spec_file}: output {name}: its rebuild would publish every result again to "
                                  f"topic {output.sink.topic}, whose readers already took the old ones: give the "
                                  "output a new name (a new output, over every accepted row) or a new topic")
-        if output.written_by_ingestion:
+        if output.written_by_ingestion and INGEST_FLOW not in rebuild:
             raise UpgradeRefused(f"{spec_file}: output {name}: the ingestion writes it, so its change is one of the "
                                  "accepted rows: a reprocess, not a rebuild")
     if not rebuild:
@@ -342,8 +353,10 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
         if layout.plan_file.exists():
             shutil.copy2(layout.plan_file, savepoint / "plan.json")
         record["outputs"] = {name: _sink_position(plan.output(name), (previous_output(previous, name) or {}), number)
-                             for name in rebuild}
+                             for name in reprocess.outputs_of(record)}
         record["checkpoints"] = checkpoints
+        if INGEST_FLOW in rebuild:
+            record["ingestion"] = reprocess.position(plan, number)
     except BaseException:
         if live:  # nothing live was changed: the running driver starts the held outputs again as they were
             _save(record, phase=ROLLED_BACK, finished_at=time.time())
@@ -423,29 +436,55 @@ def staged_plan(plan: StreamPlan, record: dict[str, Any]) -> StreamPlan:
             output = replace(output, checkpoint=str(folder / "staged" / output.name), sink=sink)
         outputs.append(output)
     checkpoints = plan.checkpoints | {o.name: o.checkpoint for o in outputs if o.name in record["rebuild"]}
-    return replace(plan, outputs=outputs, checkpoints=checkpoints)
+    staged = replace(plan, outputs=outputs, checkpoints=checkpoints)
+    return reprocess.staged(staged, record) if reprocess.reprocessing(record) else staged
 
 
-def rebuild(spark: SparkSession, plan: StreamPlan, record: dict[str, Any], timeout_seconds: float = 3600) -> None:
+def rebuild(spark: SparkSession, plan: StreamPlan, record: dict[str, Any], events: Any = None,
+            timeout_seconds: float = 3600) -> None:
     """Compute each output to rebuild over every accepted row committed so far, into its staged sink
-    (available-now: Spark resumes the staged checkpoint of a killed try)."""
+    (available-now: Spark resumes the staged checkpoint of a killed try). A reprocess first reads
+    the input again into the staged accepted rows, which those outputs then read; its progress
+    goes to ``events`` (the stream's event log), as a driver's does."""
     from spark_jobs.flows import queries
+    from spark_jobs.runtime.progress import ProgressListener
 
     staged = staged_plan(plan, record)
-    planned = queries.plan_queries(spark, staged, Trigger(available_now=True), outputs=record["rebuild"])
+    if reprocess.reprocessing(record):
+        log.info("upgrade %d: the input read again from %d file(s)%s", record["number"], reprocess.replay(record),
+                 " and the topics" if plan.source is not None and plan.source.kind == "kafka" else "")
+        listener = ProgressListener(events, plan.stream, staged.spark_query_names).add(spark) if events else None
+        try:
+            _run_available_now(spark, queries.plan_queries(spark, staged, Trigger(available_now=True), outputs=[
+                INGEST_FLOW], on_batch=events.write if events else None), record, timeout_seconds)
+        finally:
+            if listener is not None:
+                listener.remove(spark)
+        record["ingestion"]["query"] = query_id(reprocess.staged_checkpoint(record))
+        _save(record)
+    _run_available_now(spark, queries.plan_queries(spark, staged, Trigger(available_now=True),
+                                                   outputs=reprocess.outputs_of(record)), record, timeout_seconds)
+    for name in reprocess.outputs_of(record):
+        record["outputs"][name]["query"] = query_id(staged.output(name).checkpoint)
+    _save(record, phase=REBUILT)
+
+
+def _run_available_now(spark: SparkSession, planned: list[Any], record: dict[str, Any], timeout_seconds: float) -> None:
+    from spark_jobs.flows import queries
+
     started = queries.start_planned(spark, planned)
     try:
         for name, query in started.items():
             query.awaitTermination(timeout_seconds)
             if query.isActive:
-                raise RuntimeError(f"output {name}: its rebuild did not finish in {timeout_seconds:.0f}s")
+                raise RuntimeError(f"{name}: its rebuild did not finish in {timeout_seconds:.0f}s")
             if query.exception() is not None:
-                raise RuntimeError(f"output {name}: its rebuild failed: {query.exception()}")
-            log.info("output %s rebuilt into %s", name, record["outputs"][name]["staged"])
+                raise RuntimeError(f"{name}: its rebuild failed: {query.exception()}")
+            log.info("%s rebuilt into %s", name, (record["outputs"].get(name) or {}).get("staged")
+                     or record["ingestion"]["accepted"]["staged"])
     finally:
         for query in started.values():
             query.stop()
-    _save(record, phase=REBUILT)
 
 
 def swap(spark: SparkSession, plan: StreamPlan, record: dict[str, Any]) -> None:
@@ -453,14 +492,17 @@ def swap(spark: SparkSession, plan: StreamPlan, record: dict[str, Any]) -> None:
     step a killed try took already is recognised and not taken again."""
     staged = staged_plan(plan, record)
     number = record["number"]
-    for name in record["rebuild"]:
+    if reprocess.reprocessing(record):
+        reprocess.swap(record, {name: str(staged.output(name).checkpoint) for name in reprocess.outputs_of(record)})
+    for name in reprocess.outputs_of(record):
         output, new = plan.output(name), staged.output(name)
         assert output.checkpoint is not None and new.checkpoint is not None
-        new_query = query_id(new.checkpoint) if Path(new.checkpoint).exists() else None
-        if new_query is None or query_id(output.checkpoint) == new_query:
+        new_query = record["outputs"][name].get("query") or (
+            query_id(new.checkpoint) if Path(new.checkpoint).exists() else None)  # (a record from before it was kept)
+        if new_query is None or (Path(output.checkpoint).exists() and query_id(output.checkpoint) == new_query):
             continue  # swapped by a killed try: the live checkpoint is the staged one
         if isinstance(output.sink, ParquetDataset):
-            _swap_folder(new.sink.path, output.sink.path, number)
+            swap_folder(new.sink.path, output.sink.path, number)
         elif isinstance(output.sink, DeltaDataset):
             _swap_delta(spark, plan.stream, new, output, number)
         elif isinstance(output.sink, TableDataset):
@@ -483,9 +525,16 @@ def relocate_sink_log(folder: str, was: str, now: str) -> None:
     """Rewrite the file sink log in ``folder`` (``_spark_metadata``) so that its entries name the
     folder ``now`` where they named ``was`` (the files stay; their folder is about to move there),
     each log file replaced in one step. Entries naming ``now`` already are left."""
+    relocate_log(Path(folder) / "_spark_metadata", was, now)
+
+
+def relocate_log(log_dir: str | os.PathLike[str], was: str, now: str) -> None:
+    """:func:`relocate_sink_log` for any of Spark's file logs under ``log_dir`` (a file sink's, or
+    the file sources' logs of a checkpoint, ``sources/<n>/``); a rewritten file's checksum file,
+    which would no longer match, goes."""
     was, now = os.path.abspath(was), os.path.abspath(now)
-    for path in sorted((Path(folder) / "_spark_metadata").iterdir()):
-        if not path.name.removesuffix(".compact").isdigit():
+    for path in sorted(Path(log_dir).rglob("*")):
+        if not path.is_file() or not path.name.removesuffix(".compact").isdigit():
             continue
         text = path.read_text(encoding="utf-8")
 
@@ -502,6 +551,7 @@ def relocate_sink_log(folder: str, was: str, now: str) -> None:
         rewritten = _PATH_FIELD.sub(move, text)
         if rewritten != text:
             write_atomically(path, rewritten)
+            path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
 
 
 def _marker(folder: str) -> Path:
@@ -517,19 +567,21 @@ def swapped_in_by(folder: str) -> int | None:
         return None
 
 
-def _swap_folder(staged: str, live: str, number: int) -> None:
+def swap_folder(staged: str, live: str, number: int, log_names_paths: bool = True) -> None:
     """A Parquet sink: the staged folder, its log rewritten to name the live path, exchanged with the
-    live folder in one step (the staged place then holds the old result)."""
+    live folder in one step (the staged place then holds the old result). ``log_names_paths``
+    false: a folder whose log names no path of its own (a Delta table's)."""
     if swapped_in_by(live) == number:
         return  # exchanged by a killed try
-    relocate_sink_log(staged, staged, live)
+    if log_names_paths and (Path(staged) / "_spark_metadata").is_dir():
+        relocate_sink_log(staged, staged, live)
     write_atomically(_marker(staged), str(number))
     if Path(live).exists():
         exchange(staged, live)
     else:
         Path(live).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, live)
-    log.info("Parquet sink %s exchanged with its rebuilt result", live)
+    log.info("%s exchanged with its rebuilt result", live)
 
 
 def _swap_delta(spark: SparkSession, stream: str, staged: OutputPlan, live: OutputPlan, number: int) -> None:
@@ -569,6 +621,11 @@ def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
     entry the new plan's, so the next start finds them unchanged."""
     previous = previous_plan(layout)
     new = json.loads(plan.to_json())
+    if reprocess.reprocessing(record):  # every flow runs the new plan; removed outputs are retired at the next start
+        names = {o["name"] for o in new["outputs"]}
+        new["outputs"] += [o for o in previous.get("outputs") or [] if isinstance(o, dict) and o.get("name") not in names]
+        new["checkpoints"] = (previous.get("checkpoints") or {}) | new["checkpoints"]
+        previous = new
     rebuilt = {o["name"]: o for o in new["outputs"] if o["name"] in record["rebuild"]}
     previous["outputs"] = [rebuilt.get(o.get("name"), o) for o in previous.get("outputs") or []]
     previous["checkpoints"] = (previous.get("checkpoints") or {}) | {
@@ -586,7 +643,12 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
     if record.get("phase") == HOLDING:  # nothing copied nor changed yet
         _save(record, phase=ROLLED_BACK, finished_at=time.time())
         return
+    if reprocess.reprocessing(record) and record.get("ingestion"):
+        reprocess.roll_back(record)
     for name in record["rebuild"]:
+        if name == INGEST_FLOW:  # its tables are back; its checkpoint follows, as an output's
+            _put_back_checkpoint(record, name, record["ingestion"]["checkpoint"])
+            continue
         place = record["outputs"][name]
         live, staged, old_sink = place.get("sink") or {}, place.get("staged"), place.get("old_sink") or {}
         moved = {k: live.get(k) for k in ("kind", "path", "table")} != {k: old_sink.get(k) for k in
@@ -613,11 +675,7 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
                                                                   staged)
         # its checkpoint as the savepoint has it; the other flows' go on from where they are (their
         # sinks hold their batches since: a checkpoint put back would plan those batches anew)
-        checkpoint, kept = place["checkpoint"], folder / "savepoint" / "checkpoints" / name
-        if Path(checkpoint).exists():
-            shutil.rmtree(checkpoint)
-        if kept.exists() and checkpoint == record["checkpoints"].get(name):
-            shutil.copytree(kept, checkpoint, symlinks=True)
+        _put_back_checkpoint(record, name, place["checkpoint"])
     shutil.rmtree(folder / "staged", ignore_errors=True)
     if (folder / "savepoint" / "plan.json").exists():
         shutil.copy2(folder / "savepoint" / "plan.json", layout.plan_file)
@@ -625,6 +683,14 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
     _save(record, phase=ROLLED_BACK, finished_at=time.time(), pinned=str(pinned) if pinned else None)
     log.info("upgrade %d of %s rolled back to its savepoint%s", number, record["stream"],
              f"; its drivers run the spec it ran before ({pinned}) until the spec file changes again" if pinned else "")
+
+
+def _put_back_checkpoint(record: dict[str, Any], name: str, checkpoint: str) -> None:
+    kept = Path(record["folder"]) / "savepoint" / "checkpoints" / name
+    if Path(checkpoint).exists():
+        shutil.rmtree(checkpoint)
+    if kept.exists() and checkpoint == record["checkpoints"].get(name):
+        shutil.copytree(kept, checkpoint, symlinks=True)
 
 
 def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
@@ -640,7 +706,9 @@ def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
         if record["number"] in newest or record.get("cleaned_at"):
             continue
         folder, number = Path(record["folder"]), record["number"]
-        for name in record["rebuild"] if record.get("phase") == DONE else []:
+        if record.get("phase") == DONE and reprocess.reprocessing(record) and record.get("ingestion"):
+            removed += reprocess.clean(record)
+        for name in reprocess.outputs_of(record) if record.get("phase") == DONE else []:
             place = record["outputs"][name]
             live = place.get("sink") or {}
             if place["kind"] == "parquet" and place.get("staged") and Path(place["staged"]).exists():
@@ -742,13 +810,21 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
 def _carry_out(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any], through: str) -> None:
     """The steps of a prepared upgrade not taken yet, up to the one that ends in ``through``."""
     if record["phase"] == PREPARED:
-        rebuild(spark, plan, record)
+        rebuild(spark, plan, record, events=_events(layout) if reprocess.reprocessing(record) else None)
     if through == REBUILT:
         return
     if record["phase"] == REBUILT:
         swap(spark, plan, record)
     if record["phase"] == SWAPPED:
         finish(plan, layout, record)
+
+
+def _events(layout: Layout) -> Any:
+    """The stream's event log, as its driver writes it (a reprocess's ingestion reports there)."""
+    from spark_jobs.runtime.history import History
+    from spark_jobs.runtime.progress import EventLog
+
+    return EventLog(layout.events_file, history=History(layout.history_file))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,9 +56,9 @@ def plan_queries(spark: SparkSession, plan: StreamPlan, trigger: Trigger | None 
                  outputs: Collection[str] | None = None) -> list[PlannedQuery]:
     """Build (but do not start) the ingestion's query and every output's; ingestion first.
     ``trigger``: instead of the plan's. The output the ingestion writes itself has none.
-    ``outputs``: only those outputs' queries, without the ingestion's."""
+    ``outputs``: only those outputs' queries, and the ingestion's only if named (``INGEST_FLOW``)."""
     planned = []
-    if plan.ingestion is not None and outputs is None:
+    if plan.ingestion is not None and (outputs is None or INGEST_FLOW in outputs):
         frame, writer = ingestion_writer(spark, plan, on_batch)
         planned.append(PlannedQuery(INGEST_FLOW, plan.ingestion.checkpoint, frame,
                                     _with_trigger(writer, trigger or plan.ingestion.trigger)))

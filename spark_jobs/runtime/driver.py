@@ -175,7 +175,7 @@ def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, Strea
                     events.write({"event": "driver_failed", "stream": stream, "query": name, "error": str(exc)[:2000]})
                 code, cause = EXIT_FAILED, "; ".join(f"query {n}: {first_line(e)}" for n, e in failed)
                 break
-            if all(not q.isActive for q in queries.values()):
+            if all(not q.isActive for q in queries.values()) and not getattr(release, "holding", False):
                 log.info("queries %s of %s finished", sorted(queries), stream)
                 break
             asked = stop_asked(marker, lease.epoch, lease.since)

@@ -3,6 +3,7 @@ sink and swapped in one step, killed and continued, rolled back to its savepoint
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from datetime import timedelta
@@ -18,11 +19,14 @@ from runner.testdata import generate
 from spark_jobs import changes, frames, stream_job, upgrade
 from spark_jobs.analysis import resolve_plan
 from spark_jobs.plan import compile_plan
+from spark_jobs.runtime import archive
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     landing_backlog,
     last_batch,
     previous_plan,
+    processed_files,
+    query_id,
     read_query_checkpoint,
     sink_files,
     unread_accepted_files,
@@ -203,6 +207,70 @@ def test_a_rollback_puts_every_checkpoint_sink_table_and_the_plan_back(spark, st
     assert not upgrade.pin_file(layout).exists()
 
 
+def test_a_deduplication_key_changed_is_reprocessed_from_the_archived_and_landed_input_and_rolled_back(
+        spark, stream, monkeypatch, tmp_path) -> None:
+    from spark_jobs.stream_spec.models import INGEST_FLOW
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    plan = compile_plan(load_spec(spec_file), layout)
+    landing, archived = Path(plan.source.landing), Path(plan.source.archive_path)
+    assert archive.archive(plan, now=time.time() + 3600).archived  # part of the input is in the archive
+    inputs = sorted(p.name for p in [*landing.iterdir(), *archived.iterdir()])
+    readings, quarantine = Path(layout.data("sinks/sensors/readings")), Path(layout.data("quarantine/sensors"))
+    tables = [readings, quarantine, Path(layout.data(f"sinks/sensors/{WINDOW}")), Path(layout.data("sinks/sensors/hot"))]
+    before = {"tables": [files_under(t) for t in tables], "ingestion": query_id(plan.checkpoint(INGEST_FLOW)),
+              "status": table_rows(layout, "sensors_device_status")}
+    edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
+    assert verdicts(spec_file, data)[INGEST_FLOW].verdict == changes.REPROCESS
+
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    record = upgrade.latest(layout)
+    assert record["phase"] == upgrade.DONE and record["rebuild"] == [INGEST_FLOW, WINDOW, TABLE, "hot"]
+    assert not Path(record["ingestion"]["replay"]).exists() and sorted(
+        p.name for p in [*landing.iterdir(), *archived.iterdir()]) == inputs  # the input never moved
+    # the oracle: the new spec run afresh over every input file
+    fresh = tmp_path / "fresh"
+    (fresh / landing.relative_to(data)).mkdir(parents=True)
+    for path in [*landing.iterdir(), *archived.iterdir()]:
+        shutil.copy2(path, fresh / landing.relative_to(data) / path.name)
+    assert start(spark, spec_file, fresh, monkeypatch) == stream_job.EXIT_OK
+    fresh_layout = layout_of(spec_file, fresh)
+
+    def rows(folder: Path) -> list[tuple]:  # a quarantined row's file by its name (the fresh run's folder is another)
+        return sorted(tuple(sorted((k, Path(v).name if k == "source_file" else str(v)) for k, v in r.items()
+                                   if k != "quarantined_at")) for r in sink_rows(str(folder)))
+
+    for table in tables:
+        assert rows(table) == rows(fresh / table.relative_to(data)), table
+    assert table_rows(layout, "sensors_device_status") == table_rows(fresh_layout, "sensors_device_status")
+    keys = [(r["device_id"], r["ts"]) for r in sink_rows(str(readings))]
+    assert len(keys) == len(set(keys)) and rows(readings) != [] and files_under(readings) != before["tables"][0]
+    assert {Path(r["source_file"].removeprefix("file:")).parent for r in sink_rows(str(quarantine))} == {landing}
+    ingestion = plan.checkpoint(INGEST_FLOW)
+    assert query_id(ingestion) == record["ingestion"]["query"] != before["ingestion"]
+    assert {str(landing) in p for p in processed_files(ingestion)} == {True}  # its log names the landing folder
+    assert any(e.get("event") == "ingested" and e.get("id") == record["ingestion"]["query"]
+               for e in read_events(layout.events_file))  # its accounting from its first batch
+
+    # rolled back: every table, checkpoint and the status table as they were
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
+    assert [files_under(t) for t in tables] == before["tables"] and query_id(ingestion) == before["ingestion"]
+    assert table_rows(layout, "sensors_device_status") == before["status"]
+
+    # carried out again, then the stream goes on: it reads only what landed since
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert verdicts(spec_file, data)[INGEST_FLOW].verdict == changes.UNCHANGED
+    replayed = processed_files(ingestion)
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "2", "--events-per-file", "25",
+                          "--seed", "11", "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+    new_files = sorted(set(p.name for p in landing.iterdir()) - set(inputs))
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    assert sorted(Path(p).name for p in processed_files(ingestion) - replayed) == new_files
+    keys = [(r["device_id"], r["ts"]) for r in sink_rows(str(readings))]
+    assert len(keys) == len(set(keys)) > len(rows(fresh / "sinks/sensors/readings"))
+
+
 @pytest.mark.parametrize("moment", ["after the rebuild", "after the sink's exchange", "before the plan is recorded"])
 def test_an_upgrade_killed_at_any_step_is_finished_by_the_next_run(spark, stream, monkeypatch, moment: str) -> None:
     spec_file, data = stream
@@ -252,14 +320,8 @@ def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spar
     with caplog.at_level("ERROR", logger="upgrade"):
         assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
     assert "nothing to upgrade" in caplog.text
-    edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
-    before = files_under(data)
-    caplog.clear()
-    with caplog.at_level("ERROR", logger="upgrade"):
-        assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_REFUSED
-    assert "ingestion: reprocess" in caplog.text and "deduplicate.key" in caplog.text
     assert files_under(data) == before and upgrade.latest(layout) is None
-    edit(spec_file, lambda d: (d["deduplicate"].update(key=["event_id"]), window(d, window=FIFTEEN)))
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))
     with DriverLease(layout.lease_dir, stream="sensors"):  # a driver runs
         caplog.clear()
         with caplog.at_level("ERROR", logger="upgrade"):
