@@ -482,3 +482,56 @@ def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_start
     assert durations(live) == {timedelta(minutes=15)}  # rebuilt, then run on by the upgraded plan
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # whatever was still unread
     assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)
+
+
+def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them_on_the_new_tables(
+        spark, stream, monkeypatch) -> None:
+    """A reprocess prepared online while the driver runs: the driver holds its ingestion and every
+    output (it waits, it does not end), the input is read again beside it, and once swapped in the
+    same driver starts them all from the new tables and goes on with what landed meanwhile."""
+    from spark_jobs.stream_spec.models import INGEST_FLOW
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    began = time.time()
+    ingestion = Path(layout.checkpoint_root) / INGEST_FLOW
+    landing = Path(compile_plan(load_spec(spec_file), layout).source.landing)
+    steps: dict[str, object] = {}
+
+    def feed(files: int, seed: int) -> None:
+        assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
+                              "--events-per-file", "25", "--seed", str(seed),
+                              "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+
+    def operate() -> None:
+        try:
+            wait(lambda: events_since(layout, "driver_started", began), "the driver runs")
+            edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
+            steps["prepare"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "prepare",
+                                             "--online"])
+            steps["held"] = sorted(events_since(layout, "outputs_held", began)[0]["outputs"])
+            held_at = sorted(processed_files(ingestion))
+            feed(2, 12)  # lands while the ingestion is held: read by the new ingestion after the swap
+            steps["rebuild"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "rebuild"])
+            steps["read while held"] = sorted(processed_files(ingestion)) != held_at
+            steps["swap"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "swap"])
+            wait(lambda: events_since(layout, "outputs_released", began), "every flow started")
+            wait(lambda: {p.name for p in landing.iterdir()} <= {Path(p).name for p in processed_files(ingestion)},
+                 "the files landed during the reprocess are ingested")
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            steps["error"] = exc
+        finally:
+            layout.stop_marker.write_text('{"mode": "graceful"}')
+
+    code = run_beside(spark, spec_file, data, monkeypatch, operate)
+    assert "error" not in steps, steps.get("error")
+    assert code == stream_job.EXIT_OK and steps == {
+        "prepare": 0, "held": sorted([INGEST_FLOW, WINDOW, TABLE, "hot"]), "rebuild": 0, "read while held": False,
+        "swap": 0}
+    assert len(events_since(layout, "driver_started", began)) == 1  # the same driver throughout
+    assert upgrade.latest(layout)["phase"] == upgrade.DONE
+    assert verdicts(spec_file, data)[INGEST_FLOW].verdict == changes.UNCHANGED
+    keys = [(r["device_id"], r["ts"]) for r in sink_rows(layout.data("sinks/sensors/readings"))]
+    assert len(keys) == len(set(keys))
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # whatever was still unread
+    assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)
