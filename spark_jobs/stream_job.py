@@ -216,7 +216,8 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
         judged, plan = plan, rate_limit.applied(plan, layout)  # what a micro-batch may take, as sizing by lag set it
         try:  # everything up to the flows' start, before a standby waits
             refuse_incompatible(plan, layout)
-            planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write)
+            planned = queries.plan_queries(spark, plan, trigger, on_batch=events.write,  # held ones: once released
+                                           outputs=[f for f in plan.flows if f not in held] if held else None)
         except Exception as exc:  # reported, then exit non-zero
             code = _start_failed(layout, events, exc)
             return code
@@ -243,18 +244,16 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
                      unfinished["number"], ", ".join(held))
             events.write({"event": "outputs_held", "stream": stream, "outputs": held,
                           "upgrade": unfinished["number"]})
-        release = upgrade.Release(layout, unfinished if held else None, [p for p in planned if p.name in held], spark,
-                                  events, args.spec,
+        release = upgrade.Release(layout, unfinished if held else None, spark, events, args.spec,
                                   stop=lambda q: stop_between_batches(q, plan.checkpoints, args.grace_seconds),
                                   replan=lambda names: queries.plan_queries(spark, plan, trigger, on_batch=events.write,
                                                                              outputs=names))
-        runnable = [p for p in planned if p.name not in held]
         for only in phases:
             try:
                 if standby is not None:
-                    started_queries = queries.start_ingestion_first(spark, runnable, TAKEOVER_FIRST_BATCH_SECONDS)
+                    started_queries = queries.start_ingestion_first(spark, planned, TAKEOVER_FIRST_BATCH_SECONDS)
                 else:
-                    started_queries = queries.start_planned(spark, runnable, only)
+                    started_queries = queries.start_planned(spark, planned, only)
             except Exception as exc:  # reported, then exit non-zero
                 code = _start_failed(layout, events, exc)
                 return code

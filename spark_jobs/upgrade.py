@@ -149,18 +149,21 @@ def write_running_plan(layout: Layout, plan: StreamPlan, previous: dict[str, Any
 
 class Release:
     """A driver's outputs held for an upgrade, started once it is done. Held from the driver's
-    start (one started during an online upgrade: :func:`held_outputs`), or on request while it
-    runs (a live upgrade's ``holding`` record: those outputs' queries are stopped between batches,
-    the others go on); a live hold starts them again from the upgraded spec's plan, compiled
-    then. Called at each look of the driver's loop with its running queries, which it changes."""
+    start (one started during an online upgrade, :func:`held_outputs`: their queries are planned
+    only then, from the driver's own plan, which is the upgraded spec's: a sink checked at
+    planning, a table whose key changed, is checked once swapped in), or on request while it runs
+    (a live upgrade's ``holding`` record: those outputs' queries are stopped between batches, the
+    others go on); a live hold starts them again from the upgraded spec's plan, compiled then.
+    Called at each look of the driver's loop with its running queries, which it changes."""
 
-    def __init__(self, layout: Layout, record: dict[str, Any] | None, planned: list[Any], spark: SparkSession,
-                 events: Any, spec_file: str, stop: Callable[[dict[str, Any]], None],
-                 replan: Callable[[list[str]], list[Any]]):
-        """``stop``: stops queries between batches; ``replan``: the driver's own plan's queries of the
-        outputs named (a live hold, rolled back, starts them again as they were)."""
-        self.layout, self.record, self.planned, self.spark, self.events = layout, record, planned, spark, events
+    def __init__(self, layout: Layout, record: dict[str, Any] | None, spark: SparkSession, events: Any,
+                 spec_file: str, stop: Callable[[dict[str, Any]], None], replan: Callable[[list[str]], list[Any]]):
+        """``record``: the unfinished upgrade whose outputs the driver holds from its start, if any;
+        ``stop``: stops queries between batches; ``replan``: the driver's own plan's queries of the
+        flows named."""
+        self.layout, self.record, self.spark, self.events = layout, record, spark, events
         self.spec_file, self.stop, self.replan = spec_file, stop, replan
+        self.live = False  # held on request while running: the driver's plan is the spec before the upgrade
         self._said = False
 
     @property
@@ -173,14 +176,15 @@ class Release:
             self._hold_on_request(running)
             return
         phase = (_read(Path(self.record["folder"])) or {}).get("phase")
-        live = self.planned is None
+        live = self.live
         if phase == ROLLED_BACK and live:  # checkpoints and sinks as they were when held: go on as before
             self._start(running, self.replan(self.record["rebuild"]), "rolled back: outputs %s started as they were")
         elif phase == ROLLED_BACK and not self._said:
             self._said = True
             log.warning("upgrade %d was rolled back: outputs %s stay held; restart the stream to run its plan",
                         self.record["number"], ", ".join(self.record["rebuild"]))
-        elif phase == DONE and (planned := self._upgraded_plan() if live else self.planned) is not None:
+        elif phase == DONE and (planned := self._upgraded_plan() if live else self.replan(self.record["rebuild"])
+                                ) is not None:
             self._start(running, planned, "done: outputs %s started from their rebuilt results")
 
     def _start(self, running: dict[str, Any], planned: list[Any], said: str) -> None:
@@ -192,7 +196,7 @@ class Release:
         log.info(f"upgrade %d {said}", self.record["number"], ", ".join(started))
         self.events.write({"event": "outputs_released", "stream": self.record["stream"], "outputs": sorted(started),
                            "upgrade": self.record["number"]})
-        self.record, self.planned = None, []  # a later upgrade may hold them again
+        self.record, self.live = None, False  # a later upgrade may hold them again
 
     def _hold_on_request(self, running: dict[str, Any]) -> None:
         record = unfinished(self.layout)
@@ -204,7 +208,7 @@ class Release:
                  "other flows go on", record["number"], ", ".join(record["rebuild"]))
         self.events.write({"event": "outputs_held", "stream": record["stream"], "outputs": list(record["rebuild"]),
                            "upgrade": record["number"], "live": True})
-        self.record, self.planned = record, None  # started from the upgraded spec's plan once it is done
+        self.record, self.live = record, True  # started from the upgraded spec's plan once it is done
 
     def _upgraded_plan(self) -> list[Any] | None:
         """The held outputs' queries as the upgraded spec plans them (None, said once, if the spec

@@ -311,6 +311,46 @@ def test_an_upgrade_killed_at_any_step_is_finished_by_the_next_run(spark, stream
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
 
 
+@pytest.mark.parametrize("exchanges", [1, 3], ids=["after the accepted rows' exchange",
+                                                  "after the ingestion checkpoint's exchange"])
+def test_a_reprocess_killed_in_its_swap_is_finished_by_the_next_run(spark, stream, monkeypatch, exchanges: int) -> None:
+    from spark_jobs import reprocess
+    from spark_jobs.stream_spec.models import INGEST_FLOW
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
+
+    class Killed(BaseException):
+        pass
+
+    calls = []
+    real = upgrade.exchange
+
+    def exchange_then_kill(a, b):  # the swap killed once it took ``exchanges`` exchanges
+        if len(calls) == exchanges:
+            raise Killed(exchanges)
+        calls.append(a)
+        return real(a, b)
+
+    with monkeypatch.context() as m:
+        m.setattr(upgrade, "exchange", exchange_then_kill)
+        m.setattr(reprocess, "exchange", exchange_then_kill)
+        with pytest.raises(Killed):
+            run_upgrade(spark, spec_file, data, m)
+    assert upgrade.latest(layout)["phase"] == upgrade.REBUILT
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert upgrade.latest(layout)["phase"] == upgrade.DONE and upgrade.latest(layout)["number"] == 1
+    readings = sink_rows(layout.data("sinks/sensors/readings"))
+    keys = [(r["device_id"], r["ts"]) for r in readings]
+    assert len(keys) == len(set(keys)) and keys
+    assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)
+    ingestion = Path(layout.checkpoint_root) / INGEST_FLOW
+    read = processed_files(ingestion)
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # nothing new: nothing read again
+    assert processed_files(ingestion) == read and len(sink_rows(layout.data("sinks/sensors/readings"))) == len(readings)
+
+
 def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spark, stream, monkeypatch, caplog) -> None:
     from spark_jobs.runtime.lease import DriverLease
 
@@ -375,10 +415,12 @@ def wait(condition, what: str, seconds: float = 120) -> None:
 def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then_starts_it(
         spark, stream, monkeypatch) -> None:
     """Prepared online, the stream runs during the rebuild and the swap: its other outputs commit, the
-    window output is held, then started from its rebuilt result once the upgrade is done."""
+    window output and the table whose key changed are held (planned only once swapped in: the table
+    sink checks its key at planning), then started from their rebuilt results once the upgrade is done."""
     spec_file, data = stream
     layout = layout_of(spec_file, data)
-    edit(spec_file, lambda d: window(d, window=FIFTEEN))
+    edit(spec_file, lambda d: (window(d, window=FIFTEEN), [o["query"]["group_by"].append("event_date")
+                                                           for o in d["outputs"] if o["name"] == TABLE]))
     assert run_upgrade(spark, spec_file, data, monkeypatch, "--step", "prepare", "--online") == upgrade.EXIT_OK
     assert upgrade.latest(layout)["online"] and upgrade.latest(layout)["phase"] == upgrade.PREPARED
     began = time.time()
@@ -427,6 +469,11 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
     live = sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))
     assert durations(live) == {timedelta(minutes=15)}
     assert window_rows(live) == expected_windows(spark, spec_file, data)
+    assert upgrade.latest(layout)["rebuild"] == [WINDOW, TABLE] and verdicts(spec_file, data)[TABLE].verdict == (
+        changes.UNCHANGED)
+    with open_database(f"sqlite:///{layout.data_root / 'tables.db'}").connect() as conn:
+        key = sorted((r[5], r[1]) for r in conn.execute('PRAGMA table_info("sensors_device_status")') if r[5])
+    assert [name for _, name in key] == ["device_id", "event_date"]
 
 
 def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_starts_it_from_the_new_plan(
