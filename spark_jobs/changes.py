@@ -14,7 +14,8 @@ rebuild     a change of an output's state or meaning (window, grouping keys, agg
             from the accepted rows
 reprocess   a change to the ingestion its checkpoint cannot honour (the source, its path or
             topics, a column's type, the deduplication key, the event-time column, the
-            accepted rows' table): the input must be read again into new tables
+            accepted rows' table): the input must be read again into new tables (an upgrade
+            does it: ``spark_jobs.reprocess``)
 unknown     a change whose effect the plan cannot tell (the transform, a Python query or its
             code): settled by a rehearsal (``spark_jobs.rehearsal``)
 =========== ===================================================================================

@@ -302,3 +302,60 @@ def test_records_deleted_before_they_were_read_block_the_stream_until_an_operato
 
 def accepted_ids(spark, plan) -> list[str]:
     return sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())
+
+
+def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_tables(
+        spark, tmp_path: Path, kafka_broker, kafka_topic: str, monkeypatch) -> None:
+    """The deduplication key changed under a Kafka stream (a ``reprocess``): its upgrade reads the
+    topic again from the spec's starting offsets into new tables, and the stream then takes only
+    the records produced since."""
+    from edited_streams import edit, in_session, start
+    from examples import include_with
+
+    from spark_jobs import changes, upgrade
+    from spark_jobs.runtime.checkpoint import previous_plan
+    from spark_jobs.stream_spec.loading import load_spec
+    from spark_jobs.stream_spec.models import INGEST_FLOW
+
+    topic = kafka_topic
+    kafka_broker.produce(topic, [reading("e1", 1), reading("e2", 1), reading("e3", 2, "dev-002"), "not json"],
+                         partition=0)
+    kafka_broker.produce(topic, [reading("e4", 3), reading("e5", 3, "dev-002")], partition=1)
+    data = kafka_spec(topic, kafka_broker.bootstrap, [PASSTHROUGH, PER_DEVICE])
+    spec_file = include_with(tmp_path / "include", data) / f"{data['name']}.yaml"
+    root = tmp_path / "data"
+    assert start(spark, spec_file, root, monkeypatch) == 0
+    layout = Layout(load_spec(spec_file), root, spec_file.parent)
+
+    def accepted() -> list[str]:
+        plan = compile_plan(load_spec(spec_file), layout)
+        return sorted(r["event_id"] for r in accepted_batch(spark, plan.ingestion).collect())
+
+    def per_device() -> dict[str, int]:
+        from spark_jobs.sinks.table import open_database
+
+        with open_database(f"sqlite:///{root / 'tables.db'}").connect() as conn:
+            return dict(conn.execute("SELECT device_id, n FROM per_device").fetchall())
+
+    assert accepted() == ["e1", "e2", "e3", "e4", "e5"] and per_device() == {"dev-001": 3, "dev-002": 2}
+    edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))  # e2 repeats e1's reading
+    spec = load_spec(spec_file)
+    verdicts = changes.judge(compile_plan(spec, layout), previous_plan(layout), str(spec_file), "10 minutes")
+    assert {v.flow: v.verdict for v in verdicts}[INGEST_FLOW] == changes.REPROCESS
+
+    in_session(spark, monkeypatch)
+    assert upgrade.main(["--spec", str(spec_file), "--data-root", str(root)]) == upgrade.EXIT_OK
+    record = upgrade.latest(layout)
+    assert record["phase"] == upgrade.DONE and record["rebuild"] == [INGEST_FLOW, "per_device"]
+    assert record["ingestion"]["replay"] is None
+    ids = accepted()
+    assert len(ids) == 4 and ("e1" in ids) != ("e2" in ids)  # one of the two, as Spark kept it
+    assert per_device() == {"dev-001": 2, "dev-002": 2}
+    assert len(quarantine(spark, layout)) == 1  # "not json", once
+    checkpoint = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
+    assert {k: v for k, v in kafka.committed_offsets(checkpoint).items() if v} == {(topic, 0): 4, (topic, 1): 2}
+
+    kafka_broker.produce(topic, [reading("e6", 20), reading("e7", 20)], partition=2)  # e7 repeats e6's reading
+    assert start(spark, spec_file, root, monkeypatch) == 0
+    assert len(accepted()) == 5 and per_device() == {"dev-001": 3, "dev-002": 2}
+    assert len(quarantine(spark, layout)) == 1
