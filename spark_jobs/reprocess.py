@@ -10,7 +10,9 @@ them, all beside the live ones; the swap then puts every one of them in place.
   its file-source log is rewritten to name the landing folder, so the stream's driver then
   takes only the files that landed after the replay was made (and the archiving goes on as
   before). The input itself is never moved. Kafka: the staged ingestion reads from the spec's
-  ``starting_offsets`` (``earliest``: as far back as the topic keeps its records).
+  ``starting_offsets``; from ``earliest``, refused once retention deleted a topic's first
+  records (the new tables would drop rows the accepted rows hold), unless the spec chooses the
+  offsets.
 * **The tables.** The accepted rows and the quarantine are written into staged folders beside
   theirs; the outputs read the staged accepted rows. At the swap each staged folder is
   exchanged with its live one (a Parquet table's ``_spark_metadata`` log first rewritten to
@@ -63,7 +65,30 @@ def flows(plan: StreamPlan, spec_file: str) -> list[str]:
         raise UpgradeRefused(f"{spec_file}: the ingestion's change needs its input read again, which a {kind} source "
                              "cannot give: restore the ingestion's part of the spec, or move the stream's checkpoint, "
                              "sinks and quarantine aside and start it afresh (docs/changes.md)")
+    _refuse_lost_records(plan, spec_file)
     return [INGEST_FLOW, *(o.name for o in plan.outputs_with_flows)]
+
+
+def _refuse_lost_records(plan: StreamPlan, spec_file: str) -> None:
+    """A Kafka stream read again from ``earliest`` would silently lose the records its topics no
+    longer keep (retention), which its accepted rows hold now: refused, naming them, unless the
+    spec chooses the offsets to start from (``source.starting_offsets``: Spark's JSON of offsets)."""
+    from spark_jobs.sources import kafka
+    from spark_jobs.upgrade import UpgradeRefused
+
+    source = plan.source
+    if source is None or source.kafka is None or source.kafka.starting_offsets != "earliest":
+        return
+    offsets = kafka.end_offsets(source.kafka, kafka.probe(source.kafka, source.options), source.options)
+    gone = {f"{t}/{p}": low for (t, p), (low, _) in sorted(offsets.items()) if low > 0}
+    if gone:
+        raise UpgradeRefused(
+            f"{spec_file}: the ingestion's change needs its topics read again from the first record, but the broker "
+            "no longer keeps the first ones (retention): " + ", ".join(f"offsets 0 to {low - 1} of {tp}"
+                                                                    for tp, low in gone.items())
+            + "; the accepted rows hold what the stream read of them, which a reprocess would drop. Choose where to "
+            "start in source.starting_offsets (Spark's JSON of offsets per partition) to reprocess from there, or "
+            "restore the ingestion's part of the spec")
 
 
 def position(plan: StreamPlan, number: int) -> dict[str, Any]:

@@ -305,10 +305,11 @@ def accepted_ids(spark, plan) -> list[str]:
 
 
 def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_tables(
-        spark, tmp_path: Path, kafka_broker, kafka_topic: str, monkeypatch) -> None:
+        spark, tmp_path: Path, kafka_broker, kafka_topic: str, monkeypatch, caplog) -> None:
     """The deduplication key changed under a Kafka stream (a ``reprocess``): its upgrade reads the
     topic again from the spec's starting offsets into new tables, and the stream then takes only
-    the records produced since."""
+    the records produced since. Once retention deleted records, a reprocess from ``earliest`` is
+    refused (it would drop them from the accepted rows), and one from offsets the spec chooses runs."""
     from edited_streams import edit, in_session, start
     from examples import include_with
 
@@ -359,3 +360,16 @@ def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_ta
     assert start(spark, spec_file, root, monkeypatch) == 0
     assert len(accepted()) == 5 and per_device() == {"dev-001": 3, "dev-002": 2}
     assert len(quarantine(spark, layout)) == 1
+
+    # retention took the topic's first record: read again from "earliest", it would be lost unsaid
+    kafka_broker.delete_records(topic, 0, before=1)
+    edit(spec_file, lambda d: d["deduplicate"].update(key=["event_id"]))
+    before = accepted()
+    with caplog.at_level("ERROR", logger="upgrade"):
+        assert upgrade.main(["--spec", str(spec_file), "--data-root", str(root)]) == upgrade.EXIT_REFUSED
+    assert f"offsets 0 to 0 of {topic}/0" in caplog.text and upgrade.latest(layout)["number"] == 1
+    assert accepted() == before
+    # the offsets chosen in the spec: reprocessed from there, knowingly
+    edit(spec_file, lambda d: d["source"].update(starting_offsets=json.dumps({topic: {"0": 1, "1": -2, "2": -2}})))
+    assert upgrade.main(["--spec", str(spec_file), "--data-root", str(root)]) == upgrade.EXIT_OK
+    assert accepted() == ["e2", "e3", "e4", "e5", "e6", "e7"] and per_device() == {"dev-001": 4, "dev-002": 2}
