@@ -524,10 +524,10 @@ def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(p
 def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_outputs_commit(platform: Platform,
                                                                                              spark) -> None:
     """The spec edited under the running stream, its window resized in place (the state's schema the
-    same) and given one more aggregate, and a grouping key added to its update-mode table: the
-    upgrade DAG checks; the running driver holds those two outputs (no stop) for its savepoint;
-    they are rebuilt beside their sinks, swapped in (a folder exchanged, a table swapped in one
-    transaction) and watched. A SIGKILL of the driver during the rebuild: the supervisor's next driver holds the
+    same) and given one more aggregate, and a grouping key added to its update-mode table, which
+    moves to a new table: the upgrade DAG checks; the running driver holds those two outputs (no
+    stop) for its savepoint; they are rebuilt beside their sinks, swapped in (a folder exchanged,
+    a table renamed in one transaction) and watched. A SIGKILL of the driver during the rebuild: the supervisor's next driver holds the
     window output from its start (or runs it, rebuilt, if the swap came first), and the upgrade
     completes. A reader polling the window sink never sees two window sizes; the other outputs
     commit during the rebuild; afterwards every output equals its query over the accepted rows, and
@@ -570,6 +570,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     window["query"]["aggregates"].append({"name": "min_temperature", "fn": "min", "column": "temperature"})
     (table,) = [o for o in data["outputs"] if o["name"] == "device_status"]
     table["query"]["group_by"].append("event_date")
+    table["sink"]["table"] = "sensors_device_status_by_day"  # and its sink moved to a new table
     p.spec_path("sensors").write_text(yaml.safe_dump(data, sort_keys=False))
     seen: list[tuple[frozenset, int]] = []
     done = threading.Event()

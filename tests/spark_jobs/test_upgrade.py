@@ -311,9 +311,9 @@ def test_an_upgrade_killed_at_any_step_is_finished_by_the_next_run(spark, stream
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
 
 
-@pytest.mark.parametrize("exchanges", [1, 3], ids=["after the accepted rows' exchange",
-                                                  "after the ingestion checkpoint's exchange"])
-def test_a_reprocess_killed_in_its_swap_is_finished_by_the_next_run(spark, stream, monkeypatch, exchanges: int) -> None:
+def test_a_reprocess_killed_in_its_swap_is_finished_by_the_next_run(spark, stream, monkeypatch) -> None:
+    """Killed after the accepted rows' exchange, then (its next run) after the ingestion checkpoint's
+    exchange: each run recognises what an earlier one swapped, the third finishes."""
     from spark_jobs import reprocess
     from spark_jobs.stream_spec.models import INGEST_FLOW
 
@@ -324,28 +324,34 @@ def test_a_reprocess_killed_in_its_swap_is_finished_by_the_next_run(spark, strea
     class Killed(BaseException):
         pass
 
-    calls = []
-    real = upgrade.exchange
+    def killed_after(exchanges: int) -> list[str]:  # a run of the upgrade killed once it took ``exchanges`` exchanges
+        calls: list[str] = []
+        real = upgrade.exchange
 
-    def exchange_then_kill(a, b):  # the swap killed once it took ``exchanges`` exchanges
-        if len(calls) == exchanges:
-            raise Killed(exchanges)
-        calls.append(a)
-        return real(a, b)
+        def exchange_then_kill(a, b):
+            if len(calls) == exchanges:
+                raise Killed(exchanges)
+            calls.append(b)
+            return real(a, b)
 
-    with monkeypatch.context() as m:
-        m.setattr(upgrade, "exchange", exchange_then_kill)
-        m.setattr(reprocess, "exchange", exchange_then_kill)
-        with pytest.raises(Killed):
-            run_upgrade(spark, spec_file, data, m)
-    assert upgrade.latest(layout)["phase"] == upgrade.REBUILT
+        with monkeypatch.context() as m:
+            m.setattr(upgrade, "exchange", exchange_then_kill)
+            m.setattr(reprocess, "exchange", exchange_then_kill)
+            with pytest.raises(Killed):
+                run_upgrade(spark, spec_file, data, m)
+        assert upgrade.latest(layout)["phase"] == upgrade.REBUILT
+        return calls
+
+    ingestion = Path(layout.checkpoint_root) / INGEST_FLOW
+    assert killed_after(1) == [layout.data("sinks/sensors/readings")]  # the accepted rows
+    # the next run exchanges the quarantine and the ingestion's checkpoint, not the accepted rows again
+    assert killed_after(2) == [layout.data("quarantine/sensors"), str(ingestion)]
     assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
     assert upgrade.latest(layout)["phase"] == upgrade.DONE and upgrade.latest(layout)["number"] == 1
     readings = sink_rows(layout.data("sinks/sensors/readings"))
     keys = [(r["device_id"], r["ts"]) for r in readings]
     assert len(keys) == len(set(keys)) and keys
     assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)
-    ingestion = Path(layout.checkpoint_root) / INGEST_FLOW
     read = processed_files(ingestion)
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # nothing new: nothing read again
     assert processed_files(ingestion) == read and len(sink_rows(layout.data("sinks/sensors/readings"))) == len(readings)
