@@ -37,10 +37,15 @@ from typing import Any
 
 from spark_jobs.plan import StreamPlan
 from spark_jobs.runtime.atomic import exchange
-from spark_jobs.runtime.checkpoint import landed_files
+from spark_jobs.runtime.checkpoint import landed_files, query_id
+from spark_jobs.runtime.staging import relocate_log, staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.models import INGEST_FLOW
 
 log = logging.getLogger("upgrade")
+
+
+class CannotReprocess(ValueError):
+    """The input cannot be read again as the change needs; nothing was changed."""
 
 
 def reprocessing(record: dict[str, Any]) -> bool:
@@ -55,14 +60,12 @@ def outputs_of(record: dict[str, Any]) -> list[str]:
 
 def flows(plan: StreamPlan, spec_file: str) -> list[str]:
     """What a reprocess rebuilds: the ingestion, then every output with a query of its own (the
-    one the ingestion writes comes with the accepted rows); refused (``UpgradeRefused``) for a
+    one the ingestion writes comes with the accepted rows); refused (``CannotReprocess``) for a
     source that cannot be read again from its start."""
-    from spark_jobs.upgrade import UpgradeRefused
-
     source = plan.source
     if plan.ingestion is None or source is None or not ((source.is_files and source.landing) or source.kind == "kafka"):
         kind = source.kind if source is not None else "no"
-        raise UpgradeRefused(f"{spec_file}: the ingestion's change needs its input read again, which a {kind} source "
+        raise CannotReprocess(f"{spec_file}: the ingestion's change needs its input read again, which a {kind} source "
                              "cannot give: restore the ingestion's part of the spec, or move the stream's checkpoint, "
                              "sinks and quarantine aside and start it afresh (docs/changes.md)")
     _refuse_lost_records(plan, spec_file)
@@ -74,15 +77,13 @@ def _refuse_lost_records(plan: StreamPlan, spec_file: str) -> None:
     longer keep (retention), which its accepted rows hold now: refused, naming them, unless the
     spec chooses the offsets to start from (``source.starting_offsets``: Spark's JSON of offsets)."""
     from spark_jobs.sources import kafka
-    from spark_jobs.upgrade import UpgradeRefused
-
     source = plan.source
     if source is None or source.kafka is None or source.kafka.starting_offsets != "earliest":
         return
     offsets = kafka.end_offsets(source.kafka, kafka.probe(source.kafka, source.options), source.options)
     gone = {f"{t}/{p}": low for (t, p), (low, _) in sorted(offsets.items()) if low > 0}
     if gone:
-        raise UpgradeRefused(
+        raise CannotReprocess(
             f"{spec_file}: the ingestion's change needs its topics read again from the first record, but the broker "
             "no longer keeps the first ones (retention): " + ", ".join(f"offsets 0 to {low - 1} of {tp}"
                                                                     for tp, low in gone.items())
@@ -93,8 +94,6 @@ def _refuse_lost_records(plan: StreamPlan, spec_file: str) -> None:
 
 def position(plan: StreamPlan, number: int) -> dict[str, Any]:
     """Where the staged ingestion reads and writes: the upgrade's record keeps it."""
-    from spark_jobs.upgrade import staged_sink
-
     ingestion, source = plan.ingestion, plan.source
     assert ingestion is not None and source is not None
     return {"checkpoint": ingestion.checkpoint,
@@ -157,9 +156,6 @@ def swap(record: dict[str, Any], staged_outputs: dict[str, str]) -> None:
     output -> its staged checkpoint) are rewritten to read the live accepted rows; then the staged
     ingestion's checkpoint, rewritten to name the landing folder, takes the live one's place. Each
     step a killed try took already is recognised and not taken again."""
-    from spark_jobs.runtime.checkpoint import query_id
-    from spark_jobs.upgrade import relocate_log, swap_folder
-
     place, number = record["ingestion"], record["number"]
     accepted = place["accepted"]
     swap_folder(accepted["staged"], accepted["path"], number, log_names_paths=accepted["format"] != "delta")
@@ -188,8 +184,6 @@ def swap(record: dict[str, Any], staged_outputs: dict[str, str]) -> None:
 def roll_back(record: dict[str, Any]) -> None:
     """The live tables back (exchanged with the staged places, which hold them), the replay gone; the
     ingestion's checkpoint is put back with the outputs' (``upgrade.rollback``)."""
-    from spark_jobs.upgrade import swapped_in_by
-
     place, number = record["ingestion"], record["number"]
     for table in (place["accepted"], place["quarantine"]):
         if not table:

@@ -51,7 +51,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 import time
@@ -59,7 +58,6 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from spark_jobs import changes, rehearsal, reprocess
 from spark_jobs.plan import (
@@ -74,6 +72,7 @@ from spark_jobs.plan import (
 from spark_jobs.runtime.atomic import exchange, write_atomically
 from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
 from spark_jobs.runtime.clock import iso
+from spark_jobs.runtime.staging import staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, Trigger
@@ -274,13 +273,6 @@ def _pin_previous(layout: Layout, record: dict[str, Any]) -> Path | None:
     return write_atomically(pin_file(layout), kept["spec"])
 
 
-def staged_sink(sink_path: str, number: int) -> str:
-    """Where an output is rebuilt beside its live sink (hidden from readers of the folder above:
-    Spark and pyarrow skip names that begin with a dot)."""
-    live = Path(sink_path)
-    return str(live.with_name(f".{live.name}.upgrade-{number:06d}"))
-
-
 def staged_table(table: str, number: int) -> str:
     return f"{table}__upgrade_{number:06d}"
 
@@ -304,7 +296,10 @@ def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
                              "rehearsal first, --step rehearse, whose reasons say why it could not); restore them "
                              "in the spec:\n" + changes.report(refused))
     if any(v.verdict == changes.REPROCESS for v in verdicts):  # the input read again: every output rebuilt
-        rebuild = reprocess.flows(plan, spec_file)
+        try:
+            rebuild = reprocess.flows(plan, spec_file)
+        except reprocess.CannotReprocess as exc:
+            raise UpgradeRefused(str(exc)) from None
     else:
         rebuild = [v.flow for v in verdicts if v.verdict == changes.REBUILD]
     for name in rebuild:
@@ -518,74 +513,6 @@ def swap(spark: SparkSession, plan: StreamPlan, record: dict[str, Any]) -> None:
             os.replace(new.checkpoint, output.checkpoint)
         log.info("output %s: the rebuilt result is live (%s)", name, output.sink.kind)
     _save(record, phase=SWAPPED)
-
-
-#: a file sink's log names each file by its full path (Hadoop's URI of it)
-_PATH_FIELD = re.compile(r'"path":"([^"]*)"')
-_URI_SAFE = "/:@!$&'()*+,;=-._~"
-
-
-def relocate_sink_log(folder: str, was: str, now: str) -> None:
-    """Rewrite the file sink log in ``folder`` (``_spark_metadata``) so that its entries name the
-    folder ``now`` where they named ``was`` (the files stay; their folder is about to move there),
-    each log file replaced in one step. Entries naming ``now`` already are left."""
-    relocate_log(Path(folder) / "_spark_metadata", was, now)
-
-
-def relocate_log(log_dir: str | os.PathLike[str], was: str, now: str) -> None:
-    """:func:`relocate_sink_log` for any of Spark's file logs under ``log_dir`` (a file sink's, or
-    the file sources' logs of a checkpoint, ``sources/<n>/``); a rewritten file's checksum file,
-    which would no longer match, goes."""
-    was, now = os.path.abspath(was), os.path.abspath(now)
-    for path in sorted(Path(log_dir).rglob("*")):
-        if not path.is_file() or not path.name.removesuffix(".compact").isdigit():
-            continue
-        text = path.read_text(encoding="utf-8")
-
-        def move(match: re.Match[str], path: Path = path) -> str:
-            uri = urlsplit(match.group(1))
-            local = unquote(uri.path)
-            if local.startswith(was + "/"):
-                moved = urlunsplit(uri._replace(path=quote(now + local[len(was):], safe=_URI_SAFE)))
-                return f'"path":"{moved}"'
-            if local.startswith(now + "/"):
-                return match.group(0)
-            raise RuntimeError(f"{path}: an entry names {match.group(1)}, under neither {was} nor {now}")
-
-        rewritten = _PATH_FIELD.sub(move, text)
-        if rewritten != text:
-            write_atomically(path, rewritten)
-            path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
-
-
-def _marker(folder: str) -> Path:
-    """A file in a swapped Parquet folder naming the upgrade that put it there (Spark and pyarrow
-    skip names that begin with an underscore)."""
-    return Path(folder) / "_upgrade"
-
-
-def swapped_in_by(folder: str) -> int | None:
-    try:
-        return int(_marker(folder).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def swap_folder(staged: str, live: str, number: int, log_names_paths: bool = True) -> None:
-    """A Parquet sink: the staged folder, its log rewritten to name the live path, exchanged with the
-    live folder in one step (the staged place then holds the old result). ``log_names_paths``
-    false: a folder whose log names no path of its own (a Delta table's)."""
-    if swapped_in_by(live) == number:
-        return  # exchanged by a killed try
-    if log_names_paths and (Path(staged) / "_spark_metadata").is_dir():
-        relocate_sink_log(staged, staged, live)
-    write_atomically(_marker(staged), str(number))
-    if Path(live).exists():
-        exchange(staged, live)
-    else:
-        Path(live).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, live)
-    log.info("%s exchanged with its rebuilt result", live)
 
 
 def _swap_delta(spark: SparkSession, stream: str, staged: OutputPlan, live: OutputPlan, number: int) -> None:

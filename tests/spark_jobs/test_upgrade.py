@@ -19,7 +19,7 @@ from runner.testdata import generate
 from spark_jobs import changes, frames, stream_job, upgrade
 from spark_jobs.analysis import resolve_plan
 from spark_jobs.plan import compile_plan
-from spark_jobs.runtime import archive
+from spark_jobs.runtime import archive, staging
 from spark_jobs.runtime.checkpoint import (
     batch_watermark_ms,
     landing_backlog,
@@ -297,6 +297,7 @@ def test_an_upgrade_killed_at_any_step_is_finished_by_the_next_run(spark, stream
                 return real(a, b)
 
             m.setattr(upgrade, "exchange", exchange_once)
+            m.setattr(staging, "exchange", exchange_once)
         else:
             m.setattr(upgrade, "finish", kill)
         with pytest.raises(Killed):
@@ -337,6 +338,7 @@ def test_a_reprocess_killed_in_its_swap_is_finished_by_the_next_run(spark, strea
         with monkeypatch.context() as m:
             m.setattr(upgrade, "exchange", exchange_then_kill)
             m.setattr(reprocess, "exchange", exchange_then_kill)
+            m.setattr(staging, "exchange", exchange_then_kill)
             with pytest.raises(Killed):
                 run_upgrade(spark, spec_file, data, m)
         assert upgrade.latest(layout)["phase"] == upgrade.REBUILT
