@@ -19,7 +19,7 @@ Each flow's verdict (``spark_jobs.changes``) says what it takes:
   place in one step: a Delta table by one transaction (the staged rows overwrite the table; the
   commit records the staged query's last batch, so its next batch follows exactly); a Parquet
   folder by an exchange of the two folders (its ``_spark_metadata`` log first rewritten to name
-  the live path; see ``runtime.files.exchange``); a database table by two renames in one
+  the live path; see ``runtime.staging``); a database table by two renames in one
   transaction. The staged checkpoint takes the old one's place the same way. A reader of the
   sink sees the old complete result until then and the new complete result after, never a mix;
 * *unknown*: rehearsed first (``spark_jobs.rehearsal``: one micro-batch of the new plan on a
