@@ -525,7 +525,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
                                                                                              spark) -> None:
     """The spec edited under the running stream, its window resized in place (the state's schema the
     same) and given one more aggregate, and a grouping key added to its update-mode table, which
-    moves to a new table: the upgrade DAG checks; the running driver holds those two outputs (no
+    moves to a new table, and the watermark changed: the upgrade DAG checks; the running driver holds those two outputs (no
     stop) for its savepoint; they are rebuilt beside their sinks, swapped in (a folder exchanged,
     a table renamed in one transaction) and watched. A SIGKILL of the driver during the rebuild: the supervisor's next driver holds the
     window output from its start (or runs it, rebuilt, if the swap came first), and the upgrade
@@ -571,6 +571,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     (table,) = [o for o in data["outputs"] if o["name"] == "device_status"]
     table["query"]["group_by"].append("event_date")
     table["sink"]["table"] = "sensors_device_status_by_day"  # and its sink moved to a new table
+    data["event_time"]["watermark"] = "12 minutes"  # the watermark the window's state is kept by
     p.spec_path("sensors").write_text(yaml.safe_dump(data, sort_keys=False))
     seen: list[tuple[frozenset, int]] = []
     done = threading.Event()

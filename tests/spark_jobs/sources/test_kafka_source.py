@@ -308,7 +308,8 @@ def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_ta
         spark, tmp_path: Path, kafka_broker, kafka_topic: str, monkeypatch, caplog) -> None:
     """The deduplication key changed under a Kafka stream (a ``reprocess``): its upgrade reads the
     topic again from the spec's starting offsets into new tables, and the stream then takes only
-    the records produced since. Once retention deleted records, a reprocess from ``earliest`` is
+    the records produced since (its accepted rows a Delta table, exchanged whole, which the outputs
+    then stream from where the staged one left them). Once retention deleted records, a reprocess from ``earliest`` is
     refused (it would drop them from the accepted rows), and one from offsets the spec chooses runs."""
     from edited_streams import edit, in_session, start
     from examples import include_with
@@ -322,7 +323,7 @@ def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_ta
     kafka_broker.produce(topic, [reading("e1", 1), reading("e2", 1), reading("e3", 2, "dev-002"), "not json"],
                          partition=0)
     kafka_broker.produce(topic, [reading("e4", 3), reading("e5", 3, "dev-002")], partition=1)
-    data = kafka_spec(topic, kafka_broker.bootstrap, [PASSTHROUGH, PER_DEVICE])
+    data = kafka_spec(topic, kafka_broker.bootstrap, [PASSTHROUGH, PER_DEVICE]) | {"accepted": {"format": "delta"}}
     spec_file = include_with(tmp_path / "include", data) / f"{data['name']}.yaml"
     root = tmp_path / "data"
     assert start(spark, spec_file, root, monkeypatch) == 0
@@ -347,12 +348,13 @@ def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_ta
     in_session(spark, monkeypatch)
     assert upgrade.main(["--spec", str(spec_file), "--data-root", str(root)]) == upgrade.EXIT_OK
     record = upgrade.latest(layout)
-    assert record["phase"] == upgrade.DONE and record["rebuild"] == [INGEST_FLOW, "per_device"]
+    assert record["phase"] == upgrade.DONE and record["rebuild"] == [INGEST_FLOW, "rows", "per_device"]
     assert record["ingestion"]["replay"] is None
     ids = accepted()
     assert len(ids) == 4 and ("e1" in ids) != ("e2" in ids)  # one of the two, as Spark kept it
     assert per_device() == {"dev-001": 2, "dev-002": 2}
     assert len(quarantine(spark, layout)) == 1  # "not json", once
+    assert sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect()) == ids
     checkpoint = compile_plan(spec, layout).checkpoint(INGEST_FLOW)
     assert {k: v for k, v in kafka.committed_offsets(checkpoint).items() if v} == {(topic, 0): 4, (topic, 1): 2}
 
@@ -360,6 +362,7 @@ def test_a_reprocess_reads_the_topic_again_from_its_starting_offsets_into_new_ta
     assert start(spark, spec_file, root, monkeypatch) == 0
     assert len(accepted()) == 5 and per_device() == {"dev-001": 3, "dev-002": 2}
     assert len(quarantine(spark, layout)) == 1
+    assert sorted(r["event_id"] for r in spark.read.parquet(layout.data("sinks/rows")).collect()) == accepted()
 
     # retention took the topic's first record: read again from "earliest", it would be lost unsaid
     kafka_broker.delete_records(topic, 0, before=1)
