@@ -66,8 +66,8 @@ def flows(plan: StreamPlan, spec_file: str) -> list[str]:
     if plan.ingestion is None or source is None or not ((source.is_files and source.landing) or source.kind == "kafka"):
         kind = source.kind if source is not None else "no"
         raise CannotReprocess(f"{spec_file}: the ingestion's change needs its input read again, which a {kind} source "
-                             "cannot give: restore the ingestion's part of the spec, or move the stream's checkpoint, "
-                             "sinks and quarantine aside and start it afresh (docs/changes.md)")
+                              "cannot give: restore the ingestion's part of the spec, or move the stream's checkpoint, "
+                              "sinks and quarantine aside and start it afresh (docs/changes.md)")
     _refuse_lost_records(plan, spec_file)
     return [INGEST_FLOW, *(o.name for o in plan.outputs_with_flows)]
 
@@ -77,6 +77,7 @@ def _refuse_lost_records(plan: StreamPlan, spec_file: str) -> None:
     longer keep (retention), which its accepted rows hold now: refused, naming them, unless the
     spec chooses the offsets to start from (``source.starting_offsets``: Spark's JSON of offsets)."""
     from spark_jobs.sources import kafka
+
     source = plan.source
     if source is None or source.kafka is None or source.kafka.starting_offsets != "earliest":
         return
@@ -85,8 +86,8 @@ def _refuse_lost_records(plan: StreamPlan, spec_file: str) -> None:
     if gone:
         raise CannotReprocess(
             f"{spec_file}: the ingestion's change needs its topics read again from the first record, but the broker "
-            "no longer keeps the first ones (retention): " + ", ".join(f"offsets 0 to {low - 1} of {tp}"
-                                                                    for tp, low in gone.items())
+            "no longer keeps the first ones (retention): "
+            + ", ".join(f"offsets 0 to {low - 1} of {tp}" for tp, low in gone.items())
             + "; the accepted rows hold what the stream read of them, which a reprocess would drop. Choose where to "
             "start in source.starting_offsets (Spark's JSON of offsets per partition) to reprocess from there, or "
             "restore the ingestion's part of the spec")
