@@ -37,7 +37,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +65,8 @@ from spark_jobs.stream_spec.models import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+    from spark_jobs.upgrade import Release
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ def stop_asked(marker: Path, epoch: int, since: float = 0.0) -> tuple[str, str] 
 def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, StreamingQuery],
                       stop_requested: threading.Event, events: EventLog, lease: DriverLease,
                       grace_seconds: float = GRACE_SECONDS,
-                      release: Callable[[dict[str, StreamingQuery]], None] | None = None) -> tuple[int, str, bool]:
+                      release: Release | None = None) -> tuple[int, str, bool]:
     """Wait until the queries finish, one fails, or a stop is asked for (the stop marker, for this
     driver's epoch of the ``lease``, or ``stop_requested``): (exit code, cause, stopped). An
     immediate stop halts the driver. ``plan``: the one the driver started with (its checkpoints).
@@ -175,7 +177,7 @@ def supervise_queries(plan: StreamPlan, layout: Layout, queries: dict[str, Strea
                     events.write({"event": "driver_failed", "stream": stream, "query": name, "error": str(exc)[:2000]})
                 code, cause = EXIT_FAILED, "; ".join(f"query {n}: {first_line(e)}" for n, e in failed)
                 break
-            if all(not q.isActive for q in queries.values()) and not getattr(release, "holding", False):
+            if all(not q.isActive for q in queries.values()) and not (release is not None and release.holding):
                 log.info("queries %s of %s finished", sorted(queries), stream)
                 break
             asked = stop_asked(marker, lease.epoch, lease.since)

@@ -456,6 +456,17 @@ def wait(condition, what: str, seconds: float = 120) -> None:
         time.sleep(0.2)
 
 
+def feed(spec_file: Path, data: Path, files: int, seed: int) -> None:
+    """``files`` more files of 25 events land for the stream."""
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
+                          "--events-per-file", "25", "--seed", str(seed), "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+
+
+def step(spec_file: Path, data: Path, *args: str) -> int:
+    """One step of the upgrade, as the upgrade DAG submits it (beside a driver in the tests' session)."""
+    return upgrade.main(["--spec", str(spec_file), "--data-root", str(data), *args])
+
+
 def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then_starts_it(
         spark, stream, monkeypatch) -> None:
     """Prepared online, the stream runs during the rebuild and the swap: its other outputs commit, the
@@ -478,19 +489,15 @@ def test_an_online_upgrade_holds_the_rebuilt_output_while_the_others_commit_then
         try:
             wait(lambda: events("outputs_held"), "the driver holds the window output")
             commits = last_batch(hot, "commits")
-            assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "3",
-                                  "--events-per-file", "25", "--seed", "9",
-                                  "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+            feed(spec_file, data, 3, 9)
             wait(lambda: last_batch(hot, "commits") != commits, "an unchanged output commits during the upgrade")
-            steps["rebuild"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "rebuild"])
+            steps["rebuild"] = step(spec_file, data, "--step", "rebuild")
             steps["hot during"] = last_batch(hot, "commits") != commits
-            steps["swap"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "swap"])
+            steps["swap"] = step(spec_file, data, "--step", "swap")
             wait(lambda: events("outputs_released"), "the window output started")
             checkpoint = layout_of(spec_file, data).checkpoint_root + f"/{WINDOW}"
             released = last_batch(checkpoint, "commits")
-            assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "2",
-                                  "--events-per-file", "25", "--seed", "10",
-                                  "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+            feed(spec_file, data, 2, 10)
             wait(lambda: last_batch(checkpoint, "commits") != released, "the window output commits after its release")
             plan = compile_plan(load_spec(spec_file), layout)
 
@@ -534,28 +541,21 @@ def test_a_live_upgrade_holds_the_rebuilt_output_in_the_running_driver_and_start
     def events(kind: str) -> list[dict]:
         return events_since(layout, kind, began)
 
-    def feed(files: int, seed: int) -> None:
-        assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
-                              "--events-per-file", "25", "--seed", str(seed),
-                              "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
-
-    def step(*args: str) -> int:
-        return upgrade.main(["--spec", str(spec_file), "--data-root", str(data), *args])
-
     def operate() -> None:  # what the upgrade DAG does while the stream runs
         try:
             wait(lambda: events("driver_started"), "the driver runs")
             edit(spec_file, lambda d: window(d, window=FIFTEEN))
-            steps["prepare"] = step("--step", "prepare", "--online")  # until the driver holds the window output
+            steps["prepare"] = step(spec_file, data, "--step", "prepare", "--online")  # until the driver holds it
             record = upgrade.latest(layout)
             steps["held"] = (record["phase"], record["live"], [e.get("live") for e in events("outputs_held")])
             commits = last_batch(hot, "commits")
-            feed(3, 9)
+            feed(spec_file, data, 3, 9)
             wait(lambda: last_batch(hot, "commits") != commits, "an unchanged output commits during the upgrade")
-            steps["rebuild"], steps["swap"] = step("--step", "rebuild"), step("--step", "swap")
+            steps["rebuild"] = step(spec_file, data, "--step", "rebuild")
+            steps["swap"] = step(spec_file, data, "--step", "swap")
             wait(lambda: events("outputs_released"), "the window output started")
             released = last_batch(checkpoint, "commits")
-            feed(2, 10)
+            feed(spec_file, data, 2, 10)
             wait(lambda: last_batch(checkpoint, "commits") != released, "the window output commits after its release")
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             steps["error"] = exc
@@ -589,23 +589,17 @@ def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them
     landing = Path(compile_plan(load_spec(spec_file), layout).source.landing)
     steps: dict[str, object] = {}
 
-    def feed(files: int, seed: int) -> None:
-        assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", str(files),
-                              "--events-per-file", "25", "--seed", str(seed),
-                              "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
-
     def operate() -> None:
         try:
             wait(lambda: events_since(layout, "driver_started", began), "the driver runs")
             edit(spec_file, lambda d: d["deduplicate"].update(key=["device_id", "ts"]))
-            steps["prepare"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "prepare",
-                                             "--online"])
+            steps["prepare"] = step(spec_file, data, "--step", "prepare", "--online")
             steps["held"] = sorted(events_since(layout, "outputs_held", began)[0]["outputs"])
             held_at = sorted(processed_files(ingestion))
-            feed(2, 12)  # lands while the ingestion is held: read by the new ingestion after the swap
-            steps["rebuild"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "rebuild"])
+            feed(spec_file, data, 2, 12)  # lands while the ingestion is held: read by the new ingestion after the swap
+            steps["rebuild"] = step(spec_file, data, "--step", "rebuild")
             steps["read while held"] = sorted(processed_files(ingestion)) != held_at
-            steps["swap"] = upgrade.main(["--spec", str(spec_file), "--data-root", str(data), "--step", "swap"])
+            steps["swap"] = step(spec_file, data, "--step", "swap")
             wait(lambda: events_since(layout, "outputs_released", began), "every flow started")
             wait(lambda: {p.name for p in landing.iterdir()} <= {Path(p).name for p in processed_files(ingestion)},
                  "the files landed during the reprocess are ingested")
