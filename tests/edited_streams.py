@@ -88,10 +88,20 @@ def _copy(source: Path, target: Path) -> None:
     shutil.copytree(source, target, copy_function=copy)
 
 
+def _remove(folder: Path) -> None:
+    """A run's folder removed. The lingering progress listener (see :func:`_copy`) may write an event
+    into it meanwhile, which a single removal then finds in a folder it is emptying: removed again."""
+    for _ in range(100):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            return
+    shutil.rmtree(folder)  # still there: say why
+
+
 def as_it_ran(ran: tuple[Path, Path, Path]) -> tuple[Path, Path]:
     """The run of :func:`run_once` put back as it was, for one test to edit and start again."""
     spec_file, data, root = ran
-    shutil.rmtree(root / "run")
+    _remove(root / "run")
     _copy(root / "pristine", root / "run")
     return spec_file, data
 
