@@ -52,12 +52,12 @@ from spark_jobs.runtime.driver import (
     report_loss,
     stop_between_batches,
     supervise_queries,
+    take_lease,
 )
 from spark_jobs.runtime.history import History
 from spark_jobs.runtime.lease import (
     DRIVER_ID_ENV,
     DriverLease,
-    LeaseHeld,
     host_id,
 )
 from spark_jobs.runtime.progress import EventLog
@@ -121,12 +121,11 @@ def run(args: argparse.Namespace) -> int:
                   layout.include(spec.application.path))
         return EXIT_BAD_SPEC
     lease = lease_of(layout, spec.supervision)
-    if not args.standby:
+    if not args.standby:  # a standby takes it once free, and never while the stream is held
         try:
-            lease.acquire()
-        except LeaseHeld as exc:
-            log.error("%s", exc)
-            return EXIT_LEASE_HELD
+            take_lease(lease, layout)
+        except DriverRefused as exc:
+            return exc.code
     try:
         return _run(spec, layout, args, lease)
     finally:

@@ -319,18 +319,44 @@ def lease_of(layout: Layout, supervision: Supervision) -> DriverLease:
     return DriverLease(layout.lease_dir, stream=layout.stream, ttl=duration_seconds(supervision.lease))
 
 
-def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
-          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
-    """What a driver does first: load its stream's spec (:func:`load`) and take the stream's
-    single-driver lease (release it when done); refused with exit code 3 while another live
-    driver holds it."""
-    spec, layout = load(spec_path, data_root, application)
-    lease = lease_of(layout, spec.supervision)
+def held_by(hold_marker: Path) -> str | None:
+    """Who stopped the stream on purpose (the marker the stop DAG writes, which a deploy removes),
+    or None if nobody did."""
+    try:
+        text = hold_marker.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return str(json.loads(text).get("by") or "an operator")
+    except (ValueError, AttributeError):
+        return "an operator"
+
+
+def take_lease(lease: DriverLease, layout: Layout) -> None:
+    """Take the stream's single-driver lease (release it when done). Refused (:class:`DriverRefused`)
+    with exit code 3 while another live driver holds it, and with 0, the lease given back, when
+    the stream was stopped on purpose: a stop marks the stream held first and then ends the
+    driver holding the lease, so a driver launched just before the stop, which took the lease
+    only after the stop looked, sees the mark here and never runs."""
     try:
         lease.acquire()
     except LeaseHeld as exc:
         log.error("%s", exc)
         raise DriverRefused(EXIT_LEASE_HELD) from None
+    if (by := held_by(layout.hold_marker)) is not None:
+        lease.release()
+        log.warning("stream %s was stopped on purpose (%s): not started. Deploy it again to run it (or remove %s)",
+                    layout.stream, by, layout.hold_marker)
+        raise DriverRefused(EXIT_OK)
+
+
+def claim(spec_path: str | os.PathLike[str], data_root: str | None = None,
+          application: bool = False) -> tuple[StreamSpec, Layout, DriverLease]:
+    """What a driver does first: load its stream's spec (:func:`load`) and take the stream's
+    single-driver lease (:func:`take_lease`)."""
+    spec, layout = load(spec_path, data_root, application)
+    lease = lease_of(layout, spec.supervision)
+    take_lease(lease, layout)
     return spec, layout, lease
 
 

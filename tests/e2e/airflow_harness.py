@@ -10,7 +10,7 @@ import psutil
 from examples import example_spec, include_with  # noqa: F401 - used by the tests
 
 from runner.airflow import AirflowServices
-from runner.processes import BIN, free_port, wait_for  # noqa: F401 - used by the tests
+from runner.processes import BIN, free_port, wait_for, wait_until  # noqa: F401 - used by the tests
 from spark_jobs.runtime.lease import (
     history,
     overlaps,
@@ -53,6 +53,29 @@ def stream_drivers() -> list[int]:
         if len(argv) > 1 and argv[1].endswith("stream_job.py") and "python" in argv[0]:
             pids.append(process.pid)
     return pids
+
+
+def describe_processes(pids: list[int]) -> str:
+    """What a test that finds processes left says of them: each one's command, parent, state and age."""
+    import time
+
+    lines = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            with process.oneshot():
+                lines.append(f"pid {pid} ({process.status()}, {time.time() - process.create_time():.0f}s old, "
+                             f"parent {process.ppid()}): {' '.join(process.cmdline())[:500]}")
+        except psutil.Error as exc:
+            lines.append(f"pid {pid}: {type(exc).__name__}")
+    return "\n".join(lines)
+
+
+def no_stream_drivers(timeout: float = 60) -> None:
+    """Wait until no driver process of a stream is left on this machine; on timeout, name them."""
+    if not wait_until(lambda: stream_drivers() == [], timeout, every=0.5):
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for the driver processes to exit:\n"
+                             + describe_processes(stream_drivers()))
 
 
 #: the events that record a committed batch: the ingestion's own (written inside the batch, after

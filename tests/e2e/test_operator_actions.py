@@ -42,8 +42,10 @@ from airflow_harness import (
     ROOT,
     Airflow,
     deploy,
+    describe_processes,
     example_spec,
     include_with,
+    no_stream_drivers,
     one_driver_at_a_time,
     stream_drivers,
     wait_for,
@@ -267,6 +269,17 @@ def platform(tmp_path_factory, module_postgres_database) -> Iterator[Platform]:
         mail.stop()
 
 
+@pytest.fixture(autouse=True)
+def leaves_no_driver(platform: Platform) -> Iterator[None]:
+    """A test that failed with a stream still running leaves its drivers to the next test: kill them
+    (and say so), so that each test's failure is its own."""
+    yield
+    if left := stream_drivers():
+        print("killing the drivers a test left:\n" + describe_processes(left))
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+
+
 def scrape_metrics(p: Platform) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """One scrape of ``/streams/metrics`` as Prometheus makes it (the metrics token), parsed with
     prometheus-client's parser: every sample by name and labels."""
@@ -394,7 +407,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
     wait_for(lambda: p.state("stream_sensors_stop", stop) in ("success", "failed"), "the stop DAG to end",
              timeout=180, every=2)
     assert p.state("stream_sensors_stop", stop) == "success", p.task_log("stream_sensors_stop", "stop")
-    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    no_stream_drivers()
     wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
              timeout=120, every=2)
     assert p.state("stream_sensors", run) == "success", p.task_log("stream_sensors", "supervise", run)
@@ -471,7 +484,7 @@ def test_a_supervised_stream_stops_at_once_survives_a_kill_validates_and_restart
     wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
              timeout=240, every=2)
     assert p.state("stream_sensors_stop", graceful) == "success", p.task_log("stream_sensors_stop", "stop", graceful)
-    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    no_stream_drivers()
     wait_for(lambda: (states := [r["state"] for r in p.airflow.runs("stream_sensors")])
              and len(states) >= 3 and all(s == "success" for s in states),
              "every supervisor run to end", timeout=120, every=2)
@@ -506,7 +519,7 @@ def test_a_spent_restart_budget_fails_the_supervisor_and_sends_one_alert_email(p
     assert budget_spent in log and missing in log, log[-5000:]
     history = RestartBudget(layout.runs_file, plan.supervision.restart).runs()
     assert [(r.exit_code, r.requested) for r in history] == [(1, False)]  # one start, then no more
-    assert stream_drivers() == []
+    no_stream_drivers(0)
 
     # one e-mail, to the address configured, naming the DAG, the task and the failure
     wait_for(lambda: p.mail.about("stream_doomed"), "the alert e-mail", timeout=60)
@@ -634,7 +647,7 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     graceful = p.trigger("stream_sensors_stop", {"mode": "graceful"})
     wait_for(lambda: p.state("stream_sensors_stop", graceful) in ("success", "failed"), "the graceful stop",
              timeout=240, every=2)
-    wait_for(lambda: stream_drivers() == [], "the driver process to exit", timeout=60)
+    no_stream_drivers()
     wait_for(lambda: p.state("stream_sensors", run) in ("success", "failed"), "the supervisor run to end",
              timeout=120, every=2)
     agreement = verify.agreement(spark, plan)

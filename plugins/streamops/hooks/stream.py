@@ -206,17 +206,20 @@ class StreamHook(BaseHook):
 
     def held_by(self) -> str | None:
         """Who stopped the stream on purpose, or None if nobody did."""
-        try:
-            text = self.layout.hold_marker.read_text()
-        except FileNotFoundError:
-            return None
-        try:
-            return str(json.loads(text).get("by") or "an operator")
-        except (ValueError, AttributeError):
-            return "an operator"
+        from spark_jobs.runtime.driver import held_by
 
-    def release_hold(self) -> None:
-        self.layout.hold_marker.unlink(missing_ok=True)
+        return held_by(self.layout.hold_marker)
+
+    def release_hold(self, older_than: float | None = None) -> None:
+        """Deployed again: the stream may run. ``older_than``: only a mark written before then (a
+        deploy's run created before a stop, or a retry of its supervisor, leaves the stop standing)."""
+        marker = self.layout.hold_marker
+        try:
+            if older_than is not None and marker.stat().st_mtime >= older_than:
+                return
+        except FileNotFoundError:
+            return
+        marker.unlink(missing_ok=True)
 
     def lapsed_here(self, epoch: int) -> bool:
         """Has the lease of the driver of ``epoch`` lapsed while that driver's process still

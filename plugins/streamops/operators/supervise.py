@@ -1,5 +1,4 @@
-"""The operator that runs a stream and keeps it running: it does what its
-:class:`~streamops.supervisor.Supervisor` decides."""
+"""The operator that runs a stream and keeps it running, as its :class:`~streamops.supervisor.Supervisor` decides."""
 
 from __future__ import annotations
 
@@ -36,10 +35,10 @@ class StreamSupervisorOperator(StreamDriverOperator):
     backoff within the restart budget, stops of stalled drivers, adoption, the standby, switches
     of mode, rescales by sizing) is listed in :mod:`streamops.supervisor`. The task ends
     successfully when an operator stopped the stream (the hold marker), an available-now run
-    finished, or the stream switched to scheduled runs; any other exit of the driver is a failed
-    run. An application of the user's own (``application:``) is submitted as that application,
-    its spec's path in ``STREAMS_APP_SPEC`` (:mod:`spark_jobs.runtime.driver`). What its drivers
-    use is sampled into the stream's history (``streamops.cost``).
+    finished, or the stream switched to scheduled runs (a deploy's run made after a stop undoes it);
+    any other exit of the driver is a failed run. An application of the user's own (``application:``)
+    is submitted as that application, its spec's path in ``STREAMS_APP_SPEC``. What its drivers use
+    is sampled into the stream's history (``streamops.cost``).
 
     What to do is decided by a :class:`~streamops.supervisor.Supervisor` (``self.supervisor``),
     from the stream's health, lease and hold marker; this task does it and logs what it says.
@@ -88,7 +87,8 @@ class StreamSupervisorOperator(StreamDriverOperator):
                   events_file=hook.layout.events_file, checkpoint_root=hook.layout.checkpoint_root,
                   available_now=hook.plan.available_now,
                   adaptive=plan.execution if plan.execution.adaptive else None, previous_began=previous_began)
-        hook.release_hold()
+        created = getattr(context.get("dag_run"), "run_after", None)  # a deploy undoes the stops made before it
+        hook.release_hold(older_than=created.timestamp() if created is not None else None)
         self._driver_env(hook)
         app = plan.application
         if app is not None:  # the application itself, told where its spec is (spark_jobs.runtime.driver)
@@ -114,6 +114,8 @@ class StreamSupervisorOperator(StreamDriverOperator):
                 if run.act is Act.START:
                     if run.delay:
                         time.sleep(run.delay)  # the backoff itself
+                        if hook.held_by() is not None:
+                            continue  # stopped on purpose meanwhile: the next look ends the run
                     if self._superseded():
                         return {}
                     self._say(sup.started(self._launch(standby=False, available_now=sup.available_now)))

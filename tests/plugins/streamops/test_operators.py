@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ from streamops.operators.supervise import StreamSupervisorOperator
 
 DRIVER = """
 import sys, time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from spark_jobs.runtime.lease import DriverLease
 control = Path(sys.argv[1])
@@ -558,8 +560,30 @@ def test_a_kafka_sources_airflow_connection_reaches_the_driver_as_its_environmen
 class Run:
     """What a task's context says of its DAG run."""
 
-    def __init__(self, run_type: str) -> None:
-        self.run_type = run_type
+    def __init__(self, run_type: str, run_after: datetime | None = None) -> None:
+        self.run_type, self.run_after = run_type, run_after
+
+
+def test_a_deploy_made_before_a_stop_leaves_it_standing_when_its_supervisor_runs_again(data_root: Path,
+                                                                                         monkeypatch) -> None:
+    """A retry of a deploy's supervisor (its worker died), or a deploy's run that waited behind the
+    one a stop just ended, starts nothing: only a deploy made after the stop undoes it."""
+    from airflow.providers.apache.spark.operators import spark_submit
+
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", RecordingSubmitHook)
+    RecordingSubmitHook.built = []
+    stream = hook(data_root)
+    deployed = datetime.now(UTC) - timedelta(minutes=5)
+    stream.hold("stream_sensors_stop run manual__2 (immediate)")
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(default_spec_dir()),
+                                  data_root=str(data_root), conn_id="spark_streams", poll_seconds=0.2)
+    op.execute({"dag_run": Run("manual", run_after=deployed)})
+    assert RecordingSubmitHook.built == []  # no driver submitted
+    assert stream.held_by() == "stream_sensors_stop run manual__2 (immediate)"
+    stream.release_hold(older_than=deployed.timestamp())
+    assert stream.held_by() is not None
+    stream.release_hold(older_than=time.time() + 1)  # a deploy after the stop
+    assert stream.held_by() is None
 
 
 def test_a_scheduled_run_starts_no_driver_when_nothing_waits_or_the_stream_was_stopped(data_root: Path,

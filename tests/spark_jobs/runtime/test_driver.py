@@ -50,6 +50,36 @@ def test_supervised_refuses_to_run_beside_a_live_driver(tmp_path: Path, caplog) 
     assert not layout.events_file.exists()  # it wrote nothing: the stream is the other driver's
 
 
+
+def test_a_driver_of_a_stream_stopped_on_purpose_gives_its_lease_back_and_runs_nothing(tmp_path: Path,
+                                                                                         caplog) -> None:
+    """A stop marks the stream held, then ends the driver holding the lease: a driver launched just
+    before (a supervisor's restart) that takes the lease only after the stop looked must see the
+    mark and not run, or it would run on, unsupervised by the stop."""
+    import json
+
+    from spark_jobs import stream_job
+    from spark_jobs.runtime.lease import latest
+
+    data = tmp_path / "data"
+    sensors = default_spec_dir() / "sensors.yaml"
+    layout = Layout(load_spec(sensors), data, sensors.parent)
+    layout.hold_marker.parent.mkdir(parents=True, exist_ok=True)
+    layout.hold_marker.write_text(json.dumps({"by": "stream_sensors_stop run manual__1 (immediate)"}))
+    assert stream_job.main(["--spec", str(sensors), "--data-root", str(data)]) == driver.EXIT_OK
+    holder = latest(layout.lease_dir)
+    assert holder is not None and holder.released_at is not None and not holder.alive()  # taken, given back
+    assert not layout.events_file.exists() and not Path(layout.checkpoint_root).joinpath("readings").exists()
+    assert "stopped on purpose (stream_sensors_stop run manual__1 (immediate)): not started" in caplog.text
+    app = app_spec(tmp_path)
+    app_layout = Layout(load_spec(app), data, app.parent)
+    app_layout.hold_marker.parent.mkdir(parents=True, exist_ok=True)
+    app_layout.hold_marker.write_text("")  # by hand: held by "an operator"
+    with pytest.raises(SystemExit) as exit_, driver.supervised(None, app, str(data)):
+        raise AssertionError("an application of a held stream ran")
+    assert exit_.value.code == driver.EXIT_OK and not app_layout.events_file.exists()
+    assert latest(app_layout.lease_dir).released_at is not None
+
 def test_an_undeclared_query_is_refused_with_what_to_declare(spark, tmp_path: Path) -> None:
     path = app_spec(tmp_path)
     with driver.supervised(spark, path, str(tmp_path / "data")) as app:
