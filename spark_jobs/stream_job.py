@@ -21,7 +21,7 @@ and archives the checkpoints of outputs removed from the spec. During an online 
 (``spark_jobs.upgrade``) the outputs it rebuilds are held, and started once it swapped them in;
 after a rollback the driver runs the spec it pinned (the one the stream ran before).
 
-Exit codes: 0 stopped or finished, 1 a query failed, 2 invalid spec or arguments, or a change
+Exit codes: 0 stopped or finished (or not started: the stream was stopped on purpose), 1 a query failed, 2 invalid spec or arguments, or a change
 the checkpoint cannot resume,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
 stream over: this one halts without committing), 137 stopped immediately (the marker).
@@ -245,8 +245,9 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
                           "upgrade": unfinished["number"]})
         release = upgrade.Release(layout, unfinished if held else None, spark, events, args.spec,
                                   stop=lambda q: stop_between_batches(q, plan.checkpoints, args.grace_seconds),
-                                  replan=lambda names: queries.plan_queries(spark, plan, trigger, on_batch=events.write,
-                                                                             outputs=names))
+                                  replan=lambda names, upgraded: queries.plan_queries(
+                                      spark, plan if upgraded is None else rate_limit.applied(upgraded, layout), trigger,
+                                      on_batch=events.write, outputs=names))
         for only in phases:
             try:
                 if standby is not None:

@@ -156,10 +156,12 @@ class Release:
     Called at each look of the driver's loop with its running queries, which it changes."""
 
     def __init__(self, layout: Layout, record: dict[str, Any] | None, spark: SparkSession, events: Any,
-                 spec_file: str, stop: Callable[[dict[str, Any]], None], replan: Callable[[list[str]], list[Any]]):
+                 spec_file: str, stop: Callable[[dict[str, Any]], None],
+                 replan: Callable[[list[str], StreamPlan | None], list[Any]]):
         """``record``: the unfinished upgrade whose outputs the driver holds from its start, if any;
-        ``stop``: stops queries between batches; ``replan``: the driver's own plan's queries of the
-        flows named."""
+        ``stop``: stops queries between batches; ``replan``: the queries of the flows named, as the
+        driver plans them (its trigger, the size sizing by lag set), of its own plan or of the plan
+        given (the upgraded spec's)."""
         self.layout, self.record, self.spark, self.events = layout, record, spark, events
         self.spec_file, self.stop, self.replan = spec_file, stop, replan
         self.live = False  # held on request while running: the driver's plan is the spec before the upgrade
@@ -177,12 +179,13 @@ class Release:
         phase = (_read(Path(self.record["folder"])) or {}).get("phase")
         live = self.live
         if phase == ROLLED_BACK and live:  # checkpoints and sinks as they were when held: go on as before
-            self._start(running, self.replan(self.record["rebuild"]), "rolled back: outputs %s started as they were")
+            self._start(running, self.replan(self.record["rebuild"], None),
+                        "rolled back: outputs %s started as they were")
         elif phase == ROLLED_BACK and not self._said:
             self._said = True
             log.warning("upgrade %d was rolled back: outputs %s stay held; restart the stream to run its plan",
                         self.record["number"], ", ".join(self.record["rebuild"]))
-        elif phase == DONE and (planned := self._upgraded_plan() if live else self.replan(self.record["rebuild"])
+        elif phase == DONE and (planned := self._upgraded_plan() if live else self.replan(self.record["rebuild"], None)
                                 ) is not None:
             self._start(running, planned, "done: outputs %s started from their rebuilt results")
 
@@ -213,7 +216,6 @@ class Release:
         """The held outputs' queries as the upgraded spec plans them (None, said once, if the spec
         file changed again since: they stay held until the stream restarts)."""
         from spark_jobs.analysis import analyze
-        from spark_jobs.flows import queries
 
         assert self.record is not None
         if Path(self.spec_file).read_text(encoding="utf-8") != self.record["spec"]:
@@ -222,8 +224,8 @@ class Release:
                 log.warning("upgrade %d is done, but %s changed again since: outputs %s stay held; restart the "
                             "stream", self.record["number"], self.spec_file, ", ".join(self.record["rebuild"]))
             return None
-        plan = analyze(self.spark, load_spec(self.spec_file), self.layout, self.spec_file)
-        return queries.plan_queries(self.spark, plan, outputs=self.record["rebuild"], on_batch=self.events.write)
+        return self.replan(self.record["rebuild"], analyze(self.spark, load_spec(self.spec_file), self.layout,
+                                                            self.spec_file))
 
 
 def _read(folder: Path) -> dict[str, Any] | None:

@@ -579,11 +579,15 @@ def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them
         spark, stream, monkeypatch) -> None:
     """A reprocess prepared online while the driver runs: the driver holds its ingestion and every
     output (it waits, it does not end), the input is read again beside it, and once swapped in the
-    same driver starts them all from the new tables and goes on with what landed meanwhile."""
+    same driver starts them all from the new tables and goes on with what landed meanwhile, at the
+    size sizing by lag set (one file a micro-batch here), not the spec's own limit."""
+    from spark_jobs.runtime import rate_limit
     from spark_jobs.stream_spec.models import INGEST_FLOW
 
     spec_file, data = stream
     layout = layout_of(spec_file, data)
+    edit(spec_file, lambda d: d.setdefault("execution", {}).update(sizing={"min_per_trigger": 1}))
+    rate_limit.write(layout, 1, "files", "the test, as a supervisor's sizing by lag")
     began = time.time()
     ingestion = Path(layout.checkpoint_root) / INGEST_FLOW
     landing = Path(compile_plan(load_spec(spec_file), layout).source.landing)
@@ -596,8 +600,11 @@ def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them
             steps["prepare"] = step(spec_file, data, "--step", "prepare", "--online")
             steps["held"] = sorted(events_since(layout, "outputs_held", began)[0]["outputs"])
             held_at = sorted(processed_files(ingestion))
-            feed(spec_file, data, 2, 12)  # lands while the ingestion is held: read by the new ingestion after the swap
+            feed(spec_file, data, 2, 12)  # lands while the ingestion is held: read again with the rest
             steps["rebuild"] = step(spec_file, data, "--step", "rebuild")
+            before = {p.name for p in landing.iterdir()}
+            feed(spec_file, data, 2, 13)  # lands after the replay was made: read by the released ingestion
+            steps["landed"] = {p.name for p in landing.iterdir()} - before
             steps["read while held"] = sorted(processed_files(ingestion)) != held_at
             steps["swap"] = step(spec_file, data, "--step", "swap")
             wait(lambda: events_since(layout, "outputs_released", began), "every flow started")
@@ -610,9 +617,14 @@ def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them
 
     code = run_beside(spark, spec_file, data, monkeypatch, operate)
     assert "error" not in steps, steps.get("error")
+    landed = steps.pop("landed")
     assert code == stream_job.EXIT_OK and steps == {
         "prepare": 0, "held": sorted([INGEST_FLOW, WINDOW, TABLE, "hot"]), "rebuild": 0, "read while held": False,
         "swap": 0}
+    per_batch = [{Path(f).name for f in processed_files(ingestion, through_batch=b)
+                  - processed_files(ingestion, through_batch=b - 1)} for b in range(last_batch(ingestion, "commits") + 1)]
+    assert len(landed) >= 2  # one file a batch, as sizing set it (the spec says 10)
+    assert [len(files) for files in per_batch if files & landed] == [1] * len(landed)
     assert len(events_since(layout, "driver_started", began)) == 1  # the same driver throughout
     assert upgrade.latest(layout)["phase"] == upgrade.DONE
     assert verdicts(spec_file, data)[INGEST_FLOW].verdict == changes.UNCHANGED
