@@ -230,7 +230,8 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
         events.write({"event": "driver_started", "stream": stream, "pid": os.getpid(),
                       "trigger": "available-now" if (trigger or plan.trigger).available_now else args.trigger,
                       "standby": args.standby,
-                      **({"per_trigger": rate_limit.own_limit(plan)} if plan.execution.sizing is not None else {})})
+                      **({"per_trigger": rate_limit.own_limit(plan), "processing_time": plan.trigger.processing_time}
+                         if plan.execution.sizing is not None else {})})
         started = True
         now = time.time()
         for archived in changes.retire(verdicts, previous, layout, now):

@@ -92,6 +92,12 @@ def charts(plan: StreamPlan, layout: Layout, range_key: str = DEFAULT_RANGE, now
         interval = duration_seconds(trigger)
         durations.append({"name": f"trigger interval ({trigger})", "x": [iso(since), iso(now)],
                           "y": [interval, interval], "line": {"dash": "dash", "color": "#888"}, "mode": "lines"})
+    sized = plan.execution.sizing
+    if trigger and sized is not None and (sized.min_trigger or sized.max_trigger):  # the interval sized by lag
+        durations.append(_trace("trigger interval: recommended (sizing by lag)", points(STREAM, "trigger_recommended_s"),
+                                lambda p: p.last, line={"dash": "dot", "shape": "hv"}))
+        durations.append(_trace("trigger interval: the driver's (sizing by lag)", points(STREAM, "trigger_applied_s"),
+                                lambda p: p.last, line={"shape": "hv"}))
 
     source = plan.source
     kafka = source is not None and source.kafka is not None

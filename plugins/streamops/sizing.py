@@ -14,13 +14,26 @@ Kubernetes operator's autoscaler sizes a job::
 A batch of that size takes about ``per trigger / capacity`` seconds; the demand fits the trigger
 interval while ``demand <= utilisation * capacity``, else the stream needs ``demand /
 (utilisation * capacity)`` times the cores it has (on a cluster: executors), which the
-recommendation says. A recommendation is recorded (a ``sizing_decision`` event with every input
+recommendation says.
+
+With ``min_trigger`` or ``max_trigger`` in the spec it sizes the trigger interval too. A batch's
+time is a fixed part (planning, the commit: ``overhead``) and a part per unit (``per_unit``),
+fitted over the window's batches (least squares; batches of one size alone cannot tell them
+apart, and leave the interval as it is). The interval is the shortest at which a batch of the
+demand still takes at most ``utilisation`` of it (freshest without falling behind)::
+
+    overhead + per_unit * demand * interval <= utilisation * interval
+    interval = overhead / (utilisation - per_unit * demand), within [min_trigger, max_trigger]
+
+and the longest allowed when no interval is (the cores are short: the fixed part is spread over
+the largest batches). The per-trigger size is then the demand over that interval. A recommendation is recorded (a ``sizing_decision`` event with every input
 above, into the stream's log and history) when it differs from the last recorded one by a quarter
 or more, or its verdict on the cores changes: hysteresis, so that noise records nothing.
 
 It is applied (``applied: true`` in its event) when it differs from the limit the driver runs at
 by a quarter or more (a smaller one only while batches take more than ``utilisation`` of the
-time), unless the spec says ``dry_run``: the supervisor records the new limit
+time), or its interval from the driver's by a quarter or more, unless the spec says ``dry_run``:
+the supervisor records the new limit and interval
 (``spark_jobs.runtime.rate_limit``) and hands the stream to a standby started at that size, at a
 batch boundary (``streamops.supervisor.Supervisor.rescale``): a rescale costs a takeover, not a
 cold restart.
@@ -56,6 +69,37 @@ class Window:
     busy_seconds: float  # seconds its batches ran
     backlog_before: int
     backlog_now: int
+    batches: tuple[tuple[int, float], ...] = ()  # each batch that took input: (units, seconds)
+
+
+def batch_cost(batches: tuple[tuple[int, float], ...]) -> tuple[float, float] | None:
+    """``(overhead, per_unit)``: a batch's fixed seconds and its seconds per unit, fitted by least
+    squares over batches of ``(units, seconds)``; None while they cannot tell the two apart (fewer
+    than two sizes of batch). Neither is below zero."""
+    if len({n for n, _ in batches}) < 2:
+        return None
+    count = len(batches)
+    mean_n = sum(n for n, _ in batches) / count
+    mean_t = sum(t for _, t in batches) / count
+    spread = sum((n - mean_n) ** 2 for n, _ in batches)
+    per_unit = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in batches) / spread)
+    overhead = mean_t - per_unit * mean_n
+    if overhead < 0:  # the line through the origin, then
+        overhead, per_unit = 0.0, sum(n * t for n, t in batches) / sum(n * n for n, _ in batches)
+    return overhead, per_unit
+
+
+def interval(cost: tuple[float, float] | None, demand: float, utilisation: float, current: float,
+             bounds: tuple[float, float]) -> float:
+    """The trigger interval for ``demand`` (see the module): ``current`` while the cost is unknown."""
+    low, high = bounds
+    if cost is None:
+        return min(high, max(low, current))
+    overhead, per_unit = cost
+    room = utilisation - per_unit * demand
+    if room <= 0:
+        return high
+    return min(high, max(low, overhead / room))
 
 
 @dataclass(frozen=True)
@@ -67,6 +111,8 @@ class Recommendation:
     capacity: float | None  # units a second while a batch runs; None: no batch ran
     demand: float  # units a second
     cores_factor: float  # the cores it needs over those it has (<= 1: enough)
+    trigger_seconds: float = 0.0  # the interval the per-trigger size is for
+    cost: tuple[float, float] | None = None  # a batch's (overhead, per_unit) seconds, when known
 
     @property
     def enough_cores(self) -> bool:
@@ -74,16 +120,22 @@ class Recommendation:
 
 
 def recommend(window: Window, unit: str, current: int | None, trigger_seconds: float, catch_up_seconds: float,
-              utilisation: float, bounds: tuple[int, int]) -> Recommendation:
-    """The per-trigger size the window's measurements ask for (see the module)."""
+              utilisation: float, bounds: tuple[int, int],
+              trigger_bounds: tuple[float, float] | None = None) -> Recommendation:
+    """The per-trigger size the window's measurements ask for (see the module); with
+    ``trigger_bounds``, for the interval they ask for too (``trigger_seconds``: the driver's now)."""
     arrival = max(0.0, (window.taken + window.backlog_now - window.backlog_before) / window.seconds)
     capacity = window.taken / window.busy_seconds if window.busy_seconds > 0 and window.taken > 0 else None
     demand = window.backlog_now / catch_up_seconds + arrival
+    cost = batch_cost(window.batches) if trigger_bounds is not None else None
+    if trigger_bounds is not None:
+        trigger_seconds = interval(cost, demand, utilisation, trigger_seconds, trigger_bounds)
     low, high = bounds
-    per_trigger = min(high, max(low, math.ceil(demand * trigger_seconds)))
+    per_trigger = min(high, max(low, math.ceil(demand * trigger_seconds - 1e-9)))  # not one more for a rounding
     factor = demand / (utilisation * capacity) if capacity else 0.0
     return Recommendation(unit, per_trigger, current, round(arrival, 3), round(capacity, 3) if capacity else None,
-                          round(demand, 3), round(factor, 3))
+                          round(demand, 3), round(factor, 3), round(trigger_seconds, 3),
+                          (round(cost[0], 3), round(cost[1], 5)) if cost is not None else None)
 
 
 class Sizer:
@@ -102,7 +154,10 @@ class Sizer:
         self.current: int | None = rate_limit.current(plan, layout)
         self.bounds = rate_limit.bounds(plan)
         self.every = duration_seconds(sizing.every)
-        self.trigger_seconds = duration_seconds(plan.trigger.processing_time)
+        #: the interval the driver runs at (the one sizing set last, else the spec's), and its bounds
+        #: (None: the spec sizes no interval)
+        self.trigger_seconds = rate_limit.current_trigger(plan, layout)
+        self.trigger_bounds = rate_limit.trigger_bounds(plan)
         self._start: tuple[float, int] | None = None  # when the window began, and the backlog then
         self.last: Recommendation | None = None  # the last one recorded
 
@@ -118,6 +173,24 @@ class Sizer:
         return (len(processed_files(self.checkpoint, through_batch=max(ids)))
                 - len(processed_files(self.checkpoint, through_batch=min(ids) - 1)))
 
+    def _each(self, batches: list[dict[str, Any]]) -> tuple[tuple[int, float], ...]:
+        """Each batch that took input: (units, seconds), for the fit of a batch's cost."""
+        if self.trigger_bounds is None:
+            return ()
+        found = []
+        for b in batches:
+            seconds = float((b.get("duration_ms") or {}).get("triggerExecution") or 0) / 1000
+            if self.files:
+                if not isinstance(b.get("batch_id"), int):
+                    continue
+                units = (len(processed_files(self.checkpoint, through_batch=b["batch_id"]))
+                         - len(processed_files(self.checkpoint, through_batch=b["batch_id"] - 1)))
+            else:
+                units = int(b.get("input_rows") or 0)
+            if units > 0 and seconds > 0:
+                found.append((units, seconds))
+        return tuple(found)
+
     def observe(self, health: Health, now: float) -> dict[str, Any] | None:
         """Call at each look: at the end of each window, the ``sizing_decision`` event to record, if
         the recommendation changed enough (see the module); else None."""
@@ -131,9 +204,10 @@ class Sizer:
         self._start = (now, backlog)
         batches = batches_logged(self.layout.events_file, INGEST_FLOW, began, now)
         busy = sum(float((b.get("duration_ms") or {}).get("triggerExecution") or 0) for b in batches) / 1000
-        window = Window(now - began, self._taken(batches), busy, before, backlog)
+        window = Window(now - began, self._taken(batches), busy, before, backlog, self._each(batches))
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,
-                          duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds)
+                          duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds,
+                          self.trigger_bounds)
         apply = not self.sizing.dry_run and self._worth_applying(found, busy / window.seconds)
         if not apply and not self._worth_recording(found):
             return None
@@ -144,13 +218,20 @@ class Sizer:
                 "busy_seconds": round(busy, 2), "backlog_before": before, "backlog": window.backlog_now,
                 "arrival_per_s": found.arrival, "capacity_per_s": found.capacity, "demand_per_s": found.demand,
                 "utilisation": round(busy / window.seconds, 3), "cores_factor": found.cores_factor,
-                "enough_cores": found.enough_cores}
+                "enough_cores": found.enough_cores,
+                **({"trigger_seconds": found.trigger_seconds, "current_trigger_seconds": self.trigger_seconds,
+                    "overhead_seconds": found.cost[0] if found.cost else None,
+                    "seconds_per_unit": found.cost[1] if found.cost else None}
+                   if self.trigger_bounds is not None else {})}
+
+    def _interval_moved(self, found: Recommendation, than: float) -> bool:
+        return self.trigger_bounds is not None and abs(found.trigger_seconds - than) >= CHANGE * than
 
     def _worth_applying(self, found: Recommendation, utilisation: float) -> bool:
         """A quarter or more away from the driver's limit; a smaller limit only while batches take more
         than ``utilisation`` of the time (a smaller one would not make them shorter otherwise: it costs
         a rescale, and slows the next burst's catch-up)."""
-        if self.current is None:
+        if self.current is None or self._interval_moved(found, self.trigger_seconds):
             return True
         if found.per_trigger < self.current and utilisation <= self.sizing.utilisation:
             return False
@@ -160,6 +241,6 @@ class Sizer:
         last = self.last
         if last is None:
             return True
-        if found.enough_cores != last.enough_cores:
+        if found.enough_cores != last.enough_cores or self._interval_moved(found, last.trigger_seconds):
             return True
         return abs(found.per_trigger - last.per_trigger) >= CHANGE * last.per_trigger

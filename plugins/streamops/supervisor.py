@@ -466,15 +466,17 @@ class Supervisor:
 
     # ---- rescaling (sizing by lag) ----------------------------------------------------------
 
-    def rescale(self, per_trigger: int, unit: str, previous: int | None) -> Decision | None:
-        """Sizing by lag set a new per-trigger limit (``previous``: the one the driver runs at): RESCALE,
+    def rescale(self, per_trigger: int, unit: str, previous: int | None, every: float | None = None) -> Decision | None:
+        """Sizing by lag set a new per-trigger limit (``previous``: the one the driver runs at; ``every``:
+        the interval, if sized): RESCALE,
         a standby launched at the new size (the standby warmed at the old size ended first), unless
         this task runs no continuous driver of its own, is stopping it, or a rescale is under way."""
         if (self.active is None or self.epoch is None or self.available_now or self._watch.stopping_since is not None
                 or self._rescale is not None):
             return None
         self._rescale = _Rescale(per_trigger, unit, previous, since=self.monotonic())
-        return Decision(Act.RESCALE, f"stream {self.stream}: sizing by lag sets {per_trigger} {unit} a micro-batch "
+        return Decision(Act.RESCALE, f"stream {self.stream}: sizing by lag sets {per_trigger} {unit} a micro-batch"
+                                     f"{f' every {every:g}s' if every is not None else ''} "
                                      f"(the driver takes {previous if previous is not None else 'no limit'}): launching "
                                      "a standby at that size to take the stream over", end_standby=True)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.runtime.clock import epoch_seconds
+from spark_jobs.stream_spec.models import duration_seconds
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,14 @@ def values_of(event: dict[str, Any]) -> tuple[str | None, dict[str, float]]:
     elif kind == "execution_decision" and isinstance(event.get("rate"), int | float):  # an adaptive stream's
         return STREAM, {"continuous": 1.0 if event.get("mode") == "continuous" else 0.0, "arrival_rate": event["rate"]}
     elif kind in ("driver_started", "rescaled") and isinstance(event.get("per_trigger"), int | float):
-        return STREAM, {"per_trigger_applied": event["per_trigger"]}  # what a micro-batch may take (sizing by lag)
+        every = event.get("processing_time")  # and how often (sizing by lag)
+        return STREAM, {"per_trigger_applied": event["per_trigger"],  # what a micro-batch may take
+                        **({"trigger_applied_s": duration_seconds(every)} if isinstance(every, str) else {})}
     elif kind == "sizing_decision" and isinstance(event.get("per_trigger"), int | float):  # execution.sizing's
         return STREAM, {"per_trigger_recommended": event["per_trigger"],
-                        **({"demand_per_s": event["demand_per_s"]}
-                           if isinstance(event.get("demand_per_s"), int | float) else {})}
+                        **{name: event[key] for name, key in (("demand_per_s", "demand_per_s"),
+                                                              ("trigger_recommended_s", "trigger_seconds"))
+                           if isinstance(event.get(key), int | float)}}
     return (query if isinstance(query, str) else None), values
 
 

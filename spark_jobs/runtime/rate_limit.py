@@ -2,11 +2,13 @@
 
 A stream with ``execution.sizing`` (not ``dry_run``) has its per-trigger limit set by its
 supervisor (``streamops.sizing``): landing files (``maxFilesPerTrigger``) or Kafka records
-(``maxOffsetsPerTrigger``). The supervisor writes the limit to ``<checkpoint>/_control/per_trigger.json``
-(:func:`write`) and hands the stream to a standby started after it (a rescale); every driver
-reads it when it plans its flows (:func:`applied`), so a driver started later for any reason
-(a restart, a takeover, the next scheduled run) runs at the size last set, until the spec's own
-limit or the sizing's bounds change it. Spark allows a rate limit to change under a checkpoint.
+(``maxOffsetsPerTrigger``), and with ``min_trigger`` or ``max_trigger`` the trigger interval of the
+ingestion and of the outputs at the stream's trigger. The supervisor writes them to
+``<checkpoint>/_control/per_trigger.json`` (:func:`write`) and hands the stream to a standby
+started after it (a rescale); every driver reads it when it plans its flows (:func:`applied`),
+so a driver started later for any reason (a restart, a takeover, the next scheduled run) runs at
+the size last set, until the spec's own limit or the sizing's bounds change it. Spark allows a
+rate limit and a trigger to change under a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.runtime.atomic import write_atomically
+from spark_jobs.stream_spec.models import duration_seconds
 
 if TYPE_CHECKING:
     from spark_jobs.plan import StreamPlan
@@ -52,10 +55,25 @@ def bounds(plan: StreamPlan) -> tuple[int, int]:
     return sizing.min_per_trigger, high
 
 
-def write(layout: Layout, per_trigger: int, unit: str, by: str) -> None:
-    """Record the limit a micro-batch may take from the next driver's start on; ``by``: who set it, and why."""
+def trigger_bounds(plan: StreamPlan) -> tuple[float, float] | None:
+    """The trigger intervals sizing may set, in seconds (``min_trigger`` to ``max_trigger``, either one
+    the spec's trigger by default); None when the spec sizes no interval."""
+    sizing = plan.execution.sizing
+    if sizing is None or (sizing.min_trigger is None and sizing.max_trigger is None):
+        return None
+    assert plan.trigger.processing_time is not None
+    own = duration_seconds(plan.trigger.processing_time)
+    return (duration_seconds(sizing.min_trigger) if sizing.min_trigger else own,
+            duration_seconds(sizing.max_trigger) if sizing.max_trigger else own)
+
+
+def write(layout: Layout, per_trigger: int, unit: str, by: str, trigger_seconds: float | None = None) -> None:
+    """Record the limit a micro-batch may take (and the trigger interval, if sized) from the next
+    driver's start on; ``by``: who set it, and why."""
     write_atomically(layout.per_trigger_file, json.dumps({"per_trigger": per_trigger, "unit": unit, "by": by,
-                                                          "at": time.time()}))
+                                                          "at": time.time(),
+                                                          **({"trigger_seconds": trigger_seconds}
+                                                             if trigger_seconds is not None else {})}))
 
 
 def read(layout: Layout) -> dict[str, Any] | None:
@@ -86,8 +104,37 @@ def current(plan: StreamPlan, layout: Layout) -> int | None:
     return min(high, max(low, int(found["per_trigger"])))
 
 
+def current_trigger(plan: StreamPlan, layout: Layout) -> float:
+    """The trigger interval (seconds) a driver started now runs at: the one sizing set (within its
+    bounds), else the spec's."""
+    assert plan.trigger.processing_time is not None
+    own = duration_seconds(plan.trigger.processing_time)
+    bounds = trigger_bounds(plan)
+    if bounds is None or plan.execution.sizing.dry_run:
+        return own
+    found = read(layout)
+    if found is None or not isinstance(found.get("trigger_seconds"), int | float):
+        return min(bounds[1], max(bounds[0], own))
+    return min(bounds[1], max(bounds[0], float(found["trigger_seconds"])))
+
+
+def _with_interval(plan: StreamPlan, seconds: float) -> StreamPlan:
+    """The plan with its ingestion, and its outputs at the stream's trigger, every ``seconds``."""
+    own = plan.trigger
+    trigger = own.model_copy(update={"processing_time": f"{max(1, round(seconds * 1000))} milliseconds"})
+    ingestion = plan.ingestion and dataclasses.replace(plan.ingestion, trigger=trigger)
+    outputs = [dataclasses.replace(o, trigger=trigger) if o.trigger == own else o for o in plan.outputs]
+    log.info("stream %s: a micro-batch every %.3gs, as sizing by lag set it (the spec says %s)", plan.stream,
+             seconds, own.processing_time)
+    return dataclasses.replace(plan, trigger=trigger, ingestion=ingestion, outputs=outputs)
+
+
 def applied(plan: StreamPlan, layout: Layout) -> StreamPlan:
-    """The plan with its source's limit at :func:`current` (the plan itself when that is the spec's own)."""
+    """The plan with its source's limit at :func:`current` and its trigger at :func:`current_trigger`
+    (the plan itself when both are the spec's own)."""
+    if trigger_bounds(plan) is not None and (seconds := current_trigger(plan, layout)) != duration_seconds(
+            plan.trigger.processing_time):
+        plan = _with_interval(plan, seconds)
     limit = current(plan, layout)
     source = plan.source
     if source is None or limit == own_limit(plan):

@@ -673,8 +673,9 @@ class Sizing(Strict):
     the supervisor recommends what a micro-batch of the ingestion should take (landing files, or
     Kafka records) so that a backlog clears within ``catch_up`` while each batch takes at most
     ``utilisation`` of the trigger interval, within ``min_per_trigger`` and ``max_per_trigger``
-    (default: 10 times the source's own limit). Each recommendation is a ``sizing_decision``
-    event with its inputs, charted on the stream's page. The supervisor applies it by handing the
+    (default: 10 times the source's own limit), and with ``min_trigger`` or ``max_trigger`` the
+    trigger interval too (the other bound is the stream's ``trigger``). Each recommendation is a
+    ``sizing_decision`` event with its inputs, charted on the stream's page. The supervisor applies it by handing the
     stream to a standby started at the new size (a rescale, ``spark_jobs.runtime.rate_limit``);
     with ``dry_run`` it only recommends, and the driver keeps the source's own limit."""
 
@@ -682,6 +683,10 @@ class Sizing(Strict):
     utilisation: float = Field(default=0.7, gt=0, le=1)
     min_per_trigger: int = Field(default=1, ge=1)
     max_per_trigger: int | None = Field(default=None, ge=1)
+    #: the trigger interval sized too, within these (either one set; the other defaults to the
+    #: spec's ``trigger``): the shortest at which batches keep within ``utilisation``
+    min_trigger: Duration | None = None
+    max_trigger: Duration | None = None
     #: how often the supervisor reconsiders (its window of observation)
     every: Duration = "1 minute"
     #: recommend only: the driver keeps the source's own limit
@@ -692,6 +697,9 @@ class Sizing(Strict):
         if self.max_per_trigger is not None and self.max_per_trigger < self.min_per_trigger:
             raise ValueError(f"max_per_trigger ({self.max_per_trigger}) is below min_per_trigger "
                              f"({self.min_per_trigger})")
+        if (self.min_trigger is not None and self.max_trigger is not None
+                and duration_seconds(self.max_trigger) < duration_seconds(self.min_trigger)):
+            raise ValueError(f"max_trigger ({self.max_trigger}) is below min_trigger ({self.min_trigger})")
         return self
 
 

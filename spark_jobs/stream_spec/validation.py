@@ -68,6 +68,14 @@ def semantic_problems(spec: StreamSpec) -> list[tuple[str, str]]:
         elif spec.trigger.processing_time is None:
             add(("execution.sizing", "sizes micro-batches against the trigger's interval: give the stream a "
                                      "processing_time trigger"))
+        else:
+            sizing, trigger = spec.execution.sizing, duration_seconds(spec.trigger.processing_time)
+            if sizing.min_trigger is not None and sizing.max_trigger is None and duration_seconds(sizing.min_trigger) > trigger:
+                add(("execution.sizing.min_trigger", f"is above the trigger ({spec.trigger.processing_time}), which is "
+                                                     "the upper bound without max_trigger: give max_trigger too"))
+            if sizing.max_trigger is not None and sizing.min_trigger is None and duration_seconds(sizing.max_trigger) < trigger:
+                add(("execution.sizing.max_trigger", f"is below the trigger ({spec.trigger.processing_time}), which is "
+                                                     "the lower bound without min_trigger: give min_trigger too"))
     if spec.supervision.standby_queue is not None and not spec.supervision.standby:
         add(("supervision.standby_queue", "names where the standby runs, but supervision.standby is not true"))
     if spec.supervision.standby_queue is not None and spec.supervision.standby_queue == spec.supervision.queue:

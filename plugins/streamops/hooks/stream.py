@@ -105,13 +105,16 @@ class StreamHook(BaseHook):
             self.log.warning("stream %s: no sizing recommendation this window: %s", self.stream, exc)
             return None
 
-    def resize(self, per_trigger: int, by: str) -> None:
-        """Set what a micro-batch of the ingestion may take from the next driver's start on (``by``: who, why)."""
+    def resize(self, per_trigger: int, by: str, trigger_seconds: float | None = None) -> None:
+        """Set what a micro-batch of the ingestion may take (and how often one runs, if sized) from the
+        next driver's start on (``by``: who, why)."""
         from spark_jobs.runtime import rate_limit
 
-        rate_limit.write(self.layout, per_trigger, rate_limit.unit(self.plan), by)
+        rate_limit.write(self.layout, per_trigger, rate_limit.unit(self.plan), by, trigger_seconds)
         if self._sizer is not None:
             self._sizer.current = per_trigger
+            if trigger_seconds is not None:
+                self._sizer.trigger_seconds = trigger_seconds
 
     def archive_committed(self) -> None:
         """Move input every flow has committed out of the landing directory (``spark_jobs.runtime.archive``);

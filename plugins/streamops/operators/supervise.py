@@ -159,14 +159,14 @@ class StreamSupervisorOperator(StreamDriverOperator):
         """Sizing by lag (``streamops.sizing``): a recommendation when due; one to apply sets the new
         limit and launches a standby at it, which takes the stream over once ready (a rescale)."""
         hook, sup = self.stream_hook, self.supervisor
-        event = hook.size(health)
-        rescale = sup.rescale(event["per_trigger"], event["unit"], event["current"]) if event and event["applied"] else None
+        every = (event := hook.size(health)) and event.get("trigger_seconds")  # the interval, if sized
+        rescale = sup.rescale(event["per_trigger"], event["unit"], event["current"], every) if event and event["applied"] else None
         if event is not None:
             event["applied"] = rescale is not None
             hook.write_event(event)
         if rescale is not None:
             self._say(rescale)
-            hook.resize(event["per_trigger"], f"its supervisor ({sup.tenure_name}): sizing by lag")
+            hook.resize(event["per_trigger"], f"its supervisor ({sup.tenure_name}): sizing by lag", every)
             self._end_standby()
             sup.rescaling(self._launch(standby=True, tenure=sup.tenure))
         if sup.rescale_pending:

@@ -139,3 +139,65 @@ def test_a_recommendation_a_quarter_away_from_the_driver_s_limit_is_applied_unle
     assert rate_limit.applied(dry, layout) is dry
     dry_event = window(Sizer(dry, layout), T0 + 200, 3000)
     assert dry_event is not None and dry_event["per_trigger"] == 55 and not dry_event["applied"]
+
+
+def test_the_interval_is_the_shortest_at_which_a_batch_of_the_demand_keeps_within_the_utilisation() -> None:
+    # batches of 2, 4 and 8 files taking 1.5, 2 and 3 s: 1 s of planning and commit, 0.25 s a file
+    assert sizing.batch_cost(((2, 1.5), (4, 2.0), (8, 3.0))) == pytest.approx((1.0, 0.25))
+    assert sizing.batch_cost(((4, 2.0), (4, 2.2))) is None  # one size of batch: the two parts cannot be told apart
+    window = Window(60, 56, 26, 0, 0, ((2, 1.5), (4, 2.0), (8, 3.0)) * 4)  # about 1 file/s arrives, no backlog
+    r = recommend(window, "files", 10, 5, 300, 0.7, (1, 100), trigger_bounds=(1, 30))
+    # 1 + 0.25 * 0.933 * T <= 0.7 * T: T = 1 / (0.7 - 0.233) = 2.14 s, and what arrives meanwhile
+    assert r.cost == pytest.approx((1.0, 0.25)) and r.trigger_seconds == pytest.approx(1 / (0.7 - 0.25 * r.demand), abs=1e-3)
+    assert r.per_trigger == 2  # 56 files in 60 s, every 15/7 s
+    # a backlog the cores cannot take within the utilisation at any interval: the longest, the largest batches
+    behind = recommend(Window(60, 56, 26, 0, 3000, window.batches), "files", 10, 5, 300, 0.7, (1, 5000), (1, 30))
+    assert behind.trigger_seconds == 30 and behind.per_trigger == 1828 and not behind.enough_cores  # 60.93 files/s
+    # within the bounds; unknown cost: the driver's interval stays
+    assert recommend(window, "files", 10, 5, 300, 0.7, (1, 100), (4, 30)).trigger_seconds == 4
+    same = Window(60, 56, 26, 0, 0, ((4, 2.0),) * 10)
+    assert recommend(same, "files", 10, 5, 300, 0.7, (1, 100), (1, 30)).trigger_seconds == 5
+    assert recommend(window, "files", 10, 5, 300, 0.7, (1, 100)).trigger_seconds == 5  # no bounds: not sized
+
+
+def test_a_sized_interval_is_recorded_applied_and_what_the_next_driver_runs_at(stream, monkeypatch) -> None:
+    plan, layout = stream
+    plan = dataclasses.replace(plan, execution=plan.execution.model_copy(update={"sizing": plan.execution.sizing.model_copy(
+        update={"min_trigger": "1 second", "max_trigger": "30 seconds"})}))
+    sizes = [2, 4, 8] * 4  # files a batch, 1 s + 0.25 s a file each
+    through = {b: sum(sizes[:b + 1]) for b in range(-1, len(sizes))}
+    monkeypatch.setattr(sizing, "processed_files", lambda checkpoint, through_batch: set(range(through[through_batch])))
+    backlog = SimpleNamespace(backlog_files=0, backlog_records=None)
+    sizer = Sizer(plan, layout)
+    assert (sizer.trigger_seconds, sizer.trigger_bounds) == (5, (1, 30))
+    sizer.observe(backlog, T0)
+    for b, n in enumerate(sizes):
+        progress(layout, T0 + 5 * b + 1, b, 100 * n, int(1000 + 250 * n))
+    event = sizer.observe(backlog, T0 + 60)
+    assert event is not None and event["applied"] and event["current_trigger_seconds"] == 5
+    assert (event["overhead_seconds"], event["seconds_per_unit"]) == pytest.approx((1.0, 0.25))
+    assert 1 < event["trigger_seconds"] < 5 * 0.75  # shorter by a quarter or more: a rescale
+    # the next driver's plan: its ingestion and the outputs at the stream's trigger every that often
+    rate_limit.write(layout, event["per_trigger"], "files", "a test", event["trigger_seconds"])
+    assert rate_limit.current_trigger(plan, layout) == event["trigger_seconds"]
+    running = rate_limit.applied(plan, layout)
+    every = f"{round(event['trigger_seconds'] * 1000)} milliseconds"
+    assert running.ingestion.trigger.processing_time == every
+    assert {o.trigger.processing_time for o in running.outputs} == {every}
+    assert running.source.max_files_per_trigger == event["per_trigger"]
+    assert Sizer(plan, layout).trigger_seconds == event["trigger_seconds"]
+    # charted against the batches' durations: what sizing recommended, and what the driver runs at
+    log = EventLog(layout.events_file, history=History(layout.history_file))
+    log.write({**event, "logged_at": T0 + 60})
+    log.write({"event": "driver_started", "stream": plan.stream, "per_trigger": event["per_trigger"],
+               "processing_time": every, "logged_at": T0 + 70})
+    traces = {t["name"]: t for t in next(c for c in page_data.charts(plan, layout, "1h", now=T0 + 240)["charts"]
+                                         if c["id"] == "durations")["traces"]}
+    assert traces["trigger interval: recommended (sizing by lag)"]["y"] == [event["trigger_seconds"]]
+    assert traces["trigger interval: the driver's (sizing by lag)"]["y"] == [
+        pytest.approx(event["trigger_seconds"], abs=1e-3)]
+    # within the bounds whatever the file says; the spec's own interval when the spec sizes none
+    rate_limit.write(layout, 5, "files", "a test", 600.0)
+    assert rate_limit.current_trigger(plan, layout) == 30
+    _, unsized = stream
+    assert rate_limit.applied(stream[0], unsized).trigger == stream[0].trigger

@@ -365,6 +365,14 @@ def test_sizing_by_lag_is_for_a_continuous_driver_of_files_or_a_topic_with_a_tri
     assert_problem(sensors, "execution.sizing", "max_per_trigger (4) is below min_per_trigger (5)")
     sensors["execution"] = {"sizing": {"utilisation": 1.5}}
     assert_problem(sensors, "execution.sizing.utilisation", "less than or equal to 1")
+    sensors["execution"] = {"sizing": {"min_trigger": "1 second", "max_trigger": "30 seconds"}}
+    assert parse_spec(sensors).execution.sizing.max_trigger == "30 seconds"
+    sensors["execution"] = {"sizing": {"min_trigger": "10 seconds", "max_trigger": "2 seconds"}}
+    assert_problem(sensors, "execution.sizing", "max_trigger (2 seconds) is below min_trigger (10 seconds)")
+    sensors["execution"] = {"sizing": {"min_trigger": "10 minutes"}}  # the stream's trigger, 5 seconds, the upper bound
+    assert_problem(sensors, "execution.sizing.min_trigger", "is above the trigger (5 seconds)")
+    sensors["execution"] = {"sizing": {"max_trigger": "1 second"}}
+    assert_problem(sensors, "execution.sizing.max_trigger", "is below the trigger (5 seconds)")
     sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "5 minutes", "sizing": {}}
     assert_problem(sensors, "execution", "sizing: only for a continuous driver")
     sensors["execution"] = {"sizing": {}}
