@@ -26,9 +26,12 @@ demand still takes at most ``utilisation`` of it (freshest without falling behin
     interval = overhead / (utilisation - per_unit * demand), within [min_trigger, max_trigger]
 
 and the longest allowed when no interval is (the cores are short: the fixed part is spread over
-the largest batches). The per-trigger size is then the demand over that interval. A recommendation is recorded (a ``sizing_decision`` event with every input
-above, into the stream's log and history) when it differs from the last recorded one by a quarter
-or more, or its verdict on the cores changes: hysteresis, so that noise records nothing.
+the largest batches). The per-trigger size is then the demand over that interval.
+
+A recommendation is recorded (a ``sizing_decision`` event with every input above, into the
+stream's log and history) when it differs from the last recorded one by a quarter or more (its
+size or its interval), or its verdict on the cores changes: hysteresis, so that noise records
+nothing.
 
 It is applied (``applied: true`` in its event) when it differs from the limit the driver runs at
 by a quarter or more (a smaller one only while batches take more than ``utilisation`` of the

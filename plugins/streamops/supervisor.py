@@ -468,9 +468,9 @@ class Supervisor:
 
     def rescale(self, per_trigger: int, unit: str, previous: int | None, every: float | None = None) -> Decision | None:
         """Sizing by lag set a new per-trigger limit (``previous``: the one the driver runs at; ``every``:
-        the interval, if sized): RESCALE,
-        a standby launched at the new size (the standby warmed at the old size ended first), unless
-        this task runs no continuous driver of its own, is stopping it, or a rescale is under way."""
+        the interval, if sized): RESCALE, a standby launched at the new size (the standby warmed at
+        the old size ended first), unless this task runs no continuous driver of its own, is
+        stopping it, or a rescale is under way."""
         if (self.active is None or self.epoch is None or self.available_now or self._watch.stopping_since is not None
                 or self._rescale is not None):
             return None
