@@ -11,6 +11,7 @@ from examples import example_spec, include_with  # noqa: F401 - used by the test
 
 from runner.airflow import AirflowServices
 from runner.processes import BIN, free_port, wait_for, wait_until  # noqa: F401 - used by the tests
+from spark_jobs.runtime.clock import epoch_seconds
 from spark_jobs.runtime.lease import (
     history,
     overlaps,
@@ -83,11 +84,20 @@ def no_stream_drivers(timeout: float = 60) -> None:
 COMMIT_EVENTS = frozenset({"ingested", "progress"})
 
 
+def committed_at(event: dict) -> float:
+    """When the batch an event records was done: a progress event's batch began at its ``timestamp``
+    and ran ``triggerExecution`` (the listener writes the event later, and a paused process writes it
+    only once resumed); the ingestion's own event is written inside the batch."""
+    began = epoch_seconds(event.get("timestamp")) if event.get("event") == "progress" else None
+    ran = (event.get("duration_ms") or {}).get("triggerExecution")
+    return began + ran / 1000 if began is not None and isinstance(ran, int | float) else event["logged_at"]
+
+
 def one_driver_at_a_time(layout: Layout) -> None:
     """Judge a stream's run by what matters, its lease's history: no two drivers held its checkpoint
     at once, and none committed after its epoch ended (every committed batch's event, of the
-    ingestion and each output, names its driver's epoch and was written before the next epoch
-    began). Another stream's driver, a standby that waits, or a driver that is dying without its
+    ingestion and each output, names its driver's epoch and was done before the next epoch
+    began: :func:`committed_at`). Another stream's driver, a standby that waits, or a driver that is dying without its
     lease (a resumed zombie whose query fails on the checkpoint the next driver moved on, and says
     so), is not a second driver."""
     records = history(layout.lease_dir)
@@ -98,7 +108,7 @@ def one_driver_at_a_time(layout: Layout) -> None:
         if event.get("epoch") is None or event.get("event") not in COMMIT_EVENTS:
             continue  # not a commit, or not by a driver holding the lease (a standby warming, a supervisor)
         successor = starts.get(event["epoch"] + 1)
-        assert successor is None or event["logged_at"] < successor, \
+        assert successor is None or committed_at(event) < successor, \
             f"a driver of epoch {event['epoch']} committed after the next one took over: {event}"
 
 
