@@ -21,8 +21,8 @@ and archives the checkpoints of outputs removed from the spec. During an online 
 (``spark_jobs.upgrade``) the outputs it rebuilds are held, and started once it swapped them in;
 after a rollback the driver runs the spec it pinned (the one the stream ran before).
 
-Exit codes: 0 stopped or finished (or not started: the stream was stopped on purpose), 1 a query failed, 2 invalid spec or arguments, or a change
-the checkpoint cannot resume,
+Exit codes: 0 stopped or finished (or not started: the stream was stopped on purpose), 1 a query
+failed, 2 invalid spec or arguments, or a change the checkpoint cannot resume,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
 stream over: this one halts without committing), 137 stopped immediately (the marker).
 """

@@ -112,10 +112,8 @@ def current_trigger(plan: StreamPlan, layout: Layout) -> float:
     bounds = trigger_bounds(plan)
     if bounds is None or plan.execution.sizing.dry_run:
         return own
-    found = read(layout)
-    if found is None or not isinstance(found.get("trigger_seconds"), int | float):
-        return min(bounds[1], max(bounds[0], own))
-    return min(bounds[1], max(bounds[0], float(found["trigger_seconds"])))
+    found = (read(layout) or {}).get("trigger_seconds")
+    return min(bounds[1], max(bounds[0], float(found) if isinstance(found, int | float) else own))
 
 
 def _with_interval(plan: StreamPlan, seconds: float) -> StreamPlan:
