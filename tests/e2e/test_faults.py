@@ -10,13 +10,13 @@ server; the stream deployed through its DAG), one after another on one live stre
    stopped (graceful first, then hard) and restarted;
 3. SIGKILL of the Airflow task process that supervises the driver: the retried task
    adopts the driver still running instead of starting a second one;
-4. a crash followed by the loss of the newest commit file: the batch is replayed, and the
-   sinks skip what they already hold (a lost commit file below a later batch is harmless
-   too: the health tests cover it);
+4. a crash followed by the loss of the newest commit file (its checksum file left, as by
+   ``rm``): the batch is replayed, and the sinks skip what they already hold (a lost commit
+   file below a later batch is harmless too: the health tests cover it);
 5. a crash that leaves half-written temporary files in the checkpoint: harmless;
 
-after which every sink equals the ground truth exactly, and every output agrees with its query
-over the accepted rows, with late events generated at the watermark's edge throughout (the
+after which every sink equals the ground truth exactly, every output agrees with its query
+over the accepted rows, and no driver failed on the way, with late events generated at the watermark's edge throughout (the
 ingestion decides them once; every output follows that decision), and
 
 6. a torn newest offsets file, then a crash: the supervisor neither restarts the stream nor
@@ -122,6 +122,12 @@ class Stream:
         print(f"{what}: first new committed batch after {seconds:.1f}s")
         return seconds
 
+
+    def failures(self) -> list[str]:
+        """What failed in a driver: a query that ended with an error, a driver that failed."""
+        events = [json.loads(line) for line in self.layout.events_file.read_text().splitlines() if line.strip()]
+        return [f"epoch {e.get('epoch')} {e['event']}: {str(e.get('exception') or e.get('error'))[:300]}" for e in events
+                if e.get("event") == "driver_failed" or (e.get("event") == "terminated" and e.get("exception"))]
 
     def catch_up(self, patience: float = 180) -> None:
         """Wait until the stream is idle, for as long as its backlog keeps shrinking: a soak's
@@ -270,6 +276,9 @@ def test_the_stream_recovers_from_every_fault_and_stops_on_a_torn_checkpoint(tmp
         # and with each other: every output equals its query over the same accepted rows
         agreement = verify.agreement(spark, stream.plan, report.uncertain)
         assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+        # each fault cost a takeover or a restart, never a failed driver (a replay tripping on what a
+        # lost file left, say)
+        assert stream.failures() == [], stream.failures()
 
         # 6. a torn newest offsets file, then a crash: diagnosed, not restarted, nor taken over
         torn = stream.readings / "offsets" / str(batch_ids(stream.readings, "offsets")[-1])
