@@ -1,7 +1,10 @@
 """The README's first command, for real: ``python -m runner up`` (what
 ``./platform up`` runs) starts Airflow with login, deploys and feeds every example stream
 through its DAGs, and on Ctrl-C stops them gracefully, validates what they wrote and
-prints a summary per stream whose sinks equal the generator's ground truth."""
+prints a summary per stream whose sinks equal the generator's ground truth. Meanwhile an
+operator signs in with a real headless Chromium (Playwright driving the system's Chromium) and
+goes through the Streams pages (without Chromium the test says what is missing, and fails on
+CI)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,32 +32,75 @@ from spark_jobs.stream_spec.loading import load_specs
 pytestmark = pytest.mark.e2e
 
 
+def ingested_batch(page) -> int:  # a Playwright page on the overview
+    """The sensors ingestion's last committed batch as the overview shows it."""
+    match = re.search(r"(?:^|\s)_ingest: (\d+)", page.locator("tr[data-stream='sensors']").inner_text())
+    return int(match.group(1)) if match else -1
+
+
 def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[str, str]) -> None:
-    """An operator's first clicks, in a real browser: each example stream's page, the Kafka and Delta
-    example's with its Delta table's figures (once the table exists), each kept as a screenshot."""
+    """An operator's first clicks, in a real browser: nothing without a login; the overview, which
+    follows the streams' new batches and refreshes its rows in place; each example stream's page
+    with its charts and flow graph, the Kafka and Delta example's with its Delta table's figures
+    (once the table exists); an action from a page (its CSRF token, the browser's own Origin).
+    Screenshots kept in ``test-artifacts/``."""
     from playwright.sync_api import sync_playwright
 
+    with pytest.raises(urllib.error.HTTPError) as anonymous:  # no login, no data
+        urllib.request.urlopen(f"{url}/streams/api/status", timeout=10)
+    assert anonymous.value.code == 401
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         page = browser.new_page()
         errors: list[str] = []  # a script that failed, or one the pages' Content-Security-Policy refused
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None)
+        page.on("console", lambda m: errors.append(m.text) if "Content Security Policy" in m.text
+                or "Refused to" in m.text else None)
+        page.goto(f"{url}/streams/")
+        assert "Not authenticated" in page.content()
         sign_in(page, url, "admin", password)
+
+        page.goto(f"{url}/streams/")
+        page.locator(".trend[data-stream='sensors'] .main-svg").first.wait_for(timeout=60_000)
+        before = ingested_batch(page)
+        assert before >= 0
+
+        def newer() -> bool:  # the streams are fed all along
+            page.reload()
+            return ingested_batch(page) > before
+
+        wait_for(newer, "the overview to show a newer committed batch", timeout=300, every=3)
+        # the status rows refresh in place (no page reload, which would lose a half-filled form)
+        page.evaluate("document.querySelector('tr[data-row-url]').dataset.seen = 'yes'")
+        page.locator("tr[data-row-url]:not([data-seen])").wait_for(timeout=40_000)
+        page.screenshot(path=str(ARTIFACTS / "streams-page.png"), full_page=True)
+
         for stream in ("clicks", "sensors"):
             response = page.goto(f"{url}/streams/{stream}/?range=15m")
             assert response is not None and response.status == 200, (stream, response and response.status)
-            page.locator("#chart-rates .main-svg").first.wait_for(timeout=60_000)
+            # drawn by Plotly (served by the plugin, allowed by the pages' policy) from the history the
+            # driver and supervisor keep
+            for chart in ("rates", "durations", "lag", "state", "quarantine") if stream == "sensors" else ("rates",):
+                page.locator(f"#chart-{chart} .main-svg").first.wait_for(timeout=60_000)
+            assert page.locator("#chart-rates .scatterlayer .trace").count() >= 2  # input and processed drawn
             page.locator("#streams-flow .plot .sankey").first.wait_for(timeout=60_000)
+            ingestion = page.locator("#streams-flow table.nodes tr[data-node='ingestion'] td")
+            assert int(ingestion.nth(1).inner_text()) > 0, "rows into the ingestion over the range"
             if stream == "clicks":
                 for output in tables:
                     cell = page.locator(f"td:text-is('{output}')")
                     row = page.locator("h2#tables + table tr", has=cell).first.inner_text()
-                    assert "no table yet" not in row and re.search(r"\s\d+\s+\d+\s+\d+\s", row), row
+                    assert "no table yet" not in row and re.search(r"\s\d+\s+\d+\s", row), row
             page.screenshot(path=str(ARTIFACTS / f"stream-{stream}-page.png"), full_page=True)
+
+        # an action from the page itself goes through: one that leaves the stream running
+        page.get_by_role("button", name="validate").click()
+        page.wait_for_url(re.compile(r".*triggered=stream_sensors_quality.*"), timeout=60_000)
+        assert "Triggered: stream_sensors_quality" in page.content()
         browser.close()
     assert not errors, errors
+    assert (ARTIFACTS / "streams-page.png").stat().st_size > 10_000
 
 
 @pytest.mark.browser
