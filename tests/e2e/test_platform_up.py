@@ -40,8 +40,8 @@ def ingested_batch(page) -> int:  # a Playwright page on the overview
 
 def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[str, str]) -> None:
     """An operator's first clicks, in a real browser: nothing without a login; the overview, which
-    follows the streams' new batches and refreshes its rows in place; each example stream's page
-    with its charts and flow graph, the Kafka and Delta example's with its Delta table's figures
+    follows the streams' new batches; each example stream's page with its charts and flow graph
+    (its status row refreshed in place), the Kafka and Delta example's with its Delta table's figures
     (once the table exists); an action from a page (its CSRF token, the browser's own Origin).
     Screenshots kept in ``test-artifacts/``."""
     from playwright.sync_api import sync_playwright
@@ -71,9 +71,6 @@ def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[
             return ingested_batch(page) > before
 
         wait_for(newer, "the overview to show a newer committed batch", timeout=300, every=3)
-        # the status rows refresh in place (no page reload, which would lose a half-filled form)
-        page.evaluate("document.querySelector('tr[data-row-url]').dataset.seen = 'yes'")
-        page.locator("tr[data-row-url]:not([data-seen])").wait_for(timeout=40_000)
         page.screenshot(path=str(ARTIFACTS / "streams-page.png"), full_page=True)
 
         for stream in ("clicks", "sensors"):
@@ -93,6 +90,9 @@ def open_every_stream_page(url: str, password: str, chromium: str, tables: dict[
                     row = page.locator("h2#tables + table tr", has=cell).first.inner_text()
                     assert "no table yet" not in row and re.search(r"\s\d+\s+\d+\s", row), row
             page.screenshot(path=str(ARTIFACTS / f"stream-{stream}-page.png"), full_page=True)
+        # the stream's status row refreshes in place (no page reload, which would lose a half-filled form)
+        page.evaluate("document.querySelector('tr[data-row-url]').dataset.seen = 'yes'")
+        page.locator("tr[data-row-url]:not([data-seen])").wait_for(timeout=40_000)
 
         # an action from the page itself goes through: one that leaves the stream running
         page.get_by_role("button", name="validate").click()
@@ -141,9 +141,14 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(900) == 0, out.read_text()[-5000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # the test failed: Ctrl-C twice, a shutdown without waiting for the streams,
+            for _ in range(2):  # which stops Airflow too (its services run in sessions of their own)
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(180)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         for pid in stream_drivers():
             os.kill(pid, signal.SIGKILL)
 
