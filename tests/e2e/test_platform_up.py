@@ -134,8 +134,8 @@ def test_platform_up_runs_every_stream_and_shuts_down_cleanly_on_ctrl_c(tmp_path
         for secret in (home / "passwords.json", home / "api-server.log", home / "airflow.db"):
             assert secret.stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
         tables = compile_plan(specs["clicks"], layouts["clicks"]).delta_tables
-        wait_for(lambda: all((Path(t) / "_delta_log").is_dir() for t in tables.values()),
-                 "the clicks stream's Delta tables to exist", timeout=300, every=2)
+        wait_for(lambda: all(any((Path(t) / "_delta_log").glob("*.json")) for t in tables.values()),
+                 "the clicks stream's Delta tables to have a first version", timeout=300, every=2)
         open_every_stream_page(f"http://127.0.0.1:{port}", passwords["admin"], chromium, tables)
 
         proc.send_signal(signal.SIGINT)  # Ctrl-C

@@ -19,8 +19,9 @@ All of them share one data directory, as the workers of a deployment share its s
    (its old supervisors, with their drivers) resume first, while Airflow's side of B is still
    paused and so has not killed them yet. Each old supervisor must see that a newer try
    supervises its stream and leave it alone; its old driver halts without committing. Then
-   the rest of B resumes (Airflow kills the old tries), and for ``KEEP_COMMITTING`` seconds
-   every stream keeps committing on C, with the same driver: none is stopped.
+   the rest of B resumes (Airflow kills the old tries), and for ``KEEP_COMMITTING`` seconds, and
+   until those tries have ended, every stream keeps committing on C, with the same driver: none
+   is stopped.
 4. Every sink equals the generator's ground truth, and each stream's lease history shows
    no two drivers holding its checkpoint at once, and no event written by a driver after
    the next one took over.
@@ -78,10 +79,18 @@ STANDBY_QUEUE = "standby-a"
 STANDBY_BOUND = 30
 #: from worker A's loss to s3's first commit on B, its standby there: the lease's ttl, then as above
 STANDBY_MOVE_BOUND = 60
-#: after the partition healed, how long every stream must keep committing on the worker it moved to
-KEEP_COMMITTING = 60
+#: after the partition healed, how long every stream must keep committing on the worker it moved to,
+#: and at least until Airflow has ended worker B's old tries (for up to three times as long)
+KEEP_COMMITTING = 30
 #: Airflow's services but the triggerer: the quality DAGs (whose asset watchers it runs) stay paused here
 SERVICES = tuple(s for s in Airflow.SERVICES if s[0] != "triggerer")
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def scale_out_specs(include: Path) -> Path:
@@ -295,11 +304,13 @@ def test_streams_move_off_a_lost_worker_and_a_paused_worker_comes_back_without_c
                  every=0.5)
         signal_tree(b.proc.pid, signal.SIGCONT)
         paused = []
-        # healed: for a minute every stream keeps committing on worker C, with the driver it had
+        # healed: every stream keeps committing on worker C, with the driver it had, while Airflow ends
+        # the old tries (their on_kill must leave the moved streams alone)
         moved = {name: read_holder(s.layout.lease_dir) for name, s in streams.items()}
         assert all(h.host == "worker-c" for h in moved.values()), moved
-        until = time.time() + KEEP_COMMITTING
-        while time.time() < until:
+        healed_at = time.time()
+        while time.time() < healed_at + KEEP_COMMITTING or (
+                any(running(pid) for pid in tries.values()) and time.time() < healed_at + 3 * KEEP_COMMITTING):
             fed_at = time.time()
             for s in streams.values():
                 s.feed(1)
