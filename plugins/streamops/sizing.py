@@ -45,7 +45,9 @@ cold restart.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from spark_jobs.runtime import rate_limit
@@ -167,16 +169,13 @@ class Sizer:
     def _backlog(self, health: Health) -> int:
         return health.backlog_files if self.files else int(health.backlog_records or 0)
 
-    def _taken(self, batches: list[dict[str, Any]]) -> int:
+    def _taken(self, batches: list[dict[str, Any]], files_through: Callable[[int], int]) -> int:
         if not self.files:
             return sum(int(b.get("input_rows") or 0) for b in batches)
         ids = [b["batch_id"] for b in batches if isinstance(b.get("batch_id"), int)]
-        if not ids:
-            return 0
-        return (len(processed_files(self.checkpoint, through_batch=max(ids)))
-                - len(processed_files(self.checkpoint, through_batch=min(ids) - 1)))
+        return files_through(max(ids)) - files_through(min(ids) - 1) if ids else 0
 
-    def _each(self, batches: list[dict[str, Any]]) -> tuple[tuple[int, float], ...]:
+    def _each(self, batches: list[dict[str, Any]], files_through: Callable[[int], int]) -> tuple[tuple[int, float], ...]:
         """Each batch that took input: (units, seconds), for the fit of a batch's cost."""
         if self.trigger_bounds is None:
             return ()
@@ -186,8 +185,7 @@ class Sizer:
             if self.files:
                 if not isinstance(b.get("batch_id"), int):
                     continue
-                units = (len(processed_files(self.checkpoint, through_batch=b["batch_id"]))
-                         - len(processed_files(self.checkpoint, through_batch=b["batch_id"] - 1)))
+                units = files_through(b["batch_id"]) - files_through(b["batch_id"] - 1)
             else:
                 units = int(b.get("input_rows") or 0)
             if units > 0 and seconds > 0:
@@ -207,7 +205,10 @@ class Sizer:
         self._start = (now, backlog)
         batches = batches_logged(self.layout.events_file, INGEST_FLOW, began, now)
         busy = sum(float((b.get("duration_ms") or {}).get("triggerExecution") or 0) for b in batches) / 1000
-        window = Window(now - began, self._taken(batches), busy, before, backlog, self._each(batches))
+        # how many files the source had taken through a batch: its log read once per batch asked for
+        files_through = cache(lambda batch: len(processed_files(self.checkpoint, through_batch=batch)))
+        window = Window(now - began, self._taken(batches, files_through), busy, before, backlog,
+                        self._each(batches, files_through))
         found = recommend(window, "files" if self.files else "records", self.current, self.trigger_seconds,
                           duration_seconds(self.sizing.catch_up), self.sizing.utilisation, self.bounds,
                           self.trigger_bounds)

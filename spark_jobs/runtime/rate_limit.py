@@ -130,8 +130,8 @@ def _with_interval(plan: StreamPlan, seconds: float) -> StreamPlan:
 def applied(plan: StreamPlan, layout: Layout) -> StreamPlan:
     """The plan with its source's limit at :func:`current` and its trigger at :func:`current_trigger`
     (the plan itself when both are the spec's own)."""
-    if trigger_bounds(plan) is not None and (seconds := current_trigger(plan, layout)) != duration_seconds(
-            plan.trigger.processing_time):
+    interval = plan.trigger.processing_time
+    if interval is not None and (seconds := current_trigger(plan, layout)) != duration_seconds(interval):
         plan = _with_interval(plan, seconds)
     limit = current(plan, layout)
     source = plan.source
