@@ -16,8 +16,9 @@ server; the stream deployed through its DAG), one after another on one live stre
 5. a crash that leaves half-written temporary files in the checkpoint: harmless;
 
 after which every sink equals the ground truth exactly, every output agrees with its query
-over the accepted rows, and no driver failed on the way, with late events generated at the watermark's edge throughout (the
-ingestion decides them once; every output follows that decision), and
+over the accepted rows, and no driver failed on the way, with late events generated at the
+watermark's edge throughout (the ingestion decides them once; every output follows that
+decision), and
 
 6. a torn newest offsets file, then a crash: the supervisor neither restarts the stream nor
    lets the standby take it over; its task fails saying what is wrong and what to do.
@@ -121,7 +122,6 @@ class Stream:
         seconds = time.time() - since
         print(f"{what}: first new committed batch after {seconds:.1f}s")
         return seconds
-
 
     def failures(self) -> list[str]:
         """What failed in a driver: a query that ended with an error, a driver that failed."""
