@@ -45,6 +45,7 @@ from runner.testdata import generate, verify
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.lease import read_holder
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.runtime.standby import standbys
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -125,8 +126,8 @@ class Stream:
 
     def failures(self) -> list[str]:
         """What failed in a driver: a query that ended with an error, a driver that failed."""
-        events = [json.loads(line) for line in self.layout.events_file.read_text().splitlines() if line.strip()]
-        return [f"epoch {e.get('epoch')} {e['event']}: {str(e.get('exception') or e.get('error'))[:300]}" for e in events
+        return [f"epoch {e.get('epoch')} {e['event']}: {str(e.get('exception') or e.get('error'))[:300]}"
+                for e in read_events(self.layout.events_file)
                 if e.get("event") == "driver_failed" or (e.get("event") == "terminated" and e.get("exception"))]
 
     def catch_up(self, patience: float = 180) -> None:
