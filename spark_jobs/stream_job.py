@@ -172,7 +172,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
     from spark_jobs import changes, upgrade
     from spark_jobs.flows import queries
     from spark_jobs.runtime import rate_limit
-    from spark_jobs.runtime.checkpoint import drop_orphan_checksums, previous_plan, refuse_incompatible
+    from spark_jobs.runtime.checkpoint import previous_plan, refuse_incompatible
     from spark_jobs.runtime.progress import ProgressListener
     from spark_jobs.runtime.session import fence_lease
     from spark_jobs.runtime.warmup import rehearse
@@ -226,8 +226,6 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
                 return code
             standby.remove()  # a standby no more
         fence_lease(spark, lease.records_dir, lease.epoch)  # Spark's own checkpoint writes, from now on
-        for orphan in drop_orphan_checksums(plan.checkpoints.values()):  # a lost file's, which a replay would trip on
-            log.warning("removed %s: the checksum file of a file that is gone", orphan)
         events.tags["epoch"] = lease.epoch
         events.write({"event": "driver_started", "stream": stream, "pid": os.getpid(),
                       "trigger": "available-now" if (trigger or plan.trigger).available_now else args.trigger,

@@ -14,8 +14,9 @@ Layout (Spark 4.1, micro-batch):
 
 Spark writes every log file to a temporary ``.<n>.<uuid>.tmp`` and renames it, so a
 leftover temporary file after a crash is harmless, and so is a lost commit file (the
-batch is replayed, or, below a later commit, was already done) once its checksum file
-``.<n>.crc`` is gone too (:func:`drop_orphan_checksums`). A torn log file, or a lost
+batch is replayed, or, below a later commit, was already done; the platform's checkpoint
+manager removes its checksum file ``.<n>.crc``, which Hadoop's local file system leaves
+behind, before writing it again). A torn log file, or a lost
 offsets or metadata file, is not: Spark either refuses to start or could skip work.
 """
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,28 +48,6 @@ def batch_ids(checkpoint: str | os.PathLike[str], log: str) -> list[int]:
 def last_batch(checkpoint: str | os.PathLike[str], log: str) -> int | None:
     ids = batch_ids(checkpoint, log)
     return ids[-1] if ids else None
-
-
-def drop_orphan_checksums(checkpoints: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Remove the checksum files that describe no file, in the given query checkpoints; the ones
-    removed. Hadoop's local file system keeps a ``.<name>.crc`` beside each file Spark writes. A
-    file lost without it (deleted by hand, by a tool that knows nothing of checksum files)
-    leaves one behind, and when Spark writes that file again (a lost commit's batch replayed, a
-    state file rewritten) its rename fails on it: the query ends with "Multiple streaming
-    queries are concurrently using <log>", its driver fails once. Only for a driver that holds
-    the stream's lease: nothing else writes there meanwhile. A temporary file's checksum file is
-    left (Spark ignores both)."""
-    dropped = []
-    for checkpoint in checkpoints:
-        for folder, _subfolders, names in os.walk(checkpoint):
-            present = set(names)
-            for name in names:
-                described = name[1:-4] if name.startswith(".") and name.endswith(".crc") else None
-                if described and described not in present and not described.endswith(".tmp"):
-                    path = Path(folder, name)
-                    path.unlink(missing_ok=True)
-                    dropped.append(path)
-    return dropped
 
 
 @dataclass

@@ -1,5 +1,4 @@
-"""Reading a checkpoint without Spark: which files the stream's batches took, and when; and the
-checksum files that a replay would trip on."""
+"""Reading a checkpoint without Spark: which files the stream's batches took, and when."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ import os
 from pathlib import Path
 
 from spark_jobs.runtime.checkpoint import (
-    batch_ids,
     batch_planned_by,
-    drop_orphan_checksums,
     file_name,
     landing_backlog,
     processed_files,
@@ -114,29 +111,3 @@ def test_a_query_owes_a_batch_while_its_next_watermark_is_newer_than_its_last_ba
     assert watermark_to_catch_up(tmp_path)  # the next batch, without data, emits what 60 s closes
     batch(1, 60_000, 60_000)
     assert not watermark_to_catch_up(tmp_path)
-
-
-def test_a_lost_commit_files_checksum_file_is_dropped_so_that_its_batch_is_replayed(spark, tmp_path: Path) -> None:
-    landing, checkpoint, sink = tmp_path / "in", tmp_path / "ck", tmp_path / "out"
-    landing.mkdir()
-
-    def run() -> None:
-        query = (spark.readStream.schema("a INT").json(str(landing)).writeStream.format("parquet")
-                 .option("checkpointLocation", str(checkpoint)).option("path", str(sink))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-
-    for batch in range(2):
-        (landing / f"{batch}.json").write_text(f'{{"a": {batch}}}\n')
-        run()
-    commits = checkpoint / "commits"
-    (commits / "1").unlink()  # as `rm` loses it: its checksum file stays
-    (commits / ".7.1234.tmp.crc").write_text("")  # a crash's leftover: harmless, left alone
-    assert (commits / ".1.crc").exists()
-
-    assert drop_orphan_checksums([checkpoint]) == [commits / ".1.crc"]
-    assert drop_orphan_checksums([checkpoint]) == []
-    run()  # with the checksum file left, Spark's rename of the replayed commit fails the query
-    assert batch_ids(checkpoint, "commits") == [0, 1]
-    assert (commits / ".7.1234.tmp.crc").exists()
-    assert sorted(r.a for r in spark.read.parquet(str(sink)).collect()) == [0, 1]

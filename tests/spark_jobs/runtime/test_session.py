@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.session import (
     LOCAL_FS_PACKAGE,
     SESSION_CONF,
@@ -202,6 +203,32 @@ def test_spark_writes_no_checkpoint_file_once_its_driver_lost_the_lease(spark, t
             query.stop()
         fence_lease(spark, None, None)
         lease.release()  # this process holds no lease any more (spark_jobs.runtime.lease.fence)
+
+
+def test_a_batch_whose_commit_and_sink_log_files_were_lost_is_replayed_over_their_checksum_files(
+        spark, tmp_path: Path) -> None:
+    """As ``rm`` loses a file, its checksum file ``.<n>.crc`` stays; without the platform's
+    checkpoint manager (the session's), the replay's rename of the file fails on it."""
+    landing, checkpoint, sink = tmp_path / "in", tmp_path / "ck", tmp_path / "out"
+    landing.mkdir()
+
+    def run() -> None:
+        query = (spark.readStream.schema("a INT").json(str(landing)).writeStream.format("parquet")
+                 .option("checkpointLocation", str(checkpoint)).option("path", str(sink))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    for batch in range(2):
+        (landing / f"{batch}.json").write_text(f'{{"a": {batch}}}\n')
+        run()
+    for log in (checkpoint / "commits", sink / "_spark_metadata"):
+        (log / "1").unlink()
+        assert (log / ".1.crc").exists()
+
+    run()
+    assert batch_ids(checkpoint, "commits") == [0, 1]
+    assert (sink / "_spark_metadata" / "1").exists()
+    assert sorted(r.a for r in spark.read.parquet(str(sink)).collect()) == [0, 1]
 
 
 def test_a_job_that_yields_the_cpu_lowers_every_thread_of_its_own() -> None:

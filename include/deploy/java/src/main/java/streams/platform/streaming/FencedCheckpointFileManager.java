@@ -10,6 +10,7 @@ import com.fasterxml.jackson.annotation.JsonProperty;
 import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.ChecksumFileSystem;
 import org.apache.hadoop.fs.FSDataInputStream;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
@@ -18,6 +19,8 @@ import org.apache.hadoop.fs.UnsupportedFileSystemException;
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
 import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager;
 import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Spark's own checkpoint writes, fenced by the stream's lease (spark_jobs/runtime/lease.py).
@@ -39,8 +42,10 @@ public final class FencedCheckpointFileManager implements CheckpointFileManager 
   public static final String LEASE_DIR = "spark.streams.lease.dir";
   public static final String LEASE_EPOCH = "spark.streams.lease.epoch";
   private static final ObjectMapper JSON = new ObjectMapper();
+  private static final Logger LOG = LoggerFactory.getLogger(FencedCheckpointFileManager.class);
 
   private final CheckpointFileManager inner;
+  private final Configuration conf;
   private final java.nio.file.Path leaseDir;
   private final long epoch;
 
@@ -51,6 +56,7 @@ public final class FencedCheckpointFileManager implements CheckpointFileManager 
   /** Fences {@code inner}'s writes by the lease that {@code conf} names. */
   FencedCheckpointFileManager(CheckpointFileManager inner, Configuration conf) {
     this.inner = inner;
+    this.conf = conf;
     String dir = conf.get(LEASE_DIR);
     String epoch = conf.get(LEASE_EPOCH);
     this.leaseDir = dir == null || dir.isEmpty() || epoch == null ? null : Paths.get(dir);
@@ -177,6 +183,24 @@ public final class FencedCheckpointFileManager implements CheckpointFileManager 
     inner.close();
   }
 
+  /**
+   * Hadoop's local file system keeps a checksum file {@code .<name>.crc} beside each file. A file
+   * lost without it (deleted by hand, or by a tool that knows nothing of checksum files) leaves it
+   * behind, and the rename that writes the file again (a lost commit's batch replayed, a file
+   * sink's log entry or a state file written again) fails on it: the query would end with
+   * "Multiple streaming queries are concurrently using" its log. Such a checksum file describes
+   * nothing, so it goes before the rename; under the lease, nothing else writes here meanwhile.
+   */
+  private void dropLostFilesChecksum(Path path) throws IOException {
+    if (!(path.getFileSystem(conf) instanceof ChecksumFileSystem checksummed)) {
+      return; // no checksum files (HDFS, object stores)
+    }
+    Path checksum = checksummed.getChecksumFile(path);
+    if (!checksummed.exists(path) && checksummed.getRawFileSystem().delete(checksum, false)) {
+      LOG.warn("removed {}, the checksum file of a lost file, before writing that file again", checksum);
+    }
+  }
+
   /** A file in the making: it takes its place (Spark's rename) only if the lease is still ours. */
   private final class Fenced extends CancellableFSDataOutputStream {
     private final CancellableFSDataOutputStream out;
@@ -204,6 +228,7 @@ public final class FencedCheckpointFileManager implements CheckpointFileManager 
       }
       try {
         fence("write", path);
+        dropLostFilesChecksum(path);
       } catch (IOException e) {
         cancel();
         throw e;

@@ -176,4 +176,19 @@ class FencedCheckpointFileManagerTest {
     assertEquals(FileContextBasedCheckpointFileManager.class, inner.get(manager).getClass());
     assertTrue(manager.isLocal());
   }
+
+  @Test
+  void a_lost_files_checksum_file_goes_before_that_file_is_written_again() throws IOException {
+    records(Map.of(3L, holder(3, 1)));
+    Path commits = checkpoint().resolve("commits");
+    Files.createDirectories(commits);
+    Files.writeString(commits.resolve(".1.crc"), "1's"); // commits/1 lost as `rm` loses it: its checksum file stays
+    Files.writeString(commits.resolve("2"), "v1 batch 2");
+    Files.writeString(commits.resolve(".2.crc"), "2's");
+
+    write(manager(3L), commits.resolve("1"), "v1 batch 1 replayed");
+    assertEquals("v1 batch 1 replayed", Files.readString(commits.resolve("1")));
+    // the stale one is gone (Hadoop's local file system writes the new file's own); a file's that exists stays
+    assertEquals(List.of("commits/.2.crc", "commits/1", "commits/2"), files());
+  }
 }
