@@ -75,7 +75,7 @@ from spark_jobs.runtime.clock import iso
 from spark_jobs.runtime.staging import staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
-from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, Trigger
+from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, StreamSpec, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -679,12 +679,19 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
     checkpoint, beside a running driver); ``prepare`` only takes the savepoint
     (``online``: a driver started afterwards runs every flow but the outputs to rebuild, which it
     starts once the upgrade is done); ``rebuild`` and ``swap`` (which records the plan too) go on
-    with a prepared upgrade, beside the running driver if it is online."""
+    with a prepared upgrade, beside the running driver if it is online. One step at a time
+    (:func:`one_step`)."""
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
+    with one_step(layout, spec.name):
+        return _run(spark, spec, layout, spec_file, step=step, online=online, roll_back=roll_back, number=number)
+
+
+def _run(spark: SparkSession, spec: StreamSpec, layout: Layout, spec_file: str, *, step: str, online: bool,
+         roll_back: bool, number: int | None) -> dict[str, Any]:
     from spark_jobs.analysis import analyze
     from spark_jobs.runtime.lease import DriverLease, LeaseHeld
 
-    spec = load_spec(spec_file)
-    layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
     text = Path(spec_file).read_text(encoding="utf-8")
     lease = DriverLease(layout.lease_dir, stream=spec.name)  # no driver of the stream runs meanwhile
     record = unfinished(layout)
@@ -740,6 +747,74 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
     return record
 
 
+#: How long a step of a stream's upgrade waits for another one to end before it is refused.
+STEP_WAIT_SECONDS = 120.0
+#: The environment variable in which the Airflow task that submits a step names itself
+#: (``<host>:<pid>:<start>``, :func:`watch_task`).
+TASK_ENV = "STREAMS_UPGRADE_TASK"
+
+
+@contextlib.contextmanager
+def one_step(layout: Layout, stream: str, wait_seconds: float = STEP_WAIT_SECONDS) -> Any:
+    """Run one step of the stream's upgrades at a time, on whichever worker: a lease of its own,
+    which holds across hosts as the stream's does (``_control/upgrades/lease/``). A step whose
+    Airflow task was SIGKILLed goes on in its ``spark-submit`` until it sees that the task is gone
+    (:func:`watch_task`); the rollback that the upgrade DAG runs next waits for it to end instead of
+    undoing the upgrade beside it. Refused (:class:`UpgradeRefused`, naming the other step's
+    process) if it has not ended within ``wait_seconds``."""
+    from spark_jobs.runtime.lease import DriverLease, LeaseHeld
+    from spark_jobs.runtime.lease import latest as lease_holder
+
+    claim = DriverLease(upgrades_dir(layout), stream=stream, fences=False)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            claim.acquire()
+            break
+        except LeaseHeld:
+            holder = lease_holder(claim.dir)
+            if time.monotonic() >= deadline:
+                raise UpgradeRefused(f"another step of stream {stream}'s upgrade still runs "
+                                     f"({holder.describe() if holder else 'its process'}); it has not ended within "
+                                     f"{wait_seconds:.0f}s: refusing to run beside it") from None
+            time.sleep(1)  # the other step's end (its process gone, on another host its heartbeat lapsed)
+    try:
+        yield
+    finally:
+        claim.release()
+
+
+def watch_task(every: float = 1.0) -> None:
+    """Halt this step once the Airflow task that submitted it is gone (:data:`TASK_ENV`, on this
+    host): a task killed by SIGKILL leaves its ``spark-submit`` running, and the upgrade DAG goes on
+    to its rollback, which :func:`one_step` has wait for this step's end."""
+    import threading
+
+    from spark_jobs.runtime.lease import halt, host_id, process_start
+
+    try:
+        host, pid, start = os.environ[TASK_ENV].rsplit(":", 2)
+        task, started = int(pid), int(start)
+    except (KeyError, ValueError):
+        return  # not submitted by a task
+    if host != host_id():
+        return  # the step's driver runs on another machine than its task (a cluster's deploy mode)
+
+    def watch() -> None:
+        while process_start(task) == started:
+            time.sleep(every)
+        halt(f"the Airflow task (pid {task}) that submitted this upgrade step is gone")
+
+    threading.Thread(target=watch, name="task-watch", daemon=True).start()
+
+
+def task_env() -> dict[str, str]:
+    """What a task that submits a step sets in its environment (:data:`TASK_ENV`)."""
+    from spark_jobs.runtime.lease import host_id, process_start
+
+    return {TASK_ENV: f"{host_id()}:{os.getpid()}:{process_start(os.getpid())}"}
+
+
 def _carry_out(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any], through: str) -> None:
     """The steps of a prepared upgrade not taken yet, up to the one that ends in ``through``."""
     if record["phase"] == PREPARED:
@@ -787,6 +862,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_REFUSED
         log.info("cleaned up %d item(s)%s", len(removed), "".join(f"\n  {r}" for r in removed))
         return EXIT_OK
+    watch_task()
     spark = None
     try:
         spark = build_session("upgrade")

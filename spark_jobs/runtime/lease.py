@@ -308,11 +308,14 @@ class DriverLease:
 
     :param ttl: how long its heartbeat keeps it alive for others; it fences itself after half.
     :param on_lost: called once when the lease is found lost (default :func:`halt`).
+    :param fences: the process's commits check this lease (:func:`fence`) and name its epoch;
+        False for a lease on something else than the checkpoint (an upgrade's step).
     """
 
     def __init__(self, control_dir: str | os.PathLike[str], stream: str = "", heartbeat_seconds: float = HEARTBEAT_SECONDS,
-                 ttl: float = TTL_SECONDS, on_lost: Callable[[str], None] | None = None):
+                 ttl: float = TTL_SECONDS, on_lost: Callable[[str], None] | None = None, fences: bool = True):
         self.dir = Path(control_dir)
+        self.fences = fences
         self.stream = stream
         self.ttl = ttl
         self.heartbeat_seconds = min(heartbeat_seconds, ttl / 6)
@@ -362,7 +365,8 @@ class DriverLease:
         prune_records(self.dir, keep=KEEP_RECORDS)
         self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
         self._thread.start()
-        _current = self
+        if self.fences:
+            _current = self
         return self
 
 

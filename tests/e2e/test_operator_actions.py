@@ -3,8 +3,9 @@ LocalExecutor, DAG processor and triggerer on loopback, on PostgreSQL metadata a
 production; one instance for the whole file):
 
 1. a backfill through Airflow's own ``airflow backfill create``: the run's data interval is
-   the range; every output holds exactly what the accepted rows of that range give, and
-   the same range run again (reprocessing the completed run) gives identical files;
+   the range; every output holds exactly what the accepted rows of that range give, and its
+   validate task validated them (the same range run again gives identical files:
+   tests/spark_jobs/test_backfill.py);
 2. supervision: an immediate stop from the stop DAG (the driver is killed, the supervisor
    ends and the stream stays stopped, without spending its restart budget); started again,
    it catches up (a SIGKILLed driver's restart is test_faults.py's); the quality DAG

@@ -3,7 +3,10 @@ sink and swapped in one step, killed and continued, rolled back to its savepoint
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -14,6 +17,7 @@ import pytest
 from edited_streams import EVENT_INTERVAL_MS, edit, files_under, in_session, run_beside, start, verdicts, window
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
+from examples import example_spec, include_with
 
 from runner.testdata import generate
 from spark_jobs import changes, frames, stream_job, upgrade
@@ -632,3 +636,66 @@ def test_a_live_reprocess_holds_every_flow_in_the_running_driver_and_starts_them
     assert len(keys) == len(set(keys))
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # whatever was still unread
     assert window_rows(sink_rows(layout.data(f"sinks/sensors/{WINDOW}"))) == expected_windows(spark, spec_file, data)
+
+
+# ---- one step at a time ------------------------------------------------------------------------
+
+
+def holding_a_step(spec_file: Path, data: Path, seconds: float, ending: Path) -> subprocess.Popen:
+    """Another process that runs a step of the stream's upgrade (holds its claim) for ``seconds``,
+    then writes ``ending`` as its last act in the step."""
+    code = ("import sys, time\nfrom spark_jobs import upgrade\nfrom spark_jobs.stream_spec.layout import Layout\n"
+            "from spark_jobs.stream_spec.loading import load_spec\n"
+            f"spec = load_spec({str(spec_file)!r})\nlayout = Layout(spec, {str(data)!r}, spec_dir={str(spec_file.parent)!r})\n"
+            f"with upgrade.one_step(layout, spec.name):\n    print('held', flush=True)\n    time.sleep({seconds})\n"
+            f"    open({str(ending)!r}, 'w').close()\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_one_step_of_an_upgrade_runs_at_a_time_and_a_killed_steps_claim_is_taken_at_once(tmp_path: Path) -> None:
+    spec_file = include_with(tmp_path / "include", example_spec("sensors")) / "sensors.yaml"
+    data = tmp_path / "data"
+    layout = layout_of(spec_file, data)
+
+    ending = tmp_path / "ending"
+    other = holding_a_step(spec_file, data, 600, ending)
+    try:
+        with pytest.raises(upgrade.UpgradeRefused, match=rf"another step of stream sensors's upgrade still runs "
+                                                          rf"\(.*pid {other.pid}.*\).*refusing to run beside it"):
+            with upgrade.one_step(layout, "sensors", wait_seconds=1):
+                pass
+    finally:
+        other.kill()
+        other.wait()
+    started = time.monotonic()
+    with upgrade.one_step(layout, "sensors", wait_seconds=60):  # its process is gone: no waiting for a ttl
+        assert time.monotonic() - started < 10
+
+    # a step that finds another one running waits for its end, then runs
+    other = holding_a_step(spec_file, data, 3, ending)
+    with upgrade.one_step(layout, "sensors", wait_seconds=60):
+        assert ending.exists()
+    other.wait()
+
+
+def test_a_step_whose_task_is_gone_halts() -> None:
+    from spark_jobs.runtime.lease import EXIT_LEASE_LOST, host_id, process_start
+
+    task = subprocess.Popen(["sleep", "600"])  # the Airflow task that submitted the step
+    env = {**os.environ, upgrade.TASK_ENV: f"{host_id()}:{task.pid}:{process_start(task.pid)}"}
+    step = subprocess.Popen([sys.executable, "-c", "import time\nfrom spark_jobs import upgrade\n"
+                             "upgrade.watch_task(every=0.1)\nprint('watching', flush=True)\ntime.sleep(600)\n"],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert step.stdout.readline().strip() == "watching"
+        assert step.poll() is None  # its task lives: it runs on
+        task.kill()
+        task.wait()
+        assert step.wait(timeout=30) == EXIT_LEASE_LOST
+    finally:
+        for process in (task, step):
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -80,7 +80,8 @@ class UpgradeStepOperator(SparkSubmitOperator):
         """``spark-submit`` the upgrade job with ``args`` (and the data root); a refusal or failure fails
         the task without a retry, saying ``failed``."""
         self.application_args = args + (["--data-root", self.data_root] if self.data_root else [])
-        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
+        # the step halts if this task dies (its spark-submit would run on beside the rollback)
+        self.env_vars = {"PYSPARK_PYTHON": sys.executable, **upgrade.task_env(), **(self.env_vars or {})}
         try:
             super().execute(context)
         except AirflowException as exc:

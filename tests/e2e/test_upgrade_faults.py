@@ -1,0 +1,192 @@
+"""Faults during an upgrade under the real platform (a soak: its own command, docs/testing.md).
+
+The sensors stream runs under Airflow (deployed through its DAG); its window is edited in
+place, and its upgrade DAG is run twice:
+
+1. the Airflow task of the ``rebuild`` step is SIGKILLed while its ``spark-submit`` rebuilds:
+   that step sees its task gone and halts (it would run on beside the rollback otherwise), the
+   DAG rolls the upgrade back (its rollback step waits for the step's end), and the stream
+   runs its old plan again;
+2. the spec is edited again and upgraded, and the driver is SIGKILLed right after the swap:
+   the supervisor's next driver runs the rebuilt output, and the upgrade completes.
+
+A reader polling the window sink throughout never sees two window sizes at once; afterwards
+every output equals its query over the accepted rows, no step of an upgrade is left running,
+and never two drivers ran at once (the lease's history).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from airflow_harness import (
+    Airflow,
+    deploy,
+    example_spec,
+    include_with,
+    no_stream_drivers,
+    one_driver_at_a_time,
+    stream_drivers,
+    wait_for,
+)
+
+from runner.testdata import generate, verify
+from spark_jobs import upgrade
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import sink_files
+from spark_jobs.runtime.lease import read_holder
+from spark_jobs.stream_spec.layout import Layout
+from spark_jobs.stream_spec.loading import load_spec
+from streamops.health import Status, assess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
+
+WINDOW = "site_temperature_10m"
+
+
+class Stream:
+    def __init__(self, spec_dir: Path, data_root: Path):
+        self.spec_path, self.data_root = spec_dir / "sensors.yaml", data_root
+        self.seed = 70
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(load_spec(self.spec_path), self.data_root, self.spec_path.parent)
+
+    def feed(self, files: int) -> None:  # 15 s of event time between events: the watermark moves on
+        self.seed += 1
+        assert generate.main(["--spec", str(self.spec_path), "--data-root", str(self.data_root), "--files", str(files),
+                              "--events-per-file", "40", "--seed", str(self.seed), "--event-interval-ms", "15000"]) == 0
+
+    def idle(self) -> bool:
+        layout = self.layout
+        return assess(compile_plan(load_spec(self.spec_path), layout), layout).status == Status.IDLE
+
+    def edit(self, change) -> None:
+        data = yaml.safe_load(self.spec_path.read_text())
+        (window,) = [o for o in data["outputs"] if o["name"] == WINDOW]
+        change(window["query"])
+        self.spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def step_processes(step: str) -> list[psutil.Process]:
+    """The Python processes of an upgrade step (``spark_jobs/upgrade.py --step <step>``)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if len(argv) > 1 and argv[1].endswith("upgrade.py") and f"--step={step}" in "=".join(argv):
+            found.append(process)
+    return found
+
+
+def tasks(airflow: Airflow, dag_id: str, run_id: str) -> dict[str, str | None]:
+    answer = airflow.client.get(f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    return {t["task_id"]: t["state"] for t in answer["task_instances"]}
+
+
+def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_killed_driver_after_its_swap(
+        tmp_path: Path, spark) -> None:
+    sensors = example_spec("sensors")
+    sensors["trigger"] = {"processing_time": "2 seconds"}
+    sensors["source"]["max_files_per_trigger"] = 2
+    spec_dir = include_with(tmp_path / "include", sensors)
+    stream = Stream(spec_dir, tmp_path / "data")
+    stream.feed(4)
+    airflow = Airflow(tmp_path / "airflow", stream.data_root, extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
+    live = stream.layout.data(f"sinks/sensors/{WINDOW}")
+    seen: list[frozenset] = []
+    done = threading.Event()
+
+    def poll() -> None:  # the window sizes a reader of the sink sees
+        while not done.is_set():
+            try:
+                rows = [r for f in sink_files(live) for r in pq.read_table(f.removeprefix("file:")).to_pylist()]
+            except FileNotFoundError:  # a read in flight at the exchange: read again
+                rows = []
+            if rows:
+                seen.append(frozenset(r["window_end"] - r["window_start"] for r in rows))
+            time.sleep(0.05)
+
+    upgrade_dag = "stream_sensors_upgrade"
+    try:
+        airflow.start()
+        deploy(airflow, "sensors")
+        wait_for(lambda: upgrade_dag in airflow.dag_ids(), "the upgrade DAG", timeout=180, every=2)
+        airflow.unpause(upgrade_dag)
+        wait_for(lambda: stream.idle() and any(sink_files(live)), "the stream to catch up", timeout=300, every=2)
+        reader = threading.Thread(target=poll, daemon=True)
+        reader.start()
+
+        # 1. the rebuild's task SIGKILLed: its step halts, the DAG rolls back
+        stream.edit(lambda q: q.update(window={"duration": "15 minutes", "slide": "5 minutes"}))
+        run = airflow.trigger(upgrade_dag)
+        (step,) = wait_for(lambda: step_processes("rebuild") or None, "the rebuild step's spark-submit",
+                           timeout=420, every=0.5)
+        task = step.parent().parent()  # the step's Python <- its spark-submit <- the Airflow task
+        assert "airflow" in " ".join(task.cmdline()), task.cmdline()
+        task.kill()
+        killed_at = time.time()
+        psutil.wait_procs([step], timeout=60)
+        assert not step.is_running(), "the rebuild's step runs on after its task was killed"
+        print(f"the rebuild's step halted {time.time() - killed_at:.1f}s after its task was killed")
+        wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
+                 timeout=600, every=2)
+        states = tasks(airflow, upgrade_dag, run)
+        assert states["rebuild"] == "failed" and states["rollback"] == "success", states
+        assert states["rollback_running"] == "success", states
+        record = upgrade.latest(stream.layout)
+        assert record["phase"] == upgrade.ROLLED_BACK, record
+        stream.feed(4)
+        wait_for(stream.idle, "the stream to take new input on its old plan", timeout=300, every=2)
+        assert seen and all(s == {timedelta(minutes=10)} for s in seen), sorted(set(seen))[:5]
+
+        # 2. edited again and upgraded; the driver SIGKILLed right after the swap
+        stream.edit(lambda q: q["aggregates"].append({"name": "min_temperature", "fn": "min",
+                                                       "column": "temperature"}))
+        run = airflow.trigger(upgrade_dag)
+        wait_for(lambda: tasks(airflow, upgrade_dag, run).get("swap") in ("success", "failed"), "the swap",
+                 timeout=600, every=0.2)
+        swapped_at = time.time()
+        # the driver that holds the stream then: the one that held the output (and now starts it, or stops so
+        # that its successor runs the new plan), or that successor
+        killed = wait_for(lambda: (h := read_holder(stream.layout.lease_dir)) and h.pid in stream_drivers() and h,
+                          "a driver holding the stream after the swap", timeout=120, every=0.1)
+        os.kill(killed.pid, signal.SIGKILL)
+        print(f"the driver of epoch {killed.epoch} SIGKILLed {time.time() - swapped_at:.1f}s after the swap")
+        wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
+                 timeout=600, every=2)
+        assert airflow.client.run(upgrade_dag, run)["state"] == "success", tasks(airflow, upgrade_dag, run)
+        assert upgrade.latest(stream.layout)["phase"] == upgrade.DONE
+        holder = read_holder(stream.layout.lease_dir)
+        assert holder is not None and holder.pid != killed.pid
+        stream.feed(4)
+        wait_for(stream.idle, "the stream to take new input on its new plan", timeout=300, every=2)
+        done.set()
+        reader.join(10)
+        assert all(len(s) == 1 for s in seen), sorted(set(seen))[:5]  # never a mix
+        assert {s for s in seen} == {frozenset({timedelta(minutes=10)}), frozenset({timedelta(minutes=15)})}
+        assert not step_processes("rebuild") and not step_processes("swap")
+
+        graceful = airflow.trigger("stream_sensors_stop", {"mode": "graceful"})
+        wait_for(lambda: airflow.client.run("stream_sensors_stop", graceful)["state"] in ("success", "failed"),
+                 "the graceful stop", timeout=240, every=2)
+        no_stream_drivers()
+    finally:
+        done.set()
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
+    layout = stream.layout
+    agreement = verify.agreement(spark, compile_plan(load_spec(stream.spec_path), layout))
+    assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
+    one_driver_at_a_time(layout)
