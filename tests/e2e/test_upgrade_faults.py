@@ -7,8 +7,10 @@ place, and its upgrade DAG is run twice:
    that step sees its task gone and halts (it would run on beside the rollback otherwise), the
    DAG rolls the upgrade back (its rollback step waits for the step's end), and the stream
    runs its old plan again;
-2. the spec is edited again and upgraded, and the driver is SIGKILLed right after the swap:
-   the supervisor's next driver runs the rebuilt output, and the upgrade completes.
+2. the spec is edited again (the window's aggregates; a SQL output added, which is computed
+   over every accepted row since the stream began; the pass-through output retired) and
+   upgraded, and the driver is SIGKILLed right after the swap: the supervisor's next driver
+   runs the rebuilt and the new outputs, and the upgrade completes.
 
 A reader polling the window sink throughout never sees two window sizes at once; afterwards
 every output equals its query over the accepted rows, no step of an upgrade is left running,
@@ -52,6 +54,11 @@ from streamops.health import Status, assess
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 WINDOW = "site_temperature_10m"
+#: an output added by an upgrade: computed over every accepted row since the stream began
+HOT_READINGS = {"name": "hot_readings", "mode": "append",
+                "query": {"type": "sql", "sql": "SELECT device_id, site, ts, temperature FROM accepted "
+                                               "WHERE temperature > 25"},
+                "sink": {"type": "parquet", "path": "sinks/sensors/hot_readings"}}
 
 
 class Stream:
@@ -73,9 +80,21 @@ class Stream:
         return assess(compile_plan(load_spec(self.spec_path), layout), layout).status == Status.IDLE
 
     def edit(self, change) -> None:
+        """``change`` the window output's query (and, with ``outputs``, the list of outputs)."""
         data = yaml.safe_load(self.spec_path.read_text())
         (window,) = [o for o in data["outputs"] if o["name"] == WINDOW]
         change(window["query"])
+        self.spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def swap_outputs(self, retired: str, added: dict) -> None:
+        """Retire an output and add another, with the retired one's quality rules gone (a rule of an
+        output the spec does not have is an error in the spec)."""
+        rules_path = self.spec_path.parent.parent / "expectations" / "sensors.yaml"
+        rules = yaml.safe_load(rules_path.read_text())
+        del rules["outputs"][retired]
+        data = yaml.safe_load(self.spec_path.read_text())
+        data["outputs"] = [o for o in data["outputs"] if o["name"] != retired] + [added]
+        rules_path.write_text(yaml.safe_dump(rules, sort_keys=False))
         self.spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
@@ -150,9 +169,11 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_killed_dri
         wait_for(stream.idle, "the stream to take new input on its old plan", timeout=300, every=2)
         assert seen and all(s == {timedelta(minutes=10)} for s in seen), sorted(set(seen))[:5]
 
-        # 2. edited again and upgraded; the driver SIGKILLed right after the swap
+        # 2. edited again (one more aggregate; a SQL output added, the pass-through retired) and upgraded;
+        # the driver SIGKILLed right after the swap
         stream.edit(lambda q: q["aggregates"].append({"name": "min_temperature", "fn": "min",
                                                        "column": "temperature"}))
+        stream.swap_outputs("readings", HOT_READINGS)
         run = airflow.trigger(upgrade_dag)
         wait_for(lambda: tasks(airflow, upgrade_dag, run).get("swap") in ("success", "failed"), "the swap",
                  timeout=600, every=0.2)
@@ -166,7 +187,11 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_killed_dri
         wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
                  timeout=600, every=2)
         assert airflow.client.run(upgrade_dag, run)["state"] == "success", tasks(airflow, upgrade_dag, run)
-        assert upgrade.latest(stream.layout)["phase"] == upgrade.DONE
+        record = upgrade.latest(stream.layout)
+        assert record["phase"] == upgrade.DONE
+        verdicts = {v["flow"]: v["verdict"] for v in record["verdicts"]}
+        assert {f: verdicts[f] for f in (WINDOW, "hot_readings", "readings")} == {
+            WINDOW: "rebuild", "hot_readings": "new", "readings": "retired"}, record["verdicts"]
         holder = read_holder(stream.layout.lease_dir)
         assert holder is not None and holder.pid != killed.pid
         stream.feed(4)
