@@ -75,7 +75,7 @@ from spark_jobs.runtime.clock import iso
 from spark_jobs.runtime.staging import staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
-from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, StreamSpec, Trigger
+from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, Trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -681,70 +681,65 @@ def run(spark: SparkSession, spec_file: str, data_root: str | None, *, step: str
     starts once the upgrade is done); ``rebuild`` and ``swap`` (which records the plan too) go on
     with a prepared upgrade, beside the running driver if it is online. One step at a time
     (:func:`one_step`)."""
-    spec = load_spec(spec_file)
-    layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
-    with one_step(layout, spec.name):
-        return _run(spark, spec, layout, spec_file, step=step, online=online, roll_back=roll_back, number=number)
-
-
-def _run(spark: SparkSession, spec: StreamSpec, layout: Layout, spec_file: str, *, step: str, online: bool,
-         roll_back: bool, number: int | None) -> dict[str, Any]:
     from spark_jobs.analysis import analyze
     from spark_jobs.runtime.lease import DriverLease, LeaseHeld
 
-    text = Path(spec_file).read_text(encoding="utf-8")
-    lease = DriverLease(layout.lease_dir, stream=spec.name)  # no driver of the stream runs meanwhile
-    record = unfinished(layout)
-    if roll_back:
-        newest = latest(layout)
-        if newest is None or newest.get("phase") == ROLLED_BACK:
-            raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
-        if newest.get("cleaned_at"):
-            raise UpgradeRefused(f"upgrade {newest['number']} of {spec.name} was cleaned up (--clean): what a "
-                                 "rollback needs is gone")
-        if number is not None and newest["number"] != number:
-            raise UpgradeRefused(f"upgrade {number} of {spec.name} is not its newest ({newest['number']}): only the "
-                                 "newest is rolled back")
-        with lease:
-            rollback(spark, compile_plan(spec, layout), layout, newest)
-        return newest
-    plan = None  # analyzed once, for the rehearsal and the steps after it
-    if step == "rehearse" or (step == "all" and record is None):  # unknown verdicts settled on a copy
-        plan = analyze(spark, spec, layout, spec_file)
-        previous = previous_plan(layout)
-        verdicts = rehearsal.rehearse(spark, plan, previous, changes.judge(
-            plan, previous, spec_file, spec.event_time.watermark if spec.event_time else None), spec_file)
-        if step == "rehearse":
-            return {"number": None, "phase": "rehearsed", "verdicts": [
-                {"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts]}
-    if record is not None and record.get("spec") != text:
-        raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
-                             f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
-    if step in ("all", "prepare"):
-        watermark = spec.event_time.watermark if spec.event_time else None
-        plan = plan or analyze(spark, spec, layout, spec_file)
-        try:
+    spec = load_spec(spec_file)
+    layout = Layout(spec, data_root, spec_dir=Path(spec_file).resolve().parent)
+    with one_step(layout, spec.name):
+        text = Path(spec_file).read_text(encoding="utf-8")
+        lease = DriverLease(layout.lease_dir, stream=spec.name)  # no driver of the stream runs meanwhile
+        record = unfinished(layout)
+        if roll_back:
+            newest = latest(layout)
+            if newest is None or newest.get("phase") == ROLLED_BACK:
+                raise UpgradeRefused(f"stream {spec.name} has no upgrade to roll back")
+            if newest.get("cleaned_at"):
+                raise UpgradeRefused(f"upgrade {newest['number']} of {spec.name} was cleaned up (--clean): what a "
+                                     "rollback needs is gone")
+            if number is not None and newest["number"] != number:
+                raise UpgradeRefused(f"upgrade {number} of {spec.name} is not its newest ({newest['number']}): only the "
+                                     "newest is rolled back")
             with lease:
-                if record is None:
-                    record = prepare(plan, layout, spec_file, watermark, online=online and step == "prepare")
-                if step == "all":
-                    _carry_out(spark, plan, layout, record, through=SWAPPED)
-        except LeaseHeld:
-            if not (online and step == "prepare" and record is None):
-                raise
-            # the stream runs: its driver holds the outputs to rebuild, its other flows go on
-            record = prepare(plan, layout, spec_file, watermark, online=True, live=True)
+                rollback(spark, compile_plan(spec, layout), layout, newest)
+            return newest
+        plan = None  # analyzed once, for the rehearsal and the steps after it
+        if step == "rehearse" or (step == "all" and record is None):  # unknown verdicts settled on a copy
+            plan = analyze(spark, spec, layout, spec_file)
+            previous = previous_plan(layout)
+            verdicts = rehearsal.rehearse(spark, plan, previous, changes.judge(
+                plan, previous, spec_file, spec.event_time.watermark if spec.event_time else None), spec_file)
+            if step == "rehearse":
+                return {"number": None, "phase": "rehearsed", "verdicts": [
+                    {"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts]}
+        if record is not None and record.get("spec") != text:
+            raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} to another spec is unfinished "
+                                 f"({record['phase']}, {record['folder']}): roll it back first (--rollback)")
+        if step in ("all", "prepare"):
+            watermark = spec.event_time.watermark if spec.event_time else None
+            plan = plan or analyze(spark, spec, layout, spec_file)
+            try:
+                with lease:
+                    if record is None:
+                        record = prepare(plan, layout, spec_file, watermark, online=online and step == "prepare")
+                    if step == "all":
+                        _carry_out(spark, plan, layout, record, through=SWAPPED)
+            except LeaseHeld:
+                if not (online and step == "prepare" and record is None):
+                    raise
+                # the stream runs: its driver holds the outputs to rebuild, its other flows go on
+                record = prepare(plan, layout, spec_file, watermark, online=True, live=True)
+            return record
+        if record is None:
+            raise UpgradeRefused(f"stream {spec.name} has no unfinished upgrade to this spec: prepare one first "
+                                 "(--step prepare)")
+        if step == "swap" and record["phase"] == PREPARED:
+            raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} has not rebuilt its outputs yet "
+                                 "(--step rebuild)")
+        with (contextlib.nullcontext() if record.get("online") else lease):
+            plan = analyze(spark, spec, layout, spec_file)
+            _carry_out(spark, plan, layout, record, through=REBUILT if step == "rebuild" else SWAPPED)
         return record
-    if record is None:
-        raise UpgradeRefused(f"stream {spec.name} has no unfinished upgrade to this spec: prepare one first "
-                             "(--step prepare)")
-    if step == "swap" and record["phase"] == PREPARED:
-        raise UpgradeRefused(f"upgrade {record['number']} of {spec.name} has not rebuilt its outputs yet "
-                             "(--step rebuild)")
-    with (contextlib.nullcontext() if record.get("online") else lease):
-        plan = analyze(spark, spec, layout, spec_file)
-        _carry_out(spark, plan, layout, record, through=REBUILT if step == "rebuild" else SWAPPED)
-    return record
 
 
 #: How long a step of a stream's upgrade waits for another one to end before it is refused.
