@@ -767,8 +767,8 @@ def one_step(layout: Layout, stream: str, wait_seconds: float = STEP_WAIT_SECOND
             claim.acquire()
             break
         except LeaseHeld:
-            holder = lease_holder(claim.dir)
             if time.monotonic() >= deadline:
+                holder = lease_holder(claim.dir)
                 raise UpgradeRefused(f"another step of stream {stream}'s upgrade still runs "
                                      f"({holder.describe() if holder else 'its process'}); it has not ended within "
                                      f"{wait_seconds:.0f}s: refusing to run beside it") from None
@@ -782,7 +782,7 @@ def one_step(layout: Layout, stream: str, wait_seconds: float = STEP_WAIT_SECOND
 def watch_task(every: float = 1.0) -> None:
     """Halt this step once the Airflow task that submitted it is gone (:data:`TASK_ENV`, on this
     host): a task killed by SIGKILL leaves its ``spark-submit`` running, and the upgrade DAG goes on
-    to its rollback, which :func:`one_step` has wait for this step's end."""
+    to its rollback, which :func:`one_step` makes wait for this step's end."""
     import threading
 
     from spark_jobs.runtime.lease import halt, host_id, process_start
