@@ -44,6 +44,9 @@ COPY --chown=airflow:0 spark_jobs spark_jobs
 COPY --chown=airflow:0 plugins plugins
 COPY --chown=airflow:0 dags dags
 COPY --chown=airflow:0 include include
+# the drivers' class archive (spark_jobs/runtime/class_archive.py), as ./platform setup makes it: Spark's
+# classes parsed and verified once here, mapped by every driver's JVM at its start
+RUN python -m spark_jobs.runtime.class_archive
 
 ENV AIRFLOW__CORE__DAGS_FOLDER=/opt/streams/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/streams/plugins \

@@ -5,7 +5,7 @@ the backfill, quality, state and maintenance jobs, and a run by hand.
 
 runs ``spark-submit`` with what every driver needs: the connectors' jars (Kafka, Delta Lake) and
 the platform's JVM classes (its local file system, its fenced checkpoint manager) on the class
-path, the spec's shuffle partitions, ``spark.conf`` and driver memory, and the project's Python
+path, Spark's classes mapped from the class archive (``spark_jobs.runtime.session.class_archive_conf``), the spec's shuffle partitions, ``spark.conf`` and driver memory, and the project's Python
 for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
 ``state`` and ``maintenance`` are the other jobs. ``--dry-run`` prints the command.
 """
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.runtime.session import connector_jars, fenced_checkpoints_conf, local_fs_conf
+from spark_jobs.runtime.session import class_archive_conf, connector_jars, fenced_checkpoints_conf, local_fs_conf
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import SpecError, StreamSpec
 
@@ -50,14 +50,18 @@ def settings(spec: StreamSpec | None = None) -> Settings:
     and ``spark.conf`` (which win; a class path of the spec's keeps the platform's jar after it)."""
     conf = local_fs_conf() | fenced_checkpoints_conf()
     memory = executor = None
+    own: dict[str, str] = {}
     if spec is not None:
         own = {k: str(v) for k, v in spec.spark.conf.items()}
+        archive = class_archive_conf(own)  # before the class path below: the spec's own decides
         for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
             if key in own and key in conf:  # the spec's class path, and the platform's jar
                 own[key] = f"{own[key]}{os.pathsep}{conf[key]}"
         conf |= {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **own}
         memory, executor = spec.spark.driver_memory, spec.spark.executor_memory
-    return Settings(connector_jars(), conf, memory, executor)
+    else:
+        archive = class_archive_conf()
+    return Settings(connector_jars(), conf | archive, memory, executor)
 
 
 def command(job: str, spec_file: str | os.PathLike[str], master: str, job_args: list[str] | None = None,
