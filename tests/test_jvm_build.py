@@ -69,6 +69,22 @@ def test_the_image_builds_the_jar_with_the_same_maven_command_as_setup() -> None
     assert not re.search(r"\bjavac -", dockerfile + setup)  # one build: Maven's
 
 
+def test_setup_and_the_image_make_the_drivers_class_archive_after_the_jar_and_the_code() -> None:
+    """The archive is keyed on the platform's jar and made by a run of the stream job: both must be
+    there first, in setup and in the image alike."""
+    command = "python -m spark_jobs.runtime.class_archive"
+    script = (ROOT / "platform").read_text()
+    setup = shell_function(script, "setup")
+    assert setup.index("build_local_fs") < setup.index("build_class_archive")
+    assert command in shell_function(script, "build_class_archive")
+    runs = dockerfile_runs()
+    made = [i for i, run in enumerate(runs) if run.strip() == command]
+    jar = [i for i, run in enumerate(runs) if module_builds(run)]
+    assert len(made) == 1 and jar and jar[0] < made[0]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert dockerfile.index("COPY --chown=airflow:0 spark_jobs spark_jobs") < dockerfile.index(f"RUN {command}")
+
+
 def test_the_module_compiles_against_the_jars_pyspark_ships() -> None:
     """Every dependency is one of pyspark's jars, at its version (``provided``: Spark brings it),
     so that the classes run on the Spark they were compiled against; JUnit's alone are the tests'."""

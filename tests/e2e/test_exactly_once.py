@@ -32,7 +32,10 @@ from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import INGEST_FLOW
 
-pytestmark = pytest.mark.e2e
+# a soak, by its own command (docs/testing.md): the faults and Kafka tests kill drivers of Parquet,
+# SQLite and Delta sinks under Airflow in the whole run; this one adds Delta's update and complete
+# modes, a graceful stop and replayed outputs, bare
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 FILES = 40  # two files per micro-batch (pinned below): 20 batches, so stops and kills land mid-way
 LAST_BATCH = FILES // 2 - 1
