@@ -5,8 +5,9 @@ the backfill, quality, state and maintenance jobs, and a run by hand.
 
 runs ``spark-submit`` with what every driver needs: the connectors' jars (Kafka, Delta Lake) and
 the platform's JVM classes (its local file system, its fenced checkpoint manager) on the class
-path, Spark's classes mapped from the class archive (``spark_jobs.runtime.session.class_archive_conf``), the spec's shuffle partitions, ``spark.conf`` and driver memory, and the project's Python
-for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
+path, Spark's classes mapped from the drivers' class archive
+(``spark_jobs.runtime.session.class_archive_conf``), the spec's shuffle partitions, ``spark.conf``
+and driver memory, and the project's Python for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
 ``state`` and ``maintenance`` are the other jobs. ``--dry-run`` prints the command.
 """
 
@@ -50,7 +51,6 @@ def settings(spec: StreamSpec | None = None) -> Settings:
     and ``spark.conf`` (which win; a class path of the spec's keeps the platform's jar after it)."""
     conf = local_fs_conf() | fenced_checkpoints_conf()
     memory = executor = None
-    own: dict[str, str] = {}
     if spec is not None:
         own = {k: str(v) for k, v in spec.spark.conf.items()}
         archive = class_archive_conf(own)  # before the class path below: the spec's own decides

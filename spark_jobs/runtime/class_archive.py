@@ -7,15 +7,15 @@ instead (JDK's application class-data sharing): ``./platform setup`` (and the im
 runs one small stream through the real stream job with ``-XX:ArchiveClassesAtExit``, and every
 driver then starts with ``-XX:SharedArchiveFile``
 (:func:`spark_jobs.runtime.session.class_archive_conf`, which ``spark_jobs.submit`` and
-``build_session`` give the drivers they start). The archive's
-pages are shared by every driver of the machine, so each one also holds less memory of its own.
+``build_session`` give the drivers they start). The archive is one read-only file that the
+drivers of a machine map, not each a copy of its own.
 
 The archive is only valid for the exact class path it was made with: the JVM, Spark's jars and
-the platform's jar. Its name is a key over those files (:func:`key`), so a reinstalled Spark or a
-rebuilt jar simply finds no archive (drivers start as before) until setup makes the next one
-(:func:`spark_jobs.runtime.session.class_archive_key`). A
-driver that runs elsewhere (a cluster's deploy mode) finds no file at the path and starts as
-before too: the JVM ignores a missing archive.
+the platform's jar. Its name is a key over those files
+(:func:`spark_jobs.runtime.session.class_archive_key`), so a reinstalled Spark or a rebuilt jar
+simply finds no archive (drivers start as before) until setup makes the next one. A driver that
+runs elsewhere (a cluster's deploy mode) finds no file at the path and starts as before too: the
+JVM ignores a missing archive.
 
     python -m spark_jobs.runtime.class_archive          # make it if missing; print its path
     python -m spark_jobs.runtime.class_archive --check  # exit 1 if it is missing
