@@ -36,7 +36,13 @@ from spark_jobs.runtime.checkpoint import batch_ids, sink_files
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.runtime.progress import read_events
-from spark_jobs.runtime.session import SESSION_CONF, connector_jars, fenced_checkpoints_conf, local_fs_conf
+from spark_jobs.runtime.session import (
+    SESSION_CONF,
+    class_archive_conf,
+    connector_jars,
+    fenced_checkpoints_conf,
+    local_fs_conf,
+)
 from spark_jobs.stream_spec.layout import Layout, project_root
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import (
@@ -550,10 +556,11 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
     # the platform's drivers write through its local file system, their checkpoints fenced by the
-    # lease; plain Spark through Hadoop's, unless asked, and unfenced
+    # lease, Spark's classes mapped from the drivers' class archive; plain Spark through Hadoop's,
+    # unless asked, unfenced, its classes loaded as spark-submit loads them
     conf = local_fs_conf() if variant in PLATFORM or plain_local_fs else None
     if variant in PLATFORM:
-        conf = {**(conf or {}), **fenced_checkpoints_conf()}
+        conf = {**(conf or {}), **fenced_checkpoints_conf(), **class_archive_conf()}
     run = spark_submit(args, log, timeout, jars=jars, conf=conf)
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
