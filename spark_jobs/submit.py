@@ -46,21 +46,19 @@ class Settings:
 
 
 def settings(spec: StreamSpec | None = None) -> Settings:
-    """The platform's settings for a driver: its JVM classes and fenced checkpoints if built, the
-    connectors' jars if fetched; for a stream's driver (``spec``) also the spec's shuffle partitions
+    """The platform's settings for a driver: its JVM classes and fenced checkpoints if built, the class
+    archive if made, the connectors' jars if fetched; for a stream's driver (``spec``) also the spec's shuffle partitions
     and ``spark.conf`` (which win; a class path of the spec's keeps the platform's jar after it)."""
     conf = local_fs_conf() | fenced_checkpoints_conf()
+    archive = class_archive_conf(spec.spark.conf if spec is not None else None)  # the spec's own class path decides
     memory = executor = None
     if spec is not None:
         own = {k: str(v) for k, v in spec.spark.conf.items()}
-        archive = class_archive_conf(own)  # before the class path below: the spec's own decides
         for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
             if key in own and key in conf:  # the spec's class path, and the platform's jar
                 own[key] = f"{own[key]}{os.pathsep}{conf[key]}"
         conf |= {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **own}
         memory, executor = spec.spark.driver_memory, spec.spark.executor_memory
-    else:
-        archive = class_archive_conf()
     return Settings(connector_jars(), conf | archive, memory, executor)
 
 
