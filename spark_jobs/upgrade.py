@@ -11,8 +11,10 @@ output, with a savepoint to roll back to.
 
 Each flow's verdict (``spark_jobs.changes``) says what it takes:
 
-* *unchanged*, *compatible*, *new*, *retired*: nothing here; the next start runs them (a new
-  output over every accepted row, a retired one's checkpoint archived);
+* *compatible*, *new*, *retired*: nothing to rebuild; a start carries them out (a new output over
+  every accepted row, a retired one's checkpoint archived), so a running driver that started
+  from the spec before is restarted at the end (:func:`restart_needed`; the DAG's graceful
+  restart). A change of nothing but these is an upgrade too, of a savepoint and that restart;
 * *rebuild*: the output is computed again from the accepted rows, as the new plan's query would
   have written it from the first accepted row: into a *staged* sink beside the live one, under a
   checkpoint of its own (blue/green). Once caught up, the staged output takes the live one's
@@ -214,18 +216,24 @@ class Release:
 
     def _upgraded_plan(self) -> list[Any] | None:
         """The held outputs' queries as the upgraded spec plans them (None, said once, if the spec
-        file changed again since: they stay held until the stream restarts)."""
+        file changed again since: they stay held until the stream restarts). The upgrade's spec
+        file, not the driver's: a driver that runs a rollback's pinned spec runs a copy, which the
+        upgrade removed."""
         from spark_jobs.analysis import analyze
 
         assert self.record is not None
-        if Path(self.spec_file).read_text(encoding="utf-8") != self.record["spec"]:
+        spec_file = self.record.get("spec_file") or self.spec_file
+        try:
+            text = Path(spec_file).read_text(encoding="utf-8")
+        except OSError:
+            text = None
+        if text != self.record["spec"]:
             if not self._said:
                 self._said = True
                 log.warning("upgrade %d is done, but %s changed again since: outputs %s stay held; restart the "
-                            "stream", self.record["number"], self.spec_file, ", ".join(self.record["rebuild"]))
+                            "stream", self.record["number"], spec_file, ", ".join(self.record["rebuild"]))
             return None
-        return self.replan(self.record["rebuild"], analyze(self.spark, load_spec(self.spec_file), self.layout,
-                                                            self.spec_file))
+        return self.replan(self.record["rebuild"], analyze(self.spark, load_spec(spec_file), self.layout, spec_file))
 
 
 def _read(folder: Path) -> dict[str, Any] | None:
@@ -315,10 +323,34 @@ def check(plan: StreamPlan, previous: dict[str, Any], spec_file: str,
         if output.written_by_ingestion and INGEST_FLOW not in rebuild:
             raise UpgradeRefused(f"{spec_file}: output {name}: the ingestion writes it, so its change is one of the "
                                  "accepted rows: a reprocess, not a rebuild")
-    if not rebuild:
-        raise UpgradeRefused("nothing to upgrade: every flow is unchanged, compatible, new or retired, which a "
-                             "start carries out itself:\n" + changes.report(verdicts))
-    return verdicts, rebuild
+    if all(v.verdict == changes.UNCHANGED for v in verdicts):
+        raise UpgradeRefused("nothing to upgrade: the spec file is what the stream runs:\n" + changes.report(verdicts))
+    return verdicts, rebuild  # with nothing to rebuild: compatible, new or retired flows, which a start carries out
+
+
+#: the verdicts a running driver does not take on: its next start carries them out
+ON_START = (changes.COMPATIBLE, changes.NEW, changes.RETIRED)
+
+
+def restart_needed(layout: Layout, record: dict[str, Any] | None) -> str | None:
+    """Why the stream's running driver must be restarted for its upgrade ``record`` (done) to take
+    full effect, or None: the change has flows that only a start carries out (:data:`ON_START`)
+    and the driver that holds the stream started from another spec than the upgrade's (the plan
+    its start kept, :func:`changes.plans`). Rebuilt outputs it takes on itself (:class:`Release`);
+    a stream with no live driver runs the new plan at its next start."""
+    import hashlib
+
+    from spark_jobs.runtime.lease import holder_alive
+
+    if record is None or record.get("phase") != DONE or not holder_alive(layout.lease_dir):
+        return None
+    on_start = [f"{v['flow']} ({v['verdict']})" for v in record["verdicts"] if v["verdict"] in ON_START]
+    kept = changes.plans(layout)
+    if not on_start or (kept and kept[0]["spec_sha256"] == hashlib.sha256(record["spec"].encode()).hexdigest()):
+        return None
+    since = f"plan {kept[0]['number']}, kept at its start" if kept else "no plan kept"
+    return (f"upgrade {record['number']} of {record['stream']}: {', '.join(on_start)} are carried out by a start, "
+            f"and the running driver started from an earlier spec ({since})")
 
 
 def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | None,
@@ -341,7 +373,7 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
               "spec": Path(spec_file).read_text(encoding="utf-8"), "started_at": time.time(),
               "verdicts": [{"flow": v.flow, "verdict": v.verdict, "reasons": v.reasons} for v in verdicts],
               "rebuild": rebuild, "outputs": {}, "checkpoints": {}, "online": online or live, "live": live}
-    if live:
+    if live and rebuild:  # (nothing to rebuild: nothing to hold; the driver runs on until its restart)
         _save(record, phase=HOLDING)
         log.info("upgrade %d of %s: asked the running driver to hold outputs %s", number, plan.stream,
                  ", ".join(rebuild))
@@ -363,7 +395,7 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
             _save(record, phase=ROLLED_BACK, finished_at=time.time())
         raise
     log.info("upgrade %d of %s: savepoint in %s; outputs to rebuild: %s", number, plan.stream, savepoint,
-             ", ".join(rebuild))
+             ", ".join(rebuild) or "none (a start carries the change out)")
     return _save(record, phase=PREPARED)
 
 
@@ -450,6 +482,9 @@ def rebuild(spark: SparkSession, plan: StreamPlan, record: dict[str, Any], event
     from spark_jobs.flows import queries
     from spark_jobs.runtime.progress import ProgressListener
 
+    if not record["rebuild"]:
+        _save(record, phase=REBUILT)
+        return
     staged = staged_plan(plan, record)
     if reprocess.reprocessing(record):
         log.info("upgrade %d: the input read again from %d file(s)%s", record["number"], reprocess.replay(record),
@@ -820,6 +855,34 @@ def _carry_out(spark: SparkSession, plan: StreamPlan, layout: Layout, record: di
         swap(spark, plan, record)
     if record["phase"] == SWAPPED:
         finish(plan, layout, record)
+
+
+def step_without_spark(plan: StreamPlan, layout: Layout, spec_file: str, step: str) -> dict[str, Any] | None:
+    """The ``rebuild`` or ``swap`` step of an upgrade to ``spec_file`` that rebuilds nothing (its
+    flows are compatible, new or retired), taken here: no Spark job is needed; its record. None
+    when the step needs the job (which also refuses what it must, saying why)."""
+    from spark_jobs.runtime.lease import DriverLease, LeaseHeld
+
+    record = unfinished(layout)
+    if (step not in ("rebuild", "swap") or record is None or record["rebuild"]
+            or record.get("spec") != Path(spec_file).read_text(encoding="utf-8")):
+        return None
+    lease = DriverLease(layout.lease_dir, stream=plan.stream)  # an offline upgrade's: no driver runs meanwhile
+    with one_step(layout, plan.stream):
+        record = unfinished(layout)
+        if record is None:  # finished by a step before this one
+            return latest(layout)
+        try:
+            with contextlib.nullcontext() if record.get("online") else lease:
+                if record["phase"] == PREPARED:
+                    _save(record, phase=REBUILT)
+                if step == "swap" and record["phase"] in (REBUILT, SWAPPED):
+                    _save(record, phase=SWAPPED)
+                    finish(plan, layout, record)
+        except LeaseHeld as exc:
+            raise UpgradeRefused(f"the stream's driver runs ({exc}): stop it first; an upgrade never runs beside "
+                                 "it") from None
+    return record
 
 
 def _events(layout: Layout) -> Any:

@@ -46,7 +46,7 @@ from spark_jobs.stream_spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.stream_spec.loading import load_spec
-from spark_jobs.stream_spec.models import DURATION_PATTERN, StreamSpec
+from spark_jobs.stream_spec.models import DURATION_PATTERN, StreamSpec, duration_seconds
 from streamops import STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, run_schedule, sink_assets
@@ -202,7 +202,9 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
                    "has the running driver stop the outputs to rebuild between batches and hold them while its "
                    "other flows go on committing (a scheduled stream is stopped instead); takes a savepoint; "
                    "rebuilds those beside their "
-                   "live sinks from the accepted rows; swaps each in, in one step; watches the stream. If a step "
+                   "live sinks from the accepted rows; swaps each in, in one step; restarts the stream between "
+                   "batches if a flow's change is one a start carries out (compatible, new, retired) and its "
+                   "driver started from the spec before; watches the stream. If a step "
                    "after the savepoint fails, the stream is stopped, rolled back to the savepoint and the spec it "
                    "ran before, and started again.")
     with DAG(dag_id(spec.name, "upgrade"), doc_md=upgrade_doc, schedule=None, start_date=START, catchup=False,
@@ -239,11 +241,32 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
                                       **paths)
         rebuild = UpgradeStepOperator(task_id="rebuild", stream=spec.name, step="rebuild", **spark, **paths)
         swap = UpgradeStepOperator(task_id="swap", stream=spec.name, step="swap", **spark, **paths)
-        watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, scheduled=not online, **paths)
+        watch = WatchUpgradeOperator(task_id="watch", stream=spec.name, scheduled=not online,
+                                     watch_seconds=duration_seconds(spec.supervision.upgrade_watch),
+                                     trigger_rule="none_failed_min_one_success", **paths)
         checked = rehearse >> check()
         if online:
-            checked >> prepare >> rebuild >> swap >> watch
-            gone_wrong = [rebuild, swap, watch]
+
+            @task.branch
+            def carry_out() -> str:
+                """Restart the stream gracefully if its running driver started from the spec before and the
+                change has flows only a start carries out (compatible, new, retired); else watch it."""
+                from spark_jobs import upgrade
+                from streamops.hooks.stream import StreamHook
+
+                layout = StreamHook(spec.name, paths["spec_dir"], paths["data_root"]).layout
+                why = upgrade.restart_needed(layout, upgrade.latest(layout))
+                print(f"{why}: restarting it between batches" if why else "the running driver carries the "
+                      "upgrade out (or the stream's next start does): no restart")
+                return "restart_stop" if why else "watch"
+
+            stop_again = StopStreamOperator(task_id="restart_stop", stream=spec.name, mode="graceful", **paths)
+            resume, running = restart("restart_")
+            branch = carry_out()
+            checked >> prepare >> rebuild >> swap >> branch >> [stop_again, watch]
+            stop_again >> resume
+            running >> watch
+            gone_wrong = [rebuild, swap, branch, stop_again, running, watch]
         else:
             stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)
             resume, running = restart("")

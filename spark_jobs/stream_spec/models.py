@@ -662,6 +662,9 @@ class Supervision(Strict):
     #: stream DAG's ``standby`` task), so that it survives the loss of the active driver's worker;
     #: none: beside the active driver, on its worker
     standby_queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: how long the upgrade DAG watches the stream run well after its change is carried out before
+    #: it calls the upgrade done (and rolls it back otherwise; docs/changes.md)
+    upgrade_watch: Duration = "1 minute"
 
 
 #: Airflow's schedule presets an execution schedule may name

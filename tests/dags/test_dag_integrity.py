@@ -293,17 +293,27 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
     for name in ("sensors", "clicks"):
         dag = bag.dags[f"stream_{name}_upgrade"]
         assert dag.schedule is None and dag.max_active_runs == 1 and "docs/changes.md" in dag.doc_md
-        order = ["rehearse", "check", "prepare", "rebuild", "swap", "watch"]  # the running driver holds the outputs
-        for before, after in itertools.pairwise(order):
+        order = ["rehearse", "check", "prepare", "rebuild", "swap", "carry_out", "watch"]  # the running driver
+        for before, after in itertools.pairwise(order):                                 # holds the outputs
             assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
         assert not {"stop", "resume", "start", "running"} & set(dag.task_ids)  # the other flows go on: no stop
+        # a restart only if a flow's change is one a start carries out and the driver runs the spec before
+        assert dag.get_task("carry_out").downstream_task_ids >= {"restart_stop", "watch"}
+        restart = ["restart_stop", "restart_resume", "restart_start", "restart_running", "watch"]
+        for before, after in itertools.pairwise(restart):
+            assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
+        assert dag.get_task("restart_stop").mode == "graceful"
+        assert dag.get_task("watch").trigger_rule == "none_failed_min_one_success"  # restarted or not
+        assert dag.get_task("watch").watch_seconds == 60  # supervision.upgrade_watch
+        assert dag.get_task("carry_out").python_callable() == "watch"  # no upgrade done: nothing to restart for
         steps = {t.task_id: t.step for t in dag.tasks if isinstance(t, UpgradeStepOperator)}
         assert steps == {"rehearse": "rehearse", "prepare": "prepare", "rebuild": "rebuild", "swap": "swap",
                          "rollback": "rollback"}
         assert dag.get_task("check").trigger_rule == "none_failed"  # after a rehearsal, or none to do
         assert dag.get_task("prepare").online and isinstance(dag.get_task("watch"), WatchUpgradeOperator)
         gate = dag.get_task("changed")  # only a run that prepared an upgrade goes back
-        assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {"rebuild", "swap", "watch"}
+        assert gate.trigger_rule == "one_failed" and gate.upstream_task_ids == {
+            "rebuild", "swap", "carry_out", "restart_stop", "restart_running", "watch"}
         assert dag.get_task("rollback_stop").upstream_task_ids == {"changed"}
         assert dag.get_task("rollback_stop").trigger_rule == "all_success"
 

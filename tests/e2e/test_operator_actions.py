@@ -219,6 +219,7 @@ def operator_specs(include: Path) -> Path:
     sensors = example_spec("sensors")
     sensors["trigger"] = {"processing_time": "2 seconds"}
     sensors["source"]["max_files_per_trigger"] = 2
+    sensors["supervision"]["upgrade_watch"] = "20 seconds"
     doomed = sensors_named("doomed")
     doomed["enrich"][0]["path"] = MISSING_REFERENCE
     doomed["supervision"] = {"stall_window": "3 minutes",
@@ -588,6 +589,8 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
     assert p.state("stream_sensors_upgrade", upgrade_run) == "success", "\n".join(
         p.task_log("stream_sensors_upgrade", t, upgrade_run)[-3000:] for t in ("check", "prepare", "rebuild", "swap",
                                                                               "watch"))
+    # the driver that runs now started from the upgraded spec (the killed one's successor): no restart
+    assert p.task_state("stream_sensors_upgrade", "restart_stop", upgrade_run) == "skipped"
     record = upgrade.latest(layout)
     assert record["phase"] == upgrade.DONE and record["live"]
     assert record["rebuild"] == ["site_temperature_10m", "device_status"], record["verdicts"]

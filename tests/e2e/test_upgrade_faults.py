@@ -8,9 +8,11 @@ place, and its upgrade DAG is run twice:
    DAG rolls the upgrade back (its rollback step waits for the step's end), and the stream
    runs its old plan again;
 2. the spec is edited again (the window's aggregates; a SQL output added, which is computed
-   over every accepted row since the stream began; the pass-through output retired) and
-   upgraded, and the driver is SIGKILLed right after the swap: the supervisor's next driver
-   runs the rebuilt and the new outputs, and the upgrade completes.
+   over every accepted row since the stream began; the update-mode table retired; a reader
+   option of the ingestion, a compatible change) and upgraded: after the swap the running driver,
+   which started from the spec before, is restarted between batches (a start carries out the
+   new, retired and compatible flows), and it is SIGKILLed during that stop: the next driver
+   runs the rebuilt and the new outputs with the new option, and the upgrade completes.
 
 A reader polling the window sink throughout never sees two window sizes at once; afterwards
 every output equals its query over the accepted rows, no step of an upgrade is left running,
@@ -19,6 +21,8 @@ and never two drivers ran at once (the lease's history).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import threading
@@ -43,7 +47,7 @@ from airflow_harness import (
 )
 
 from runner.testdata import generate, verify
-from spark_jobs import upgrade
+from spark_jobs import changes, upgrade
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.lease import read_holder
@@ -79,12 +83,15 @@ class Stream:
         layout = self.layout
         return assess(compile_plan(load_spec(self.spec_path), layout), layout).status == Status.IDLE
 
-    def edit(self, change) -> None:
-        """``change`` the window output's query (and, with ``outputs``, the list of outputs)."""
+    def edit_spec(self, change) -> None:
+        """``change`` the spec (its data, as loaded from YAML)."""
         data = yaml.safe_load(self.spec_path.read_text())
-        (window,) = [o for o in data["outputs"] if o["name"] == WINDOW]
-        change(window["query"])
+        change(data)
         self.spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+    def edit(self, change) -> None:
+        """``change`` the window output's query."""
+        self.edit_spec(lambda data: change(next(o for o in data["outputs"] if o["name"] == WINDOW)["query"]))
 
     def swap_outputs(self, retired: str, added: dict) -> None:
         """Retire an output and add another, with the retired one's quality rules gone (a rule of an
@@ -113,11 +120,12 @@ def tasks(airflow: Airflow, dag_id: str, run_id: str) -> dict[str, str | None]:
     return {t["task_id"]: t["state"] for t in answer["task_instances"]}
 
 
-def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_killed_driver_after_its_swap(
+def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_killed_in_its_restart_s_stop(
         tmp_path: Path, spark) -> None:
     sensors = example_spec("sensors")
     sensors["trigger"] = {"processing_time": "2 seconds"}
     sensors["source"]["max_files_per_trigger"] = 2
+    sensors["supervision"]["upgrade_watch"] = "20 seconds"
     spec_dir = include_with(tmp_path / "include", sensors)
     stream = Stream(spec_dir, tmp_path / "data")
     stream.feed(4)
@@ -169,29 +177,39 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_killed_dri
         wait_for(stream.idle, "the stream to take new input on its old plan", timeout=300, every=2)
         assert seen and all(s == {timedelta(minutes=10)} for s in seen), sorted(set(seen))[:5]
 
-        # 2. edited again (one more aggregate; a SQL output added, the pass-through retired) and upgraded;
-        # the driver SIGKILLed right after the swap
+        # 2. edited again (one more aggregate; a SQL output added, the table retired, a reader option) and
+        # upgraded; the driver, which runs the spec before, restarted after the swap, and SIGKILLed in that stop
         stream.edit(lambda q: q["aggregates"].append({"name": "min_temperature", "fn": "min",
                                                        "column": "temperature"}))
-        stream.swap_outputs("readings", HOT_READINGS)
+        stream.swap_outputs("device_status", HOT_READINGS)
+        stream.edit_spec(lambda d: d["source"].update(options={"maxFileAge": "30d"}))  # a reader option
+        before = read_holder(stream.layout.lease_dir)
         run = airflow.trigger(upgrade_dag)
-        wait_for(lambda: tasks(airflow, upgrade_dag, run).get("swap") in ("success", "failed"), "the swap",
-                 timeout=600, every=0.2)
-        swapped_at = time.time()
-        # the driver that holds the stream then: the one that held the output (and now starts it, or stops so
-        # that its successor runs the new plan), or that successor
-        killed = wait_for(lambda: (h := read_holder(stream.layout.lease_dir)) and h.pid in stream_drivers() and h,
-                          "a driver holding the stream after the swap", timeout=120, every=0.1)
+
+        def asked_to_stop() -> bool:  # the restart's stop asks that driver (the marker it polls)
+            try:
+                return json.loads(stream.layout.stop_marker.read_text()).get("epoch") == before.epoch
+            except (OSError, ValueError):
+                return False
+
+        wait_for(asked_to_stop, "the restart after the swap to ask the driver to stop", timeout=600, every=0.05)
+        killed = read_holder(stream.layout.lease_dir)
+        assert killed.epoch == before.epoch and killed.pid in stream_drivers(), (before, killed)
         os.kill(killed.pid, signal.SIGKILL)
-        print(f"the driver of epoch {killed.epoch} SIGKILLed {time.time() - swapped_at:.1f}s after the swap")
+        print(f"the driver of epoch {killed.epoch} SIGKILLed during its restart's stop")
         wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
                  timeout=600, every=2)
-        assert airflow.client.run(upgrade_dag, run)["state"] == "success", tasks(airflow, upgrade_dag, run)
+        states = tasks(airflow, upgrade_dag, run)
+        assert airflow.client.run(upgrade_dag, run)["state"] == "success", states
+        assert {t: states[t] for t in ("carry_out", "restart_stop", "restart_running", "watch")} == dict.fromkeys(
+            ("carry_out", "restart_stop", "restart_running", "watch"), "success"), states
         record = upgrade.latest(stream.layout)
         assert record["phase"] == upgrade.DONE
         verdicts = {v["flow"]: v["verdict"] for v in record["verdicts"]}
-        assert {f: verdicts[f] for f in (WINDOW, "hot_readings", "readings")} == {
-            WINDOW: "rebuild", "hot_readings": "new", "readings": "retired"}, record["verdicts"]
+        assert verdicts == {"_ingest": "compatible", "readings": "unchanged", WINDOW: "rebuild", "hot_readings": "new",
+                            "device_status": "retired"}, record["verdicts"]
+        assert [p["spec_sha256"] for p in changes.plans(stream.layout)][0] == hashlib.sha256(
+            record["spec"].encode()).hexdigest()  # the driver that runs now started from the upgraded spec
         holder = read_holder(stream.layout.lease_dir)
         assert holder is not None and holder.pid != killed.pid
         stream.feed(4)

@@ -418,6 +418,63 @@ def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spar
     assert previous_plan(layout)  # untouched
 
 
+def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_restart(spark, stream, monkeypatch) -> None:
+    """A SQL filter changed (compatible) and an output added (new): nothing to rebuild, so the upgrade
+    takes its savepoint, its rebuild and swap need no Spark job, and a driver that runs the spec
+    before must restart (the DAG's graceful restart) for the change to take effect; a driver started
+    from the upgraded spec need not. The start then carries the change out."""
+    from spark_jobs.runtime.lease import DriverLease
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    cold = {"name": "cold", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/cold"},
+            "query": {"type": "sql", "sql": "SELECT event_id, temperature FROM accepted WHERE temperature < 20"}}
+    edit(spec_file, lambda d: ([o["query"].update(sql=o["query"]["sql"].replace("> 25", "> 30"))
+                                for o in d["outputs"] if o["name"] == "hot"], d["outputs"].append(cold)))
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--step", "prepare", "--online") == upgrade.EXIT_OK
+    record = upgrade.latest(layout)
+    assert record["phase"] == upgrade.PREPARED and record["rebuild"] == []
+    assert {v["flow"]: v["verdict"] for v in record["verdicts"] if v["verdict"] != changes.UNCHANGED} == {
+        "hot": changes.COMPATIBLE, "cold": changes.NEW}
+    plan = compile_plan(load_spec(spec_file), layout)
+    assert upgrade.step_without_spark(plan, layout, str(spec_file), "prepare") is None  # a step of the job's
+    assert upgrade.step_without_spark(plan, layout, str(spec_file), "rebuild")["phase"] == upgrade.REBUILT
+    assert upgrade.step_without_spark(plan, layout, str(spec_file), "swap")["phase"] == upgrade.DONE
+    record = upgrade.latest(layout)
+    assert upgrade.restart_needed(layout, record) is None  # no driver runs: its next start carries it out
+    with DriverLease(layout.lease_dir, stream="sensors"):  # a driver that started from the spec before
+        why = upgrade.restart_needed(layout, record)
+        assert why is not None and "hot (compatible), cold (new)" in why and "plan 1" in why, why
+        changes.keep(layout, spec_file, plan, time.time())  # ... and one started from the upgraded spec
+        assert upgrade.restart_needed(layout, record) is None
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
+    assert {f: v.verdict for f, v in verdicts(spec_file, data).items() if v.verdict != changes.UNCHANGED} == {}
+    cold_rows = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/cold")))
+    accepted = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/readings")) if r["temperature"] < 20)
+    assert cold_rows and cold_rows == accepted  # the new output: over every accepted row since the stream began
+
+
+def test_a_driver_on_a_rollback_s_pinned_spec_starts_its_held_outputs_from_the_upgraded_spec(
+        spark, stream, monkeypatch) -> None:
+    """A driver started after a rollback runs the pinned copy of the spec before, which the next
+    upgrade removes: once that upgrade is done, its held outputs are planned from the upgrade's
+    spec file (not from the removed copy, which would end the driver)."""
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    pinned = spec_file.parent / "pinned-copy.yaml"  # what the driver runs, gone with the upgrade's unpin
+    edit(spec_file, lambda d: window(d, window=FIFTEEN))
+    record = {"number": 7, "stream": "sensors", "spec_file": str(spec_file), "spec": spec_file.read_text(),
+              "rebuild": [WINDOW]}
+    planned: list[tuple] = []
+    release = upgrade.Release(layout, record, spark, events=None, spec_file=str(pinned), stop=lambda q: None,
+                              replan=lambda names, upgraded: planned.append((names, upgraded)) or ["queries"])
+    assert release._upgraded_plan() == ["queries"]
+    ((names, upgraded),) = planned
+    assert names == [WINDOW] and upgraded.output(WINDOW).query.window.duration == "15 minutes"
+    edit(spec_file, lambda d: window(d, window={"duration": "20 minutes", "slide": "5 minutes"}))  # changed again
+    assert release._upgraded_plan() is None and len(planned) == 1  # held until the stream restarts
+
+
 def test_a_window_moved_to_a_delta_table_then_edited_there_is_rebuilt_and_rolled_back_in_one_commit_each(
         spark, stream, monkeypatch) -> None:
     from deltalake import DeltaTable

@@ -69,8 +69,18 @@ class UpgradeStepOperator(SparkSubmitOperator):
             args += ["--number", str(int(self.number))]
         args += ["--rollback"] if self.step == "rollback" else ["--step", self.step]
         args += ["--online"] if self.online and self.step == "prepare" else []
-        self._submit(context, args, f"the upgrade's {self.step} of stream {self.stream} was refused or failed")
-        record = upgrade.latest(StreamHook(self.stream, self.spec_dir, self.data_root).layout) or {}
+        hook = StreamHook(self.stream, self.spec_dir, self.data_root)
+        try:  # an upgrade that rebuilds nothing takes its rebuild and swap without a Spark job
+            taken = upgrade.step_without_spark(hook.plan, hook.layout, spec_file, self.step) if self.step in (
+                "rebuild", "swap") else None
+        except upgrade.UpgradeRefused as exc:
+            raise AirflowFailException(f"the upgrade's {self.step} of stream {self.stream} was refused: {exc}") from None
+        if taken is None:
+            self._submit(context, args, f"the upgrade's {self.step} of stream {self.stream} was refused or failed")
+        else:
+            self.log.info("upgrade %s of %s rebuilds no output: its %s needed no Spark job", taken["number"],
+                          self.stream, self.step)
+        record = upgrade.latest(hook.layout) or {}
         for verdict in record.get("verdicts", []):
             self.log.info("%s: %s %s", verdict["flow"], verdict["verdict"], "; ".join(verdict["reasons"]))
         self.log.info("upgrade %s of %s: %s", record.get("number"), self.stream, record.get("phase"))
@@ -108,8 +118,9 @@ class UpgradeStepOperator(SparkSubmitOperator):
 class WatchUpgradeOperator(BaseOperator):
     """Watch a stream after its upgrade swapped the rebuilt outputs in: the driver must start each
     of them (its ``outputs_released`` event, or a driver's start after the swap, then each query's
-    start; a scheduled stream's next run: each query's start, then the run's clean end) and the stream must stay running, with no
-    driver or query failing, for ``watch_seconds``, and every validation that ends meanwhile (the
+    start; with none rebuilt, a driver started from the upgraded spec; a scheduled stream's next run:
+    each query's start, then the run's clean end) and the stream must stay running, with no driver
+    or query failing, for ``watch_seconds``, and every validation that ends meanwhile (the
     stream's quality DAG, on its sinks' asset events) must find the rebuilt outputs' units passing
     and the accounting of the stream and of those outputs balanced. Fails otherwise, which sends
     the DAG to its rollback.
@@ -157,6 +168,10 @@ class WatchUpgradeOperator(BaseOperator):
                     and e["logged_at"] >= record.get("finished_at", float("inf"))]
             if released and rebuilt <= started:
                 released_at = released[-1]["logged_at"]
+                break
+            if (not self.scheduled and not rebuilt and hook.driver_alive()
+                    and upgrade.restart_needed(hook.layout, record) is None):
+                released_at = time.time()  # nothing held, and the driver that runs started from the upgraded spec
                 break
             self._check(events, record)
             if time.monotonic() > deadline:
