@@ -277,16 +277,30 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
         # this run's upgrade rolled back, started again. A refused check changed nothing: then nothing happens
 
         @task(trigger_rule="one_failed")
-        def changed(ti: Any = None) -> None:
-            """Go back only if this run prepared an upgrade or stopped the stream."""
-            if ti.xcom_pull(task_ids="prepare") is None and (online or ti.xcom_pull(task_ids="stop") is None):
+        def changed(ti: Any = None, dag_run: Any = None) -> str:
+            """Go back only if this run began an upgrade or stopped the stream: the number of the
+            upgrade to roll back ('' for none). A task killed midway returns nothing, so the
+            files say it too: an unfinished upgrade begun since this run started (a killed
+            ``prepare``'s), or the stream held by this run's stop (a killed ``stop``'s)."""
+            from spark_jobs import upgrade
+            from streamops.hooks.stream import StreamHook
+
+            hook = StreamHook(spec.name, paths["spec_dir"], paths["data_root"])
+            number = (ti.xcom_pull(task_ids="prepare") or {}).get("number")
+            began = dag_run.start_date.timestamp() if dag_run is not None and dag_run.start_date else None
+            record = upgrade.unfinished(hook.layout)
+            if number is None and record is not None and began is not None and record["started_at"] >= began:
+                number = record["number"]
+            stopped = ti.xcom_pull(task_ids="stop") is not None or (
+                (hook.held_by() or "").startswith(f"{ti.dag_id} run {ti.run_id} "))
+            if number is None and (online or not stopped):
                 raise AirflowSkipException("this run changed nothing (its check or preparation refused the change): "
                                            "nothing to undo")
+            return "" if number is None else str(number)
 
         back = StopStreamOperator(task_id="rollback_stop", stream=spec.name, mode="graceful", **paths)
         undo = UpgradeStepOperator(task_id="rollback", stream=spec.name, step="rollback",
-                                   number="{{ (ti.xcom_pull(task_ids='prepare') or {}).get('number', '') }}", **spark,
-                                   **paths)
+                                   number="{{ ti.xcom_pull(task_ids='changed') or '' }}", **spark, **paths)
         back_resume, _ = restart("rollback_", trigger_rule="none_failed_min_one_success")
         gone_wrong >> changed() >> back >> undo >> back_resume
     dags[upgrade_dag.dag_id] = upgrade_dag

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,59 @@ def test_every_stream_of_the_platform_s_own_gets_a_state_dag_run_after_a_schedul
         assert restart.get_task("inspect_state").upstream_task_ids == {"running"}
 
 
+class Ti:
+    """A task instance of an upgrade run, as the ``changed`` gate sees it: what ``prepare``
+    returned to XCom (None if it never ran, failed, or was killed: nothing it said to undo)."""
+
+    dag_id, run_id = "stream_sensors_upgrade", "manual__2026-11-29T05:00:00+00:00"
+
+    def __init__(self, prepared: dict | None) -> None:
+        self.prepared = prepared
+
+    def xcom_pull(self, task_ids: str) -> dict | None:
+        return {"prepare": self.prepared}.get(task_ids)
+
+
+def test_a_scheduled_stream_s_upgrade_goes_back_after_its_stop_or_prepare_task_was_killed(tmp_path: Path,
+                                                                                         monkeypatch) -> None:
+    """A task killed midway returns nothing to XCom: the gate reads the files. Its stop held the
+    stream (resumed by the way back, nothing to roll back); its prepare's step began an upgrade
+    (rolled back by number). What an earlier run did is not this run's to undo."""
+    from datetime import datetime, timedelta, timezone
+
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from spark_jobs import upgrade
+    from streamops.hooks.stream import StreamHook
+
+    specs, data = tmp_path / "streams", tmp_path / "data"
+    shutil.copytree(default_spec_dir(), specs)
+    (specs / "sensors.yaml").write_text((specs / "sensors.yaml").read_text()
+                                        + "\nexecution: {mode: scheduled, schedule: 10 minutes, freshness: 15 minutes}\n")
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    monkeypatch.setenv("STREAMS_DATA_DIR", str(data))
+    gate = dagbag(DAGS).dags["stream_sensors_upgrade"].get_task("changed")
+
+    class Run:
+        start_date = datetime.now(timezone.utc) - timedelta(minutes=1)  # noqa: UP017
+
+    hook = StreamHook("sensors", str(specs), str(data))
+    hook.hold("stream_sensors_upgrade run manual__2026-11-29T04:00:00+00:00 (graceful)")  # an earlier run's
+    with pytest.raises(AirflowSkipException):
+        gate.python_callable(ti=Ti(None), dag_run=Run())
+    hook.hold(f"stream_sensors_upgrade run {Ti.run_id} (graceful)")  # this run's stop, killed after its hold
+    assert gate.python_callable(ti=Ti(None), dag_run=Run()) == ""  # resumed; no upgrade to roll back
+    hook.release_hold()
+    folder = upgrade.upgrades_dir(hook.layout) / "000003"
+    folder.mkdir(parents=True)
+    record = {"number": 3, "phase": upgrade.PREPARED, "started_at": time.time() - 3600}
+    (folder / "upgrade.json").write_text(json.dumps(record))  # begun before this run: not this run's
+    with pytest.raises(AirflowSkipException):
+        gate.python_callable(ti=Ti(None), dag_run=Run())
+    (folder / "upgrade.json").write_text(json.dumps(record | {"started_at": time.time()}))  # its killed prepare's
+    assert gate.python_callable(ti=Ti(None), dag_run=Run()) == "3"
+
+
 def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_after_its_savepoint_only(bag) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 
@@ -317,18 +371,10 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
         assert dag.get_task("rollback_stop").upstream_task_ids == {"changed"}
         assert dag.get_task("rollback_stop").trigger_rule == "all_success"
 
-        class Ti:  # what prepare returned to XCom: None if it never ran or failed (nothing of it to undo)
-            def __init__(self, prepared: dict | None) -> None:
-                self.prepared = prepared
-
-            def xcom_pull(self, task_ids: str) -> dict | None:
-                assert task_ids == "prepare"
-                return self.prepared
-
         with pytest.raises(AirflowSkipException):
             gate.python_callable(ti=Ti(None))
-        gate.python_callable(ti=Ti({"number": 1, "phase": "prepared"}))
-        assert "xcom_pull(task_ids='prepare')" in dag.get_task("rollback").number  # only what this run prepared
+        assert gate.python_callable(ti=Ti({"number": 1, "phase": "prepared"})) == "1"
+        assert "xcom_pull(task_ids='changed')" in dag.get_task("rollback").number  # only what this run began
         assert dag.get_task("rollback_resume").trigger_rule == "none_failed_min_one_success"
         assert dag.get_task("rollback_start").trigger_dag_id == f"stream_{name}"
         assert all(t.retries == 0 for t in dag.tasks)
