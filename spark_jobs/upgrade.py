@@ -606,7 +606,8 @@ def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
 def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
     """``plan``: the spec's as it is now (its database URLs). Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
     folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
-    and the plan; the staged results go. The other flows' checkpoints and sinks stay as they are."""
+    and the plan, and each retired output's checkpoint a start archived since (:func:`_restore_retired`);
+    the staged results go. The other flows' checkpoints and sinks stay as they are."""
     folder, number = Path(record["folder"]), record["number"]
     if record.get("phase") == HOLDING:  # nothing copied nor changed yet
         _save(record, phase=ROLLED_BACK, finished_at=time.time())
@@ -645,12 +646,39 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
         # sinks hold their batches since: a checkpoint put back would plan those batches anew)
         _put_back_checkpoint(record, name, place["checkpoint"])
     shutil.rmtree(folder / "staged", ignore_errors=True)
+    _restore_retired(layout, record)
     if (folder / "savepoint" / "plan.json").exists():
         shutil.copy2(folder / "savepoint" / "plan.json", layout.plan_file)
     pinned = _pin_previous(layout, record)
     _save(record, phase=ROLLED_BACK, finished_at=time.time(), pinned=str(pinned) if pinned else None)
     log.info("upgrade %d of %s rolled back to its savepoint%s", number, record["stream"],
              f"; its drivers run the spec it ran before ({pinned}) until the spec file changes again" if pinned else "")
+
+
+def _restore_retired(layout: Layout, record: dict[str, Any]) -> None:
+    """Put back the checkpoint of each output the upgrade retired that a start after it archived
+    (``changes.retire``): the spec the rollback pins runs that output again, from where it was
+    (started over, it would write its sink's batches anew)."""
+    import calendar
+
+    saved = Path(record["folder"]) / "savepoint" / "plan.json"
+    before = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {}
+    places = {o.get("name"): o.get("checkpoint") for o in before.get("outputs") or [] if isinstance(o, dict)}
+    for v in record["verdicts"]:
+        checkpoint = places.get(v["flow"]) if v["verdict"] == changes.RETIRED else None
+        if not checkpoint or Path(checkpoint).exists():
+            continue
+        archived = []
+        for path in layout.retired_dir.glob(f"{v['flow']}-*"):
+            try:
+                at = calendar.timegm(time.strptime(path.name.removeprefix(f"{v['flow']}-"), "%Y%m%dT%H%M%SZ"))
+            except ValueError:
+                continue
+            if at >= int(record["started_at"]):  # archived by a start since the upgrade began
+                archived.append((at, path))
+        if archived:
+            os.replace(max(archived)[1], checkpoint)
+            log.info("output %s: its checkpoint, archived when it was retired, is back in %s", v["flow"], checkpoint)
 
 
 def _put_back_checkpoint(record: dict[str, Any], name: str, checkpoint: str) -> None:

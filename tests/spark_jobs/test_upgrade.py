@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from edited_streams import EVENT_INTERVAL_MS, edit, files_under, in_session, run_beside, start, verdicts, window
+from edited_streams import (
+    EVENT_INTERVAL_MS,
+    HOT,
+    edit,
+    files_under,
+    in_session,
+    run_beside,
+    start,
+    verdicts,
+    window,
+)
 from edited_streams import ran as ran  # noqa: F401 - the fixtures
 from edited_streams import stream as stream  # noqa: F401
 from examples import example_spec, include_with
@@ -25,6 +35,7 @@ from spark_jobs.analysis import resolve_plan
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime import archive, staging
 from spark_jobs.runtime.checkpoint import (
+    batch_ids,
     batch_watermark_ms,
     landing_backlog,
     last_batch,
@@ -419,23 +430,26 @@ def test_what_an_upgrade_cannot_carry_out_is_refused_and_nothing_is_written(spar
 
 
 def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_restart(spark, stream, monkeypatch) -> None:
-    """A SQL filter changed (compatible) and an output added (new): nothing to rebuild, so the upgrade
-    takes its savepoint, its rebuild and swap need no Spark job, and a driver that runs the spec
-    before must restart (the DAG's graceful restart) for the change to take effect; a driver started
-    from the upgraded spec need not. The start then carries the change out."""
+    """A rate limit changed (compatible), an output added (new) and one removed (retired): nothing to
+    rebuild, so the upgrade takes its savepoint, its rebuild and swap need no Spark job, and a driver
+    that runs the spec before must restart (the DAG's graceful restart) for the change to take
+    effect; a driver started from the upgraded spec need not. The start then carries the change out;
+    a rollback puts the retired output's archived checkpoint back, so it resumes where it was."""
     from spark_jobs.runtime.lease import DriverLease
 
     spec_file, data = stream
     layout = layout_of(spec_file, data)
     cold = {"name": "cold", "mode": "append", "sink": {"type": "parquet", "path": "sinks/sensors/cold"},
             "query": {"type": "sql", "sql": "SELECT event_id, temperature FROM accepted WHERE temperature < 20"}}
-    edit(spec_file, lambda d: ([o["query"].update(sql=o["query"]["sql"].replace("> 25", "> 30"))
-                                for o in d["outputs"] if o["name"] == "hot"], d["outputs"].append(cold)))
+    hot_checkpoint = Path(layout.checkpoint_root) / "hot"
+    hot_batches = batch_ids(str(hot_checkpoint), "commits")
+    edit(spec_file, lambda d: (d["source"].update(max_files_per_trigger=3), d["outputs"].append(cold),
+                               d["outputs"].remove(HOT)))
     assert run_upgrade(spark, spec_file, data, monkeypatch, "--step", "prepare", "--online") == upgrade.EXIT_OK
     record = upgrade.latest(layout)
     assert record["phase"] == upgrade.PREPARED and record["rebuild"] == []
     assert {v["flow"]: v["verdict"] for v in record["verdicts"] if v["verdict"] != changes.UNCHANGED} == {
-        "hot": changes.COMPATIBLE, "cold": changes.NEW}
+        "_ingest": changes.COMPATIBLE, "cold": changes.NEW, "hot": changes.RETIRED}
     plan = compile_plan(load_spec(spec_file), layout)
     assert upgrade.step_without_spark(plan, layout, str(spec_file), "prepare") is None  # a step of the job's
     assert upgrade.step_without_spark(plan, layout, str(spec_file), "rebuild")["phase"] == upgrade.REBUILT
@@ -444,7 +458,7 @@ def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_r
     assert upgrade.restart_needed(layout, record) is None  # no driver runs: its next start carries it out
     with DriverLease(layout.lease_dir, stream="sensors"):  # a driver that started from the spec before
         why = upgrade.restart_needed(layout, record)
-        assert why is not None and "hot (compatible), cold (new)" in why and "plan 1" in why, why
+        assert why is not None and "_ingest (compatible), cold (new), hot (retired)" in why and "plan 1" in why, why
         changes.keep(layout, spec_file, plan, time.time())  # ... and one started from the upgraded spec
         assert upgrade.restart_needed(layout, record) is None
     assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK
@@ -452,6 +466,11 @@ def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_r
     cold_rows = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/cold")))
     accepted = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/readings")) if r["temperature"] < 20)
     assert cold_rows and cold_rows == accepted  # the new output: over every accepted row since the stream began
+    assert not hot_checkpoint.exists()  # retired: archived
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
+    assert batch_ids(str(hot_checkpoint), "commits") == hot_batches  # back where it was
+    pinned = upgrade.pinned_spec(layout, spec_file)
+    assert pinned is not None and "hot" in {o.name for o in load_spec(pinned).outputs}
 
 
 def test_a_driver_on_a_rollback_s_pinned_spec_starts_its_held_outputs_from_the_upgraded_spec(
