@@ -347,8 +347,9 @@ def test_every_stream_of_the_platform_s_own_gets_an_upgrade_dag_that_rolls_back_
     for name in ("sensors", "clicks"):
         dag = bag.dags[f"stream_{name}_upgrade"]
         assert dag.schedule is None and dag.max_active_runs == 1 and "docs/changes.md" in dag.doc_md
-        order = ["rehearse", "check", "prepare", "rebuild", "swap", "carry_out", "watch"]  # the running driver
-        for before, after in itertools.pairwise(order):                                 # holds the outputs
+        # the running driver holds the outputs to rebuild
+        order = ["rehearse", "check", "prepare", "rebuild", "swap", "carry_out", "watch"]
+        for before, after in itertools.pairwise(order):
             assert dag.get_task(before).downstream_task_ids >= {after}, (before, after)
         assert not {"stop", "resume", "start", "running"} & set(dag.task_ids)  # the other flows go on: no stop
         # a restart only if a flow's change is one a start carries out and the driver runs the spec before
