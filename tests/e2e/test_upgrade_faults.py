@@ -17,6 +17,10 @@ place, and its upgrade DAG is run twice:
 A reader polling the window sink throughout never sees two window sizes at once; afterwards
 every output equals its query over the accepted rows, no step of an upgrade is left running,
 and never two drivers ran at once (the lease's history).
+
+And a scheduled stream's upgrade, which stops the stream first, has that ``stop`` task SIGKILLed
+while it waits for a run in flight: the DAG goes back all the same, the stream is not left
+stopped on purpose, and the upgrade run again carries the change out.
 """
 
 from __future__ import annotations
@@ -51,9 +55,11 @@ from spark_jobs import changes, upgrade
 from spark_jobs.plan import compile_plan
 from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.lease import read_holder
+from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from streamops.health import Status, assess
+from streamops.hooks.stream import StreamHook
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
@@ -233,3 +239,78 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_kil
     agreement = verify.agreement(spark, compile_plan(load_spec(stream.spec_path), layout))
     assert all(r.ok for r in agreement), "\n".join(r.describe() for r in agreement)
     one_driver_at_a_time(layout)
+
+
+def task_processes(airflow: Airflow, dag_id: str, run_id: str, task_id: str) -> list[psutil.Process]:
+    """The processes of one task instance (its id is in their command lines), the executor's slot aside."""
+    answer = airflow.client.get(f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    (ti,) = [t for t in answer["task_instances"] if t["task_id"] == task_id]
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if ti["id"] in line and "LocalExecutor" not in line:
+            found.append(process)
+    return found
+
+
+def test_a_scheduled_stream_s_upgrade_whose_stop_task_is_killed_goes_back_and_leaves_the_stream_free(
+        tmp_path: Path) -> None:
+    """A scheduled stream's upgrade stops it first; that ``stop`` task is SIGKILLed while it waits for a
+    run in flight (after its hold): the DAG goes back all the same (the hold names the run), so the
+    stream is not left stopped on purpose; its next run refuses the still edited spec (``blocked``),
+    and the upgrade run again carries it out."""
+    sensors = example_spec("sensors")
+    sensors["source"]["max_files_per_trigger"] = 1  # a run takes one file a batch: it is in flight a while
+    sensors["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "15 minutes"}
+    sensors["supervision"]["upgrade_watch"] = "20 seconds"
+    spec_dir = include_with(tmp_path / "include", sensors)
+    stream = Stream(spec_dir, tmp_path / "data")
+    stream.feed(2)
+    airflow = Airflow(tmp_path / "airflow", stream.data_root, extra_env={"STREAMS_SPEC_DIR": str(spec_dir)})
+    upgrade_dag = "stream_sensors_upgrade"
+    hook = StreamHook("sensors", str(spec_dir), str(stream.data_root))
+
+    def ended(run: str) -> bool:
+        return airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed")
+
+    try:
+        airflow.start()
+        deploy(airflow, "sensors")
+        wait_for(lambda: upgrade_dag in airflow.dag_ids(), "the upgrade DAG", timeout=180, every=2)
+        airflow.unpause(upgrade_dag)
+        wait_for(lambda: stream.idle() and not stream_drivers(), "the first scheduled run", timeout=300, every=2)
+        stream.feed(10)  # the next run, on this input: in flight when the upgrade's stop comes
+        wait_for(lambda: hook.driver_alive(), "a scheduled run's driver", timeout=300, every=0.2)
+        stream.edit(lambda q: q.update(window={"duration": "15 minutes", "slide": "5 minutes"}))
+        run = airflow.trigger(upgrade_dag)
+        wait_for(lambda: (hook.held_by() or "").startswith(f"{upgrade_dag} run {run} "), "the upgrade's stop to hold "
+                 "the stream", timeout=300, every=0.05)
+        assert hook.driver_alive(), "the run ended before the stop could be killed while it waits"
+        killed = task_processes(airflow, upgrade_dag, run, "stop")
+        assert killed, "no process of the stop task"
+        for process in killed:
+            process.kill()
+        killed_at = time.time()
+        wait_for(lambda: ended(run), "the upgrade's run to end", timeout=600, every=2)
+        states = tasks(airflow, upgrade_dag, run)
+        assert states["stop"] == "failed" and states["prepare"] == "upstream_failed", states
+        assert states["changed"] == "success" and states["rollback"] == "success", states  # nothing to roll back
+        assert states["rollback_resume"] == "success" and states["rollback_start"] == "success", states
+        assert states["rollback_running"] == "failed", states  # the run it started refused the edited spec, at once
+        assert hook.held_by() is None  # not left stopped on purpose
+        refused = [e for e in read_events(stream.layout.events_file) if e.get("event") == "driver_failed"
+                   and e.get("logged_at", 0) > killed_at]
+        assert refused and "spec changed: an upgrade is needed" in refused[-1]["error"], refused
+        assert upgrade.latest(stream.layout) is None  # nothing was prepared
+
+        again = airflow.trigger(upgrade_dag)  # the way forward
+        wait_for(lambda: ended(again), "the upgrade's second run to end", timeout=900, every=2)
+        assert airflow.client.run(upgrade_dag, again)["state"] == "success", tasks(airflow, upgrade_dag, again)
+        assert upgrade.latest(stream.layout)["phase"] == upgrade.DONE
+        wait_for(lambda: stream.idle() and not stream_drivers(), "the stream to take its input", timeout=300,
+                 every=2)
+    finally:
+        airflow.stop()
+        for pid in stream_drivers():
+            os.kill(pid, signal.SIGKILL)
+    one_driver_at_a_time(stream.layout)
