@@ -441,11 +441,16 @@ def keep(layout: Layout, spec_file: str | os.PathLike[str], plan: StreamPlan, at
     numbers = [int(p.stem) for p in layout.plans_dir.glob("*.json") if p.stem.isdigit()]
     number = max(numbers, default=0) + 1
     path = write_atomically(layout.plans_dir / f"{number:06d}.json", json.dumps({
-        "number": number, "started_at": at, "spec_file": str(spec_file), "spec_sha256": hashlib.sha256(
-            text.encode()).hexdigest(), "spec": text, "plan": json.loads(plan.to_json())}, indent=1))
+        "number": number, "started_at": at, "spec_file": str(spec_file), "spec_sha256": spec_hash(text),
+        "spec": text, "plan": json.loads(plan.to_json())}, indent=1))
     for old in sorted(n for n in numbers if n <= number - PLANS_KEPT):
         (layout.plans_dir / f"{old:06d}.json").unlink(missing_ok=True)
     return path
+
+
+def spec_hash(text: str) -> str:
+    """The hash a kept plan names its spec's text by (``spec_sha256``)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def plans(layout: Layout) -> list[dict[str, Any]]:
@@ -460,6 +465,10 @@ def plans(layout: Layout) -> list[dict[str, Any]]:
     return found
 
 
+#: when a retired output's checkpoint was archived, in its folder's name (``<name>-<time>``, UTC)
+RETIRED_AT = "%Y%m%dT%H%M%SZ"
+
+
 def retire(verdicts: list[Verdict], previous: dict[str, Any], layout: Layout, at: float) -> list[Path]:
     """Archive the checkpoints of the retired outputs (``_control/retired/<name>-<time>``); their
     sinks stay. The archived folders."""
@@ -468,9 +477,23 @@ def retire(verdicts: list[Verdict], previous: dict[str, Any], layout: Layout, at
     for v in verdicts:
         checkpoint = (before.get(v.flow) or {}).get("checkpoint") if v.verdict == RETIRED else None
         if checkpoint and Path(checkpoint).exists():
-            target = layout.retired_dir / f"{v.flow}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}"
+            target = layout.retired_dir / f"{v.flow}-{time.strftime(RETIRED_AT, time.gmtime(at))}"
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(checkpoint, target)
             moved.append(target)
     return moved
 
+
+def archived_since(layout: Layout, flow: str, since: float) -> Path | None:
+    """The newest checkpoint of ``flow`` that :func:`retire` archived at ``since`` or later, if any."""
+    import calendar
+
+    found = []
+    for path in layout.retired_dir.glob(f"{flow}-*"):
+        try:
+            at = calendar.timegm(time.strptime(path.name.removeprefix(f"{flow}-"), RETIRED_AT))
+        except ValueError:  # another flow's, whose name begins with this one's
+            continue
+        if at >= int(since):  # the name keeps whole seconds
+            found.append((at, path))
+    return max(found)[1] if found else None

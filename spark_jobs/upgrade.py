@@ -338,15 +338,13 @@ def restart_needed(layout: Layout, record: dict[str, Any] | None) -> str | None:
     and the driver that holds the stream started from another spec than the upgrade's (the plan
     its start kept, :func:`changes.plans`). Rebuilt outputs it takes on itself (:class:`Release`);
     a stream with no live driver runs the new plan at its next start."""
-    import hashlib
-
     from spark_jobs.runtime.lease import holder_alive
 
     if record is None or record.get("phase") != DONE or not holder_alive(layout.lease_dir):
         return None
     on_start = [f"{v['flow']} ({v['verdict']})" for v in record["verdicts"] if v["verdict"] in ON_START]
     kept = changes.plans(layout)
-    if not on_start or (kept and kept[0]["spec_sha256"] == hashlib.sha256(record["spec"].encode()).hexdigest()):
+    if not on_start or (kept and kept[0]["spec_sha256"] == changes.spec_hash(record["spec"])):
         return None
     since = f"plan {kept[0]['number']}, kept at its start" if kept else "no plan kept"
     return (f"upgrade {record['number']} of {record['stream']}: {', '.join(on_start)} are carried out by a start, "
@@ -659,8 +657,6 @@ def _restore_retired(layout: Layout, record: dict[str, Any]) -> None:
     """Put back the checkpoint of each output the upgrade retired that a start after it archived
     (``changes.retire``): the spec the rollback pins runs that output again, from where it was
     (started over, it would write its sink's batches anew)."""
-    import calendar
-
     saved = Path(record["folder"]) / "savepoint" / "plan.json"
     before = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {}
     places = {o.get("name"): o.get("checkpoint") for o in before.get("outputs") or [] if isinstance(o, dict)}
@@ -668,16 +664,9 @@ def _restore_retired(layout: Layout, record: dict[str, Any]) -> None:
         checkpoint = places.get(v["flow"]) if v["verdict"] == changes.RETIRED else None
         if not checkpoint or Path(checkpoint).exists():
             continue
-        archived = []
-        for path in layout.retired_dir.glob(f"{v['flow']}-*"):
-            try:
-                at = calendar.timegm(time.strptime(path.name.removeprefix(f"{v['flow']}-"), "%Y%m%dT%H%M%SZ"))
-            except ValueError:
-                continue
-            if at >= int(record["started_at"]):  # archived by a start since the upgrade began
-                archived.append((at, path))
-        if archived:
-            os.replace(max(archived)[1], checkpoint)
+        archived = changes.archived_since(layout, v["flow"], record["started_at"])  # by a start since it began
+        if archived is not None:
+            os.replace(archived, checkpoint)
             log.info("output %s: its checkpoint, archived when it was retired, is back in %s", v["flow"], checkpoint)
 
 
@@ -873,8 +862,10 @@ def task_env() -> dict[str, str]:
     return {TASK_ENV: f"{host_id()}:{os.getpid()}:{process_start(os.getpid())}"}
 
 
-def _carry_out(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any], through: str) -> None:
-    """The steps of a prepared upgrade not taken yet, up to the one that ends in ``through``."""
+def _carry_out(spark: SparkSession | None, plan: StreamPlan, layout: Layout, record: dict[str, Any],
+               through: str) -> None:
+    """The steps of a prepared upgrade not taken yet, up to the one that ends in ``through``
+    (``spark`` None: an upgrade with nothing to rebuild, whose steps need no session)."""
     if record["phase"] == PREPARED:
         rebuild(spark, plan, record, events=_events(layout) if reprocess.reprocessing(record) else None)
     if through == REBUILT:
@@ -902,11 +893,8 @@ def step_without_spark(plan: StreamPlan, layout: Layout, spec_file: str, step: s
             return latest(layout)
         try:
             with contextlib.nullcontext() if record.get("online") else lease:
-                if record["phase"] == PREPARED:
-                    _save(record, phase=REBUILT)
-                if step == "swap" and record["phase"] in (REBUILT, SWAPPED):
-                    _save(record, phase=SWAPPED)
-                    finish(plan, layout, record)
+                # with nothing to rebuild, neither the rebuild nor the swap uses the session
+                _carry_out(None, plan, layout, record, through=REBUILT if step == "rebuild" else SWAPPED)
         except LeaseHeld as exc:
             raise UpgradeRefused(f"the stream's driver runs ({exc}): stop it first; an upgrade never runs beside "
                                  "it") from None

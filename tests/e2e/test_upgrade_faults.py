@@ -25,7 +25,6 @@ stopped on purpose, and the upgrade run again carries the change out.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -214,8 +213,8 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_kil
         verdicts = {v["flow"]: v["verdict"] for v in record["verdicts"]}
         assert verdicts == {"_ingest": "compatible", "readings": "unchanged", WINDOW: "rebuild", "hot_readings": "new",
                             "device_status": "retired"}, record["verdicts"]
-        assert [p["spec_sha256"] for p in changes.plans(stream.layout)][0] == hashlib.sha256(
-            record["spec"].encode()).hexdigest()  # the driver that runs now started from the upgraded spec
+        assert [p["spec_sha256"] for p in changes.plans(stream.layout)][0] == changes.spec_hash(
+            record["spec"])  # the driver that runs now started from the upgraded spec
         holder = read_holder(stream.layout.lease_dir)
         assert holder is not None and holder.pid != killed.pid
         stream.feed(4)
