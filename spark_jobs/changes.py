@@ -6,7 +6,8 @@ unchanged   the flow is as it ran
 compatible  a change Spark's guide allows under a checkpoint: a filter or a projection the sink
             takes, a rate limit, the trigger, a sink option (a password, the brokers), a new
             source column
-new         an added output: it starts from the first accepted row, over the whole history
+new         an added output: it starts from the first accepted row, over the whole history (one
+            whose sink holds results already is a rebuild: :func:`sink_holds`)
 retired     a removed output: its checkpoint is archived (``_control/retired/``), its sink kept
 rebuild     a change of an output's state or meaning (window, grouping keys, aggregates,
             watermark, output mode, the query of a stateful output) or of its sink: resumed
@@ -45,7 +46,8 @@ from typing import Any
 
 from spark_jobs.plan import OutputPlan, StreamPlan
 from spark_jobs.runtime.atomic import write_atomically
-from spark_jobs.runtime.checkpoint import last_batch
+from spark_jobs.runtime.checkpoint import last_batch, sink_last_batch
+from spark_jobs.sinks import delta_log
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.models import INGEST_FLOW, Aggregation, Passthrough, PythonQuery, SqlQuery, duration_seconds
 
@@ -267,6 +269,10 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
         if _resumes(output.checkpoint):
             j.change(REBUILD, "name", f"a new output whose checkpoint {output.checkpoint} holds batches of an "
                                       "earlier one: its sink would mix both")
+        elif held := sink_holds(output):
+            j.change(REBUILD, SINK_FIELD[output.sink.kind], f"a new output whose sink holds results already "
+                                                             f"({held}): started there, it would mix them with its "
+                                                             "own; it is computed beside and swapped in")
         else:
             j.verdict = NEW
         return j.result()
@@ -323,6 +329,33 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
                                                   f"{before_watermark.get('watermark')} to {watermark}")
     _against_state(j, output, checkpoint, watermark)
     return j.result()
+
+
+#: the spec's field that names where a sink of each kind is
+SINK_FIELD = {"parquet": "sink.path", "delta": "sink.path", "table": "sink.table", "kafka": "sink.topic"}
+
+
+def sink_holds(output: OutputPlan) -> str | None:
+    """What the sink of an output holds already, in words; None if nothing (or it cannot tell: a
+    Kafka topic is a log that readers read by offsets, a database it cannot reach). A new output
+    whose sink holds results would skip its first batches (those a Parquet sink's log records)
+    or add to rows it did not write (a Delta table, a table)."""
+    sink = output.sink
+    if sink.kind == "parquet":
+        last = sink_last_batch(sink.path)
+        return None if last is None else f"{sink.path}/_spark_metadata records batches 0 to {last}"
+    if sink.kind == "delta":
+        versions = delta_log.versions(sink.path)
+        return f"Delta table {sink.path} at version {versions[-1]}" if versions else None
+    if sink.kind == "table":
+        from spark_jobs.sinks.table import open_database
+
+        try:
+            rows = open_database(sink.url).rows_in(sink.table)
+        except Exception:  # unreachable: the start says so, naming the database
+            return None
+        return f"table {sink.table} with {rows} row(s)" if rows else None
+    return None
 
 
 def _query(j: _Judge, output: OutputPlan, old: dict[str, Any], checkpoint: str) -> None:

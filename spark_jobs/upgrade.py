@@ -383,8 +383,12 @@ def prepare(plan: StreamPlan, layout: Layout, spec_file: str, watermark: str | N
             shutil.copytree(checkpoint, savepoint / "checkpoints" / name, symlinks=True)
         if layout.plan_file.exists():
             shutil.copy2(layout.plan_file, savepoint / "plan.json")
-        record["outputs"] = {name: _sink_position(plan.output(name), (previous_output(previous, name) or {}), number)
-                             for name in reprocess.outputs_of(record)}
+        # (an output new to the plan is rebuilt when its sink holds results already: those are its old ones)
+        record["outputs"] = {name: _sink_position(plan.output(name), previous_output(previous, name) or {
+            "sink": _without_url(asdict(plan.output(name).sink))}, number) for name in reprocess.outputs_of(record)}
+        record["new"] = {v.flow: {"checkpoint": plan.output(v.flow).checkpoint,
+                                  "sink": _without_url(asdict(plan.output(v.flow).sink))}
+                         for v in verdicts if v.verdict == changes.NEW and v.flow != INGEST_FLOW}
         record["checkpoints"] = checkpoints
         if INGEST_FLOW in rebuild:
             record["ingestion"] = reprocess.position(plan, number)
@@ -593,7 +597,9 @@ def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
         new["checkpoints"] = (previous.get("checkpoints") or {}) | new["checkpoints"]
         previous = new
     rebuilt = {o["name"]: o for o in new["outputs"] if o["name"] in record["rebuild"]}
-    previous["outputs"] = [rebuilt.get(o.get("name"), o) for o in previous.get("outputs") or []]
+    before = [o.get("name") for o in previous.get("outputs") or []]
+    previous["outputs"] = [rebuilt.get(o.get("name"), o) for o in previous.get("outputs") or []] + [
+        o for name, o in rebuilt.items() if name not in before]  # new outputs rebuilt into sinks that held results
     previous["checkpoints"] = (previous.get("checkpoints") or {}) | {
         n: new["checkpoints"][n] for n in rebuilt if n in new["checkpoints"]}
     write_atomically(layout.plan_file, json.dumps(previous, indent=1) + "\n")
@@ -605,7 +611,7 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
     """``plan``: the spec's as it is now (its database URLs). Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
     folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
     and the plan, and each retired output's checkpoint a start archived since (:func:`_restore_retired`);
-    the staged results go. The other flows' checkpoints and sinks stay as they are."""
+    each added output is set aside (:func:`_set_aside_new`); the staged results go. The other flows' checkpoints and sinks stay as they are."""
     folder, number = Path(record["folder"]), record["number"]
     if record.get("phase") == HOLDING:  # nothing copied nor changed yet
         _save(record, phase=ROLLED_BACK, finished_at=time.time())
@@ -632,7 +638,7 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
                 from delta.tables import DeltaTable
 
                 DeltaTable.forPath(spark, live["path"]).restoreToVersion(place["old_version"])
-            elif moved:
+            else:  # no table was there before
                 shutil.rmtree(live["path"], ignore_errors=True)
             shutil.rmtree(staged, ignore_errors=True)
         elif place["kind"] == "table":
@@ -645,6 +651,7 @@ def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict
         _put_back_checkpoint(record, name, place["checkpoint"])
     shutil.rmtree(folder / "staged", ignore_errors=True)
     _restore_retired(layout, record)
+    _set_aside_new(plan, record)
     if (folder / "savepoint" / "plan.json").exists():
         shutil.copy2(folder / "savepoint" / "plan.json", layout.plan_file)
     pinned = _pin_previous(layout, record)
@@ -668,6 +675,32 @@ def _restore_retired(layout: Layout, record: dict[str, Any]) -> None:
         if archived is not None:
             os.replace(archived, checkpoint)
             log.info("output %s: its checkpoint, archived when it was retired, is back in %s", v["flow"], checkpoint)
+
+
+def _set_aside_new(plan: StreamPlan, record: dict[str, Any]) -> None:
+    """Move each output the upgrade added out of the way (``<upgrade>/rolled_back/<name>/``: its
+    checkpoint and its Parquet folder or Delta table; a table renamed ``<table>__rolled_back_<n>``):
+    the plan rolled back to has no such output, and an upgrade that adds it again must find its sink
+    as it was before this one (a Kafka topic keeps what it received)."""
+    aside = Path(record["folder"]) / "rolled_back"
+    for name, place in (record.get("new") or {}).items():
+        sink = place["sink"]
+        moves = [(place.get("checkpoint"), aside / name / "checkpoint")]
+        if sink.get("kind") in ("parquet", "delta"):
+            moves.append((sink["path"], aside / name / "sink"))
+        for source, target in moves:
+            if source and Path(source).exists() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(source, target)
+                log.info("output %s, added by upgrade %d, set aside: %s is now %s", name, record["number"], source,
+                         target)
+        if sink.get("kind") == "table" and any(o.name == name for o in plan.outputs):
+            from spark_jobs.sinks.table import open_database
+
+            aside_table = f"{sink['table']}__rolled_back_{record['number']}"
+            if open_database(_table_url(plan, name)).rename_table(sink["table"], aside_table):
+                log.info("output %s, added by upgrade %d, set aside: table %s is now %s", name, record["number"],
+                         sink["table"], aside_table)
 
 
 def _put_back_checkpoint(record: dict[str, Any], name: str, checkpoint: str) -> None:

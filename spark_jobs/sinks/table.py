@@ -135,6 +135,21 @@ class _Database:
                                f"ALTER TABLE {_quote(before)} RENAME TO {_quote(live)}"]
             self.run_ddl(conn, statements)
 
+    def rows_in(self, table: str) -> int | None:
+        """How many rows ``table`` holds; None if there is no such table."""
+        with self.connect() as conn:
+            if self.describe(conn, table) is None:
+                return None
+            return int(conn.execute(f"SELECT COUNT(*) FROM {_quote(table)}").fetchone()[0])
+
+    def rename_table(self, table: str, to: str) -> bool:
+        """Rename ``table`` to ``to`` if it exists and ``to`` does not; whether it did."""
+        with self.connect() as conn:
+            if self.describe(conn, table) is None or self.describe(conn, to) is not None:
+                return False
+            self.run_ddl(conn, [f"ALTER TABLE {_quote(table)} RENAME TO {_quote(to)}"])
+            return True
+
     def drop_table(self, table: str) -> bool:
         """Drop ``table`` if it exists (an upgrade's old table, cleaned up); whether it did."""
         with self.connect() as conn:
@@ -150,6 +165,9 @@ class _SQLite(_Database):
 
     def __init__(self, path: str):
         self.path = path
+
+    def rows_in(self, table: str) -> int | None:
+        return super().rows_in(table) if Path(self.path).exists() else None  # (a check makes no database)
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:

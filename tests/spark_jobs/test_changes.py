@@ -119,6 +119,10 @@ def test_an_added_output_runs_over_every_accepted_row_and_a_removed_one_is_archi
     (archived,) = layout.retired_dir.iterdir()
     assert archived.name.startswith("hot-") and (archived / "commits").is_dir()
     assert files_under(Path(layout.data("sinks/sensors/hot"))) == hot_sink  # its sink kept as it was
+    # added again over its kept sink, it would skip the batches that sink's log records: rebuilt
+    edit(spec_file, lambda d: d["outputs"].append(HOT))
+    again = verdicts(spec_file, data)["hot"]
+    assert again.verdict == changes.REBUILD and "sinks/sensors/hot/_spark_metadata records batches 0 to" in again.text()
 
 
 def test_a_refused_change_shows_the_stream_blocked_until_the_spec_is_restored(spark, stream, monkeypatch) -> None:

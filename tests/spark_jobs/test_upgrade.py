@@ -467,10 +467,46 @@ def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_r
     accepted = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/readings")) if r["temperature"] < 20)
     assert cold_rows and cold_rows == accepted  # the new output: over every accepted row since the stream began
     assert not hot_checkpoint.exists()  # retired: archived
+    cold_sink, cold_checkpoint = Path(layout.data("sinks/sensors/cold")), Path(layout.checkpoint_root) / "cold"
     assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
     assert batch_ids(str(hot_checkpoint), "commits") == hot_batches  # back where it was
     pinned = upgrade.pinned_spec(layout, spec_file)
     assert pinned is not None and "hot" in {o.name for o in load_spec(pinned).outputs}
+    # the added output is set aside, its sink and checkpoint: added again later, it starts clean
+    assert not cold_sink.exists() and not cold_checkpoint.exists()
+    aside = Path(record["folder"]) / "rolled_back" / "cold"
+    assert sorted(r["event_id"] for r in sink_rows(str(aside / "sink"))) == cold_rows
+    assert (aside / "checkpoint" / "commits").is_dir()
+    assert verdicts(spec_file, data)["cold"].verdict == changes.NEW
+
+
+def test_an_output_added_again_over_its_kept_sink_is_rebuilt_and_a_rollback_gives_that_sink_back(
+        spark, stream, monkeypatch) -> None:
+    """A removed output's sink is kept; added again, a start there would skip the batches that
+    sink's log records (or add to what it holds): it is rebuilt beside it and swapped in, and a
+    rollback gives the kept sink back as it was."""
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    hot_sink = Path(layout.data("sinks/sensors/hot"))
+    edit(spec_file, lambda d: d["outputs"].remove(HOT))
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # retired
+    kept, kept_rows = files_under(hot_sink), sink_rows(str(hot_sink))
+    assert generate.main(["--spec", str(spec_file), "--data-root", str(data), "--files", "2",
+                          "--events-per-file", "25", "--seed", "9", "--event-interval-ms", str(EVENT_INTERVAL_MS)]) == 0
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_OK  # more accepted rows meanwhile
+    edit(spec_file, lambda d: d["outputs"].append(HOT))
+    found = verdicts(spec_file, data)["hot"]
+    assert found.verdict == changes.REBUILD, found.text()
+    assert "sink.path" in found.text() and "_spark_metadata records batches 0 to" in found.text()
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC  # refused, nothing written
+    assert files_under(hot_sink) == kept
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert {f: v.verdict for f, v in verdicts(spec_file, data).items() if v.verdict != changes.UNCHANGED} == {}
+    accepted = sorted(r["event_id"] for r in sink_rows(layout.data("sinks/sensors/readings")) if r["temperature"] > 25)
+    assert sorted(r["event_id"] for r in sink_rows(str(hot_sink))) == accepted  # every accepted row, once
+    assert len(accepted) > len(kept_rows)  # (rows accepted since it was removed among them)
+    assert run_upgrade(spark, spec_file, data, monkeypatch, "--rollback") == upgrade.EXIT_OK
+    assert files_under(hot_sink) == kept
 
 
 def test_a_driver_on_a_rollback_s_pinned_spec_starts_its_held_outputs_from_the_upgraded_spec(
