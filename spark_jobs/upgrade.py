@@ -74,7 +74,7 @@ from spark_jobs.plan import (
 from spark_jobs.runtime.atomic import exchange, write_atomically
 from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
 from spark_jobs.runtime.clock import iso
-from spark_jobs.runtime.staging import staged_sink, swap_folder, swapped_in_by
+from spark_jobs.runtime.staging import relocate_sink_log, staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import INGEST_FLOW, SpecError, Trigger
@@ -691,6 +691,8 @@ def _set_aside_new(plan: StreamPlan, record: dict[str, Any]) -> None:
         for source, target in moves:
             if source and Path(source).exists() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
+                if sink.get("kind") == "parquet" and source == sink["path"]:
+                    relocate_sink_log(source, source, str(target))  # its log names its files where they go
                 shutil.move(source, target)
                 log.info("output %s, added by upgrade %d, set aside: %s is now %s", name, record["number"], source,
                          target)
