@@ -12,7 +12,10 @@ place, and its upgrade DAG is run twice:
    option of the ingestion, a compatible change) and upgraded: after the swap the running driver,
    which started from the spec before, is restarted between batches (a start carries out the
    new, retired and compatible flows), and it is SIGKILLed during that stop: the next driver
-   runs the rebuilt and the new outputs with the new option, and the upgrade completes.
+   runs the rebuilt and the new outputs with the new option, and the upgrade completes;
+3. the window is edited once more and upgraded, and the Airflow task of the ``swap`` step is
+   SIGKILLed right after its swap: the DAG rolls that swapped upgrade back (the old sink exchanged
+   back) and the stream runs on the plan before.
 
 A reader polling the window sink throughout never sees two window sizes at once; afterwards
 every output equals its query over the accepted rows, no step of an upgrade is left running,
@@ -219,11 +222,44 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_kil
         assert holder is not None and holder.pid != killed.pid
         stream.feed(4)
         wait_for(stream.idle, "the stream to take new input on its new plan", timeout=300, every=2)
-        done.set()
-        reader.join(10)
         assert all(len(s) == 1 for s in seen), sorted(set(seen))[:5]  # never a mix
         assert {s for s in seen} == {frozenset({timedelta(minutes=10)}), frozenset({timedelta(minutes=15)})}
         assert not step_processes("rebuild") and not step_processes("swap")
+
+        # 3. the window edited again and upgraded; the swap's task SIGKILLed right after its swap (the
+        # record done): the DAG rolls that swapped upgrade back, the old sink exchanged back
+        stream.edit(lambda q: q.update(window={"duration": "20 minutes", "slide": "5 minutes"}))
+        earlier = record["number"]
+        run = airflow.trigger(upgrade_dag)
+
+        def swapped() -> list[psutil.Process] | None:
+            latest = upgrade.latest(stream.layout)
+            done_ = latest["number"] > earlier and latest["phase"] in (upgrade.SWAPPED, upgrade.DONE)
+            return (step_processes("swap") or None) if done_ else None
+
+        (step,) = wait_for(swapped, "the swap step to have swapped", timeout=600, every=0.02)
+        task = step.parent().parent()
+        assert "airflow" in " ".join(task.cmdline()), task.cmdline()
+        task.kill()
+        print(f"the swap's task SIGKILLed in phase {upgrade.latest(stream.layout)['phase']}")
+        wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
+                 timeout=600, every=2)
+        states = tasks(airflow, upgrade_dag, run)
+        assert states["swap"] == "failed" and states["rollback"] == "success", states
+        assert states["rollback_running"] == "success", states
+        record = upgrade.latest(stream.layout)
+        assert record["number"] > earlier and record["phase"] == upgrade.ROLLED_BACK, record
+        pinned = upgrade.pinned_spec(stream.layout, stream.spec_path)
+        assert pinned is not None
+        stream.spec_path.write_text(pinned.read_text())  # the operator restores the spec it runs (the pin goes)
+        stream.feed(4)
+        wait_for(stream.idle, "the stream to take new input on the plan rolled back to", timeout=300, every=2)
+        done.set()
+        reader.join(10)
+        assert all(len(s) == 1 for s in seen), sorted(set(seen))[:5]  # never a mix
+        assert {timedelta(minutes=20)} in seen, "the swapped result was never live"
+        assert seen[-1] == {timedelta(minutes=15)}  # rolled back
+        assert not step_processes("swap")
 
         graceful = airflow.trigger("stream_sensors_stop", {"mode": "graceful"})
         wait_for(lambda: airflow.client.run("stream_sensors_stop", graceful)["state"] in ("success", "failed"),
