@@ -608,10 +608,12 @@ def finish(plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
 
 
 def rollback(spark: SparkSession, plan: StreamPlan, layout: Layout, record: dict[str, Any]) -> None:
-    """``plan``: the spec's as it is now (its database URLs). Put each rebuilt output back as the savepoint had it, its checkpoint and its old sink (a Parquet
-    folder or a table exchanged back, a Delta table restored to its recorded version in one commit),
-    and the plan, and each retired output's checkpoint a start archived since (:func:`_restore_retired`);
-    each added output is set aside (:func:`_set_aside_new`); the staged results go. The other flows' checkpoints and sinks stay as they are."""
+    """``plan``: the spec's as it is now (its database URLs). Put each rebuilt output back as the
+    savepoint had it, its checkpoint and its old sink (a Parquet folder or a table exchanged back, a
+    Delta table restored to its recorded version in one commit), and the plan, and each retired
+    output's checkpoint a start archived since (:func:`_restore_retired`); each added output is set
+    aside (:func:`_set_aside_new`); the staged results go. The other flows' checkpoints and sinks
+    stay as they are."""
     folder, number = Path(record["folder"]), record["number"]
     if record.get("phase") == HOLDING:  # nothing copied nor changed yet
         _save(record, phase=ROLLED_BACK, finished_at=time.time())
@@ -716,7 +718,8 @@ def _put_back_checkpoint(record: dict[str, Any], name: str, checkpoint: str) -> 
 def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
     """Remove what ended upgrades keep for a rollback, all but the newest ``keep`` upgrades': the
     old Parquet folders (at their staged places), the old tables (``<table>__before_<n>``), the
-    old and the savepoint's checkpoints. A cleaned upgrade can no longer be rolled back (its record
+    old and the savepoint's checkpoints, and what a rollback set aside (``rolled_back/``, the tables
+    ``<table>__rolled_back_<n>``). A cleaned upgrade can no longer be rolled back (its record
     says ``cleaned_at``). A Delta table's old versions are Delta's to vacuum. ``plan``: the spec's
     as it is now (its database URLs). What was removed, in words."""
     removed = []
@@ -740,7 +743,14 @@ def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
                 before = before_table(live["table"], number)
                 if open_database(_table_url(plan, name)).drop_table(before):
                     removed.append(f"upgrade {number}: {name}'s old table {before}")
-        for kept in (folder / "staged", folder / "savepoint" / "checkpoints"):
+        for name, place in (record.get("new") or {}).items() if record.get("phase") == ROLLED_BACK else []:
+            aside = f"{place['sink'].get('table')}__rolled_back_{number}"
+            if place["sink"].get("kind") == "table" and any(o.name == name for o in plan.outputs):
+                from spark_jobs.sinks.table import open_database
+
+                if open_database(_table_url(plan, name)).drop_table(aside):
+                    removed.append(f"upgrade {number}: {name}'s table set aside by its rollback, {aside}")
+        for kept in (folder / "staged", folder / "savepoint" / "checkpoints", folder / "rolled_back"):
             if kept.exists():
                 shutil.rmtree(kept)
                 removed.append(f"upgrade {number}: {kept}")

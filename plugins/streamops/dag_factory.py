@@ -307,8 +307,8 @@ def _change_dags(spec: StreamSpec, plan: StreamPlan, paths: dict[str, Any], tags
 
     rollback_doc = (f"{_doc(spec, plan, 'roll its newest upgrade back')}\n\nStops the stream between batches, "
                     "puts each output the newest upgrade rebuilt back as its savepoint had it (checkpoint, sink), "
-                    "sets aside each output it added, and pins the spec the stream ran before (its drivers run it until the spec file changes "
-                    "again), then starts the stream.")
+                    "sets aside each output it added, and pins the spec the stream ran before (its drivers run "
+                    "it until the spec file changes again), then starts the stream.")
     with DAG(dag_id(spec.name, "rollback"), doc_md=rollback_doc, schedule=None, start_date=START, catchup=False,
              max_active_runs=1, tags=[*tags, "upgrade"], default_args=once) as rollback_dag:
         stop = StopStreamOperator(task_id="stop", stream=spec.name, mode="graceful", **paths)

@@ -478,6 +478,8 @@ def test_a_change_only_a_start_carries_out_is_an_upgrade_of_a_savepoint_then_a_r
     assert sorted(r["event_id"] for r in sink_rows(str(aside / "sink"))) == cold_rows
     assert (aside / "checkpoint" / "commits").is_dir()
     assert verdicts(spec_file, data)["cold"].verdict == changes.NEW
+    assert f"upgrade {record['number']}: {aside.parent}" in upgrade.clean(plan, layout, keep=0)
+    assert not aside.exists()
 
 
 def test_an_output_added_again_over_its_kept_sink_is_rebuilt_and_a_rollback_gives_that_sink_back(
