@@ -125,6 +125,39 @@ def test_an_added_output_runs_over_every_accepted_row_and_a_removed_one_is_archi
     assert again.verdict == changes.REBUILD and "sinks/sensors/hot/_spark_metadata records batches 0 to" in again.text()
 
 
+def test_what_a_new_output_s_sink_holds_already_is_read_for_every_kind_of_sink(tmp_path: Path) -> None:
+    """A Delta table's versions, a database table's rows, a Parquet sink's log; an empty or missing
+    sink, a table without rows or a database not there (the check makes none) hold nothing."""
+    from types import SimpleNamespace
+
+    from spark_jobs.sinks.table import open_database
+
+    def holds(**sink) -> str | None:
+        return changes.sink_holds(SimpleNamespace(sink=SimpleNamespace(**sink)))
+
+    delta = tmp_path / "delta"
+    assert holds(kind="delta", path=str(delta)) is None
+    (delta / "_delta_log").mkdir(parents=True)
+    for version in (0, 1):
+        (delta / "_delta_log" / f"{version:020d}.json").write_text("{}\n")
+    assert holds(kind="delta", path=str(delta)) == f"Delta table {delta} at version 1"
+    parquet = tmp_path / "parquet"
+    (parquet / "_spark_metadata").mkdir(parents=True)
+    assert holds(kind="parquet", path=str(parquet)) is None
+    (parquet / "_spark_metadata" / "0").write_text("v1\n")
+    assert "_spark_metadata records batches 0 to 0" in holds(kind="parquet", path=str(parquet))
+    url = f"sqlite:///{tmp_path / 'tables.db'}"
+    assert holds(kind="table", url=url, table="t") is None and not (tmp_path / "tables.db").exists()
+    db = open_database(url)
+    with db.connect() as conn:
+        db.run_ddl(conn, ["CREATE TABLE t (k INTEGER PRIMARY KEY)"])
+    assert holds(kind="table", url=url, table="t") is None
+    with db.connect() as conn:
+        db.run_ddl(conn, ["INSERT INTO t VALUES (1), (2)"])
+    assert holds(kind="table", url=url, table="t") == "table t with 2 row(s)"
+    assert holds(kind="kafka", topic="out") is None
+
+
 def test_a_refused_change_shows_the_stream_blocked_until_the_spec_is_restored(spark, stream, monkeypatch) -> None:
     from streamops.health import Status, assess
 
