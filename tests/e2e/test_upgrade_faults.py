@@ -1,7 +1,7 @@
 """Faults during an upgrade under the real platform (a soak: its own command, docs/testing.md).
 
 The sensors stream runs under Airflow (deployed through its DAG); its window is edited in
-place, and its upgrade DAG is run twice:
+place, and its upgrade DAG is run three times:
 
 1. the Airflow task of the ``rebuild`` step is SIGKILLed while its ``spark-submit`` rebuilds:
    that step sees its task gone and halts (it would run on beside the rollback otherwise), the
