@@ -768,6 +768,35 @@ def holding_a_step(spec_file: Path, data: Path, seconds: float, ending: Path) ->
     return process
 
 
+def test_a_rollback_sets_an_added_table_output_aside_and_clean_drops_it(tmp_path: Path) -> None:
+    """An output the upgrade added, writing a database table: its rollback renames the table
+    ``<table>__rolled_back_<n>`` (the plan rolled back to has no such output; added again, it finds
+    no table), its checkpoint goes aside; a second rollback changes nothing; ``clean`` drops it."""
+    from types import SimpleNamespace
+
+    from spark_jobs.plan import TableDataset
+
+    url = f"sqlite:///{tmp_path / 'tables.db'}"
+    db = open_database(url)
+    with db.connect() as conn:
+        db.run_ddl(conn, ["CREATE TABLE totals (k INTEGER PRIMARY KEY)", "INSERT INTO totals VALUES (1)"])
+    checkpoint = tmp_path / "checkpoints" / "totals"
+    (checkpoint / "commits").mkdir(parents=True)
+    layout = SimpleNamespace(lease_dir=tmp_path / "_control")  # what the upgrades' records need of a layout
+    folder = upgrade.upgrades_dir(layout) / "000003"
+    folder.mkdir(parents=True)
+    record = upgrade._save({"number": 3, "folder": str(folder), "phase": upgrade.ROLLED_BACK, "new": {
+        "totals": {"checkpoint": str(checkpoint), "sink": {"kind": "table", "table": "totals"}}}})
+    plan = SimpleNamespace(outputs=[SimpleNamespace(name="totals", sink=TableDataset(url=url, table="totals"))])
+    upgrade._set_aside_new(plan, record)
+    upgrade._set_aside_new(plan, record)  # (a rollback run again: nothing left to move)
+    assert db.rows_in("totals") is None and db.rows_in("totals__rolled_back_3") == 1
+    assert not checkpoint.exists() and (folder / "rolled_back" / "totals" / "checkpoint" / "commits").is_dir()
+    removed = upgrade.clean(plan, layout, keep=0)
+    assert "upgrade 3: totals's table set aside by its rollback, totals__rolled_back_3" in removed
+    assert db.rows_in("totals__rolled_back_3") is None and not (folder / "rolled_back").exists()
+
+
 def test_one_step_of_an_upgrade_runs_at_a_time_and_a_killed_steps_claim_is_taken_at_once(tmp_path: Path) -> None:
     spec_file = include_with(tmp_path / "include", example_spec("sensors")) / "sensors.yaml"
     data = tmp_path / "data"
