@@ -331,8 +331,8 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
     return j.result()
 
 
-#: the spec's field that names where a sink of each kind is
-SINK_FIELD = {"parquet": "sink.path", "delta": "sink.path", "table": "sink.table", "kafka": "sink.topic"}
+#: the spec's field that names where a sink that :func:`sink_holds` reads is
+SINK_FIELD = {"parquet": "sink.path", "delta": "sink.path", "table": "sink.table"}
 
 
 def sink_holds(output: OutputPlan) -> str | None:

@@ -123,6 +123,23 @@ def step_processes(step: str) -> list[psutil.Process]:
     return found
 
 
+def kill_task_of(step: psutil.Process) -> float:
+    """SIGKILL the Airflow task whose upgrade step ``step`` is; when."""
+    task = step.parent().parent()  # the step's Python <- its spark-submit <- the Airflow task
+    assert "airflow" in " ".join(task.cmdline()), task.cmdline()
+    task.kill()
+    return time.time()
+
+
+def rolled_back_run(airflow: Airflow, dag_id: str, run_id: str, killed: str) -> None:
+    """Wait for the upgrade's run to end: the ``killed`` task failed, the way back succeeded."""
+    wait_for(lambda: airflow.client.run(dag_id, run_id)["state"] in ("success", "failed"), "the upgrade's run to end",
+             timeout=600, every=2)
+    states = tasks(airflow, dag_id, run_id)
+    assert states[killed] == "failed" and states["rollback"] == "success", states
+    assert states["rollback_running"] == "success", states
+
+
 def tasks(airflow: Airflow, dag_id: str, run_id: str) -> dict[str, str | None]:
     answer = airflow.client.get(f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
     return {t["task_id"]: t["state"] for t in answer["task_instances"]}
@@ -167,18 +184,11 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_kil
         run = airflow.trigger(upgrade_dag)
         (step,) = wait_for(lambda: step_processes("rebuild") or None, "the rebuild step's spark-submit",
                            timeout=420, every=0.5)
-        task = step.parent().parent()  # the step's Python <- its spark-submit <- the Airflow task
-        assert "airflow" in " ".join(task.cmdline()), task.cmdline()
-        task.kill()
-        killed_at = time.time()
+        killed_at = kill_task_of(step)
         psutil.wait_procs([step], timeout=60)
         assert not step.is_running(), "the rebuild's step runs on after its task was killed"
         print(f"the rebuild's step halted {time.time() - killed_at:.1f}s after its task was killed")
-        wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
-                 timeout=600, every=2)
-        states = tasks(airflow, upgrade_dag, run)
-        assert states["rebuild"] == "failed" and states["rollback"] == "success", states
-        assert states["rollback_running"] == "success", states
+        rolled_back_run(airflow, upgrade_dag, run, "rebuild")
         record = upgrade.latest(stream.layout)
         assert record["phase"] == upgrade.ROLLED_BACK, record
         stream.feed(4)
@@ -238,15 +248,9 @@ def test_an_upgrade_survives_a_killed_step_task_by_rolling_back_and_a_driver_kil
             return (step_processes("swap") or None) if done_ else None
 
         (step,) = wait_for(swapped, "the swap step to have swapped", timeout=600, every=0.02)
-        task = step.parent().parent()
-        assert "airflow" in " ".join(task.cmdline()), task.cmdline()
-        task.kill()
+        kill_task_of(step)
         print(f"the swap's task SIGKILLed in phase {upgrade.latest(stream.layout)['phase']}")
-        wait_for(lambda: airflow.client.run(upgrade_dag, run)["state"] in ("success", "failed"), "the upgrade's run to end",
-                 timeout=600, every=2)
-        states = tasks(airflow, upgrade_dag, run)
-        assert states["swap"] == "failed" and states["rollback"] == "success", states
-        assert states["rollback_running"] == "success", states
+        rolled_back_run(airflow, upgrade_dag, run, "swap")
         record = upgrade.latest(stream.layout)
         assert record["number"] > earlier and record["phase"] == upgrade.ROLLED_BACK, record
         pinned = upgrade.pinned_spec(stream.layout, stream.spec_path)
