@@ -172,12 +172,27 @@ def _resumes(checkpoint: str | None) -> bool:
     return checkpoint is not None and last_batch(checkpoint, "commits") is not None
 
 
+def _fresh(checkpoint: str | None) -> bool:
+    """Whether a checkpoint never planned a batch (a crash in its first batch leaves one planned,
+    whose sink writes its replay skips: not fresh)."""
+    return checkpoint is None or last_batch(checkpoint, "offsets") is None
+
+
 def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Verdict:
     ingestion, source = plan.ingestion, plan.source
     assert ingestion is not None and source is not None
     j = _Judge(INGEST_FLOW, spec_file)
     if not _resumes(ingestion.checkpoint):
-        j.verdict = NEW
+        held = [h for kind, path in ((ingestion.accepted_format, ingestion.accepted_path),
+                                     ("parquet", ingestion.quarantine)) if path and (h := _holds(kind, path))]
+        if held and _fresh(ingestion.checkpoint):
+            j.change(REPROCESS, "accepted", f"the ingestion's checkpoint {ingestion.checkpoint} is gone or new, but its "
+                                            f"tables hold results ({'; '.join(held)}): a new ingestion there would "
+                                            "skip as many of its own batches, or add its rows to theirs; the upgrade "
+                                            "reads the input again into new tables and swaps them in (or restore "
+                                            "the checkpoint, or move the tables and the sinks aside to start over)")
+        else:
+            j.verdict = NEW
         return j.result()
     old, old_source = previous.get("ingestion") or {}, previous.get("source") or {}
     if old:
@@ -278,7 +293,15 @@ def _output(plan: StreamPlan, output: OutputPlan, old: dict[str, Any] | None, wh
         return j.result()
     if old is None:  # no plan of the last start: only the checkpoint's state can tell
         if not _resumes(checkpoint):
-            j.verdict = NEW
+            if _fresh(checkpoint) and (held := sink_holds(output)):
+                # (checkpoints removed by hand, the sinks kept; or another stream's sink)
+                verdict, what = (REPROCESS, "the ingestion writes it: its sink is the accepted-rows table, read "
+                                            "again with the ingestion's") if output.written_by_ingestion else (
+                    REBUILD, "started there, it would mix them with its own; it is computed beside and swapped in")
+                j.change(verdict, SINK_FIELD[output.sink.kind], f"no plan or checkpoint of an earlier start, but its "
+                                                                 f"sink holds results ({held}): {what}")
+            else:
+                j.verdict = NEW
             return j.result()
         _against_state(j, output, checkpoint, watermark)
         q = output.query
@@ -341,12 +364,8 @@ def sink_holds(output: OutputPlan) -> str | None:
     whose sink holds results would skip its first batches (those a Parquet sink's log records)
     or add to rows it did not write (a Delta table, a table)."""
     sink = output.sink
-    if sink.kind == "parquet":
-        last = sink_last_batch(sink.path)
-        return None if last is None else f"{sink.path}/_spark_metadata records batches 0 to {last}"
-    if sink.kind == "delta":
-        versions = delta_log.versions(sink.path)
-        return f"Delta table {sink.path} at version {versions[-1]}" if versions else None
+    if sink.kind in ("parquet", "delta"):
+        return _holds(sink.kind, sink.path)
     if sink.kind == "table":
         from spark_jobs.sinks.table import open_database
 
@@ -356,6 +375,15 @@ def sink_holds(output: OutputPlan) -> str | None:
             return None
         return f"table {sink.table} with {rows} row(s)" if rows else None
     return None
+
+
+def _holds(kind: str, path: str) -> str | None:
+    """What a Parquet folder's sink log or a Delta table's log records, in words; None if nothing."""
+    if kind == "delta":
+        versions = delta_log.versions(path)
+        return f"Delta table {path} at version {versions[-1]}" if versions else None
+    last = sink_last_batch(path)
+    return None if last is None else f"{path}/_spark_metadata records batches 0 to {last}"
 
 
 def _query(j: _Judge, output: OutputPlan, old: dict[str, Any], checkpoint: str) -> None:

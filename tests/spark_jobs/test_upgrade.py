@@ -222,6 +222,23 @@ def test_a_rollback_puts_every_checkpoint_sink_table_and_the_plan_back(spark, st
     assert not upgrade.pin_file(layout).exists()
 
 
+def run_afresh(spark, spec_file: Path, data: Path, fresh: Path, monkeypatch) -> Path:
+    """The oracle of a reprocess: the spec run afresh, in ``fresh``, over every input file (landed and archived)."""
+    plan = compile_plan(load_spec(spec_file), layout_of(spec_file, data))
+    landing, archived = Path(plan.source.landing), Path(plan.source.archive_path)
+    (fresh / landing.relative_to(data)).mkdir(parents=True)
+    for path in [*landing.iterdir(), *(archived.iterdir() if archived.exists() else [])]:
+        shutil.copy2(path, fresh / landing.relative_to(data) / path.name)
+    assert start(spark, spec_file, fresh, monkeypatch) == stream_job.EXIT_OK
+    return fresh
+
+
+def rows(folder: Path) -> list[tuple]:
+    """A Parquet table's rows, a quarantined row's file by its name (a fresh run's folder is another)."""
+    return sorted(tuple(sorted((k, Path(v).name if k == "source_file" else str(v)) for k, v in r.items()
+                               if k != "quarantined_at")) for r in sink_rows(str(folder)))
+
+
 def test_a_deduplication_key_changed_is_reprocessed_from_the_archived_and_landed_input_and_rolled_back(
         spark, stream, monkeypatch, tmp_path) -> None:
     from spark_jobs.stream_spec.models import INGEST_FLOW
@@ -244,21 +261,10 @@ def test_a_deduplication_key_changed_is_reprocessed_from_the_archived_and_landed
     assert record["phase"] == upgrade.DONE and record["rebuild"] == [INGEST_FLOW, WINDOW, TABLE, "hot"]
     assert not Path(record["ingestion"]["replay"]).exists() and sorted(
         p.name for p in [*landing.iterdir(), *archived.iterdir()]) == inputs  # the input never moved
-    # the oracle: the new spec run afresh over every input file
-    fresh = tmp_path / "fresh"
-    (fresh / landing.relative_to(data)).mkdir(parents=True)
-    for path in [*landing.iterdir(), *archived.iterdir()]:
-        shutil.copy2(path, fresh / landing.relative_to(data) / path.name)
-    assert start(spark, spec_file, fresh, monkeypatch) == stream_job.EXIT_OK
-    fresh_layout = layout_of(spec_file, fresh)
-
-    def rows(folder: Path) -> list[tuple]:  # a quarantined row's file by its name (the fresh run's folder is another)
-        return sorted(tuple(sorted((k, Path(v).name if k == "source_file" else str(v)) for k, v in r.items()
-                                   if k != "quarantined_at")) for r in sink_rows(str(folder)))
-
+    fresh = run_afresh(spark, spec_file, data, tmp_path / "fresh", monkeypatch)
     for table in tables:
         assert rows(table) == rows(fresh / table.relative_to(data)), table
-    assert table_rows(layout, "sensors_device_status") == table_rows(fresh_layout, "sensors_device_status")
+    assert table_rows(layout, "sensors_device_status") == table_rows(layout_of(spec_file, fresh), "sensors_device_status")
     keys = [(r["device_id"], r["ts"]) for r in sink_rows(str(readings))]
     assert len(keys) == len(set(keys)) and rows(readings) != [] and files_under(readings) != before["tables"][0]
     assert {Path(r["source_file"].removeprefix("file:")).parent for r in sink_rows(str(quarantine))} == {landing}
@@ -284,6 +290,38 @@ def test_a_deduplication_key_changed_is_reprocessed_from_the_archived_and_landed
     assert sorted(Path(p).name for p in processed_files(ingestion) - replayed) == new_files
     keys = [(r["device_id"], r["ts"]) for r in sink_rows(str(readings))]
     assert len(keys) == len(set(keys)) > len(rows(fresh / "sinks/sensors/readings"))
+
+
+def test_a_checkpoint_removed_by_hand_with_its_tables_kept_is_refused_then_read_again_by_the_upgrade(
+        spark, stream, monkeypatch, tmp_path) -> None:
+    """Checkpoints (and the plans kept with them) removed by hand, the tables kept: a start there
+    would have Spark's file sinks skip the new queries' first batches (their logs record those ids)
+    and the tables take rows twice. Refused, nothing written; the upgrade reads the input again into
+    new tables and swaps them in, equal to a fresh run."""
+    from spark_jobs.stream_spec.models import INGEST_FLOW
+
+    spec_file, data = stream
+    layout = layout_of(spec_file, data)
+    tables = [Path(layout.data(f"sinks/sensors/{name}")) for name in ("readings", WINDOW, "hot")] + [
+        Path(layout.data("quarantine/sensors"))]
+    before = [files_under(t) for t in tables], table_rows(layout, "sensors_device_status")
+    shutil.rmtree(layout.checkpoint_root)
+    found = verdicts(spec_file, data)
+    assert found[INGEST_FLOW].verdict == changes.REPROCESS, found[INGEST_FLOW].text()
+    assert "readings/_spark_metadata records batches 0 to" in found[INGEST_FLOW].text()
+    assert {f: v.verdict for f, v in found.items() if f != INGEST_FLOW} == {  # (the ingestion writes readings)
+        "readings": changes.REPROCESS, WINDOW: changes.REBUILD, TABLE: changes.REBUILD, "hot": changes.REBUILD}, \
+        changes.report(found.values())
+    assert "sink.table" in found[TABLE].text() and "no plan or checkpoint of an earlier start" in found["hot"].text()
+    assert start(spark, spec_file, data, monkeypatch) == stream_job.EXIT_BAD_SPEC
+    assert ([files_under(t) for t in tables], table_rows(layout, "sensors_device_status")) == before
+
+    assert run_upgrade(spark, spec_file, data, monkeypatch) == upgrade.EXIT_OK
+    assert {f: v.verdict for f, v in verdicts(spec_file, data).items() if v.verdict != changes.UNCHANGED} == {}
+    fresh = run_afresh(spark, spec_file, data, tmp_path / "fresh", monkeypatch)
+    for table in tables:
+        assert rows(table) == rows(fresh / table.relative_to(data)) != [], table
+    assert table_rows(layout, "sensors_device_status") == table_rows(layout_of(spec_file, fresh), "sensors_device_status")
 
 
 @pytest.mark.parametrize("moment", ["after the sink's exchange", "before the plan is recorded"])
