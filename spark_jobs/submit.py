@@ -20,7 +20,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_jobs.runtime.session import class_archive_conf, connector_jars, fenced_checkpoints_conf, local_fs_conf
+from spark_jobs.runtime.session import (
+    available_now_conf,
+    class_archive_conf,
+    connector_jars,
+    fenced_checkpoints_conf,
+    local_fs_conf,
+)
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import SpecError, StreamSpec
 
@@ -62,15 +68,20 @@ def settings(spec: StreamSpec | None = None) -> Settings:
     return Settings(connector_jars(), conf | archive, memory, executor)
 
 
+def _available_now(job_args: list[str]) -> bool:
+    return any(a == "--trigger" and b == "available-now" for a, b in zip(job_args, job_args[1:], strict=False))
+
+
 def command(job: str, spec_file: str | os.PathLike[str], master: str, job_args: list[str] | None = None,
             spec: StreamSpec | None = None) -> list[str]:
     """The spark-submit command line of ``job`` for the stream of ``spec_file``."""
     spec = spec or load_spec(spec_file)
     s = settings(spec if job == "stream" else None)
+    conf = available_now_conf(s.conf) if job == "stream" and _available_now(job_args or []) else s.conf
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--name", f"{job}:{spec.name}"]
     if s.jars:
         cmd += ["--jars", ",".join(s.jars)]
-    for key, value in s.conf.items():
+    for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]
     if s.driver_memory:
         cmd += ["--driver-memory", s.driver_memory]

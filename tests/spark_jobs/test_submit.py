@@ -9,7 +9,13 @@ import yaml
 from examples import example_spec, include_with
 
 from spark_jobs import submit
-from spark_jobs.runtime.session import FENCED_CHECKPOINTS, connector_jars, local_fs_conf
+from spark_jobs.runtime.session import (
+    DRIVER_JAVA_OPTIONS,
+    FENCED_CHECKPOINTS,
+    FIRST_TIER_JIT,
+    connector_jars,
+    local_fs_conf,
+)
 
 
 def test_a_stream_s_driver_gets_the_platform_s_classes_and_the_spec_s_settings(tmp_path: Path) -> None:
@@ -28,6 +34,15 @@ def test_a_stream_s_driver_gets_the_platform_s_classes_and_the_spec_s_settings(t
         assert conf["spark.sql.streaming.checkpointFileManagerClass"] == FENCED_CHECKPOINTS
     if connector_jars():
         assert cmd[cmd.index("--jars") + 1] == ",".join(connector_jars())
+    # an available-now run's JVM compiles with the JIT's first tier only, the spec's Java options after it
+    assert conf[DRIVER_JAVA_OPTIONS].split()[0] == FIRST_TIER_JIT
+    continuous = submit.command("stream", spec_file, "local[2]")
+    assert FIRST_TIER_JIT not in " ".join(continuous)
+    own = data | {"spark": {"conf": {DRIVER_JAVA_OPTIONS: "-XX:TieredStopAtLevel=4"}}}
+    own_file = include_with(tmp_path / "own", own) / "sensors.yaml"
+    own_cmd = submit.command("stream", own_file, "local[2]", ["--trigger", "available-now"])
+    options = dict(own_cmd[i + 1].split("=", 1) for i, arg in enumerate(own_cmd) if arg == "--conf")[DRIVER_JAVA_OPTIONS]
+    assert options.split()[:2] == [FIRST_TIER_JIT, "-XX:TieredStopAtLevel=4"]  # the JVM takes the last: the spec's
     quality = submit.command("quality", spec_file, "spark://master:7077")
     assert "spark.sql.shuffle.partitions" not in " ".join(quality)  # the stream's settings are its driver's
     assert quality[-3:] == [submit.job_path("quality"), "--spec", str(spec_file)]

@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from spark_jobs.runtime.lease import DRIVER_ID_ENV
+from spark_jobs.runtime.session import available_now_conf
 from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.hooks.stream import StreamHook
 from streamops.operators import job_path
@@ -132,10 +133,12 @@ class StreamDriverOperator(SparkSubmitOperator):
         supervisor's try ``tenure``; ``available_now``: one that takes what waits and exits, a
         scheduled run)."""
         extra = ["--standby", "--supervisor", str(tenure.number if tenure else 0)] if standby else []
-        if available_now:
-            extra = ["--trigger", "available-now"]
+        overrides: dict[str, Any] = {}
+        if available_now:  # its JVM started at every run: compiled with the JIT's first tier only
+            extra, overrides = ["--trigger", "available-now"], {"conf": available_now_conf(self.conf or {})}
         env = {**(self.env_vars or {}), DRIVER_ID_ENV: f"{self.stream}-{uuid.uuid4().hex[:12]}"}
-        launch = Launch(self.spark_submit_hook(env_vars=env, application_args=[*(self.application_args or []), *extra]),
+        launch = Launch(self.spark_submit_hook(env_vars=env, application_args=[*(self.application_args or []), *extra],
+                                               **overrides),
                         self.application, env[DRIVER_ID_ENV], self.stream_hook.layout.lease_dir)
         self.log.info("stream %s: %s driver %s launched", self.stream, "standby" if standby else "active",
                       launch.driver_id)

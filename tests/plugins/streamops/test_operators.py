@@ -32,6 +32,7 @@ from spark_jobs.runtime.lease import (
     read_holder,
 )
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.runtime.session import DRIVER_JAVA_OPTIONS, FIRST_TIER_JIT
 from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.health import Status
 from streamops.hooks.stream import StreamHook
@@ -300,6 +301,12 @@ def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operato
     reference._get_hook()
     assert ours.kwargs == RecordingSubmitHook.built[-1].kwargs
     assert set(ours.kwargs) == set(inspect.signature(SparkSubmitHook).parameters)
+
+    # a scheduled run's JVM compiles with the JIT's first tier only; the task's own conf stays
+    run = op._launch(standby=False, available_now=True)
+    assert run.result() == (0, "") and run.hook.kwargs["application_args"][-2:] == ["--trigger", "available-now"]
+    assert run.hook.kwargs["conf"] == {**SUBMIT_ARGUMENTS["conf"], DRIVER_JAVA_OPTIONS: FIRST_TIER_JIT}
+    assert op.conf == SUBMIT_ARGUMENTS["conf"] and DRIVER_JAVA_OPTIONS not in ours.kwargs["conf"]
 
     # templated arguments are taken as rendered, when the driver starts
     op.env_vars = {"PYSPARK_PYTHON": "/opt/python", "EXTRA": "1"}
