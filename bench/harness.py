@@ -38,6 +38,7 @@ from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.runtime.session import (
     SESSION_CONF,
+    available_now_conf,
     class_archive_conf,
     connector_jars,
     fenced_checkpoints_conf,
@@ -556,11 +557,12 @@ def run_variant(stream: Stream, variant: str, root: Path, timeout: float, plain_
         args = [str(PLAIN_JOB), "--job", str(job)]
     load = os.getloadavg()[0]
     # the platform's drivers write through its local file system, their checkpoints fenced by the
-    # lease, Spark's classes mapped from the drivers' class archive; plain Spark through Hadoop's,
-    # unless asked, unfenced, its classes loaded as spark-submit loads them
+    # lease, Spark's classes mapped from the drivers' class archive, an available-now run's JVM
+    # with the JIT's first tier only; plain Spark through Hadoop's, unless asked, unfenced, its
+    # classes loaded as spark-submit loads them, the JVM's default JIT
     conf = local_fs_conf() if variant in PLATFORM or plain_local_fs else None
     if variant in PLATFORM:
-        conf = {**(conf or {}), **fenced_checkpoints_conf(), **class_archive_conf()}
+        conf = available_now_conf({**(conf or {}), **fenced_checkpoints_conf(), **class_archive_conf()})
     run = spark_submit(args, log, timeout, jars=jars, conf=conf)
     if run["exit_code"] != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])

@@ -6,8 +6,9 @@ the backfill, quality, state and maintenance jobs, and a run by hand.
 runs ``spark-submit`` with what every driver needs: the connectors' jars (Kafka, Delta Lake) and
 the platform's JVM classes (its local file system, its fenced checkpoint manager) on the class
 path, Spark's classes mapped from the drivers' class archive
-(``spark_jobs.runtime.session.class_archive_conf``), the spec's shuffle partitions, ``spark.conf``
-and driver memory, and the project's Python for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
+(``spark_jobs.runtime.session.class_archive_conf``), an available-now run's JVM with the JIT's first
+tier only (``available_now_conf``), the spec's shuffle partitions, ``spark.conf`` and driver memory,
+and the project's Python for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
 ``state`` and ``maintenance`` are the other jobs. ``--dry-run`` prints the command.
 """
 

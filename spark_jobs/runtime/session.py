@@ -145,9 +145,9 @@ FIRST_TIER_JIT = "-XX:TieredStopAtLevel=1"
 def available_now_conf(conf: Mapping[str, str]) -> dict[str, str]:
     """``conf`` for a driver that takes what waits and exits (an available-now run): its JVM
     compiles with the JIT's first tier only. Such a run pays the JVM's start at every run, and
-    the second tier's compiling is most of its CPU: with the first tier only, a scheduled run of
-    the sensors stream over 4 files took 0.55 of the CPU seconds and 0.75 of the time
-    (docs/benchmarks.md, "Execution modes"). Put before the spec's own Java options, which
+    the second tier's compiling is much of its CPU: with the first tier only, a scheduled run of
+    the sensors stream over 4 files took 0.56 of the CPU seconds and 0.73 of the time
+    (``python -m bench.scheduled_run``). Put before the spec's own Java options, which
     can undo it (``-XX:TieredStopAtLevel=4``: a run over a backlog of hours, whose hot loops
     gain from the second tier)."""
     own = conf.get(DRIVER_JAVA_OPTIONS)
