@@ -183,9 +183,8 @@ def _ingestion(plan: StreamPlan, previous: dict[str, Any], spec_file: str) -> Ve
     assert ingestion is not None and source is not None
     j = _Judge(INGEST_FLOW, spec_file)
     if not _resumes(ingestion.checkpoint):
-        held = [h for kind, path in ((ingestion.accepted_format, ingestion.accepted_path),
-                                     ("parquet", ingestion.quarantine)) if path and (h := _holds(kind, path))]
-        if held and _fresh(ingestion.checkpoint):
+        tables = ((ingestion.accepted_format, ingestion.accepted_path), ("parquet", ingestion.quarantine))
+        if _fresh(ingestion.checkpoint) and (held := [h for kind, path in tables if path and (h := _holds(kind, path))]):
             j.change(REPROCESS, "accepted", f"the ingestion's checkpoint {ingestion.checkpoint} is gone or new, but its "
                                             f"tables hold results ({'; '.join(held)}): a new ingestion there would "
                                             "skip as many of its own batches, or add its rows to theirs; the upgrade "

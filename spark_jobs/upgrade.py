@@ -291,6 +291,16 @@ def before_table(table: str, number: int) -> str:
     return f"{table}__before_{number:06d}"
 
 
+def rolled_back_table(table: str, number: int) -> str:
+    """Where a rollback of upgrade ``number`` sets aside the table of an output that upgrade added."""
+    return f"{table}__rolled_back_{number}"
+
+
+def rolled_back_dir(record: dict[str, Any]) -> Path:
+    """Where a rollback sets aside the checkpoints and folders of the outputs its upgrade added."""
+    return Path(record["folder"]) / "rolled_back"
+
+
 # ---- the steps ----------------------------------------------------------------------------
 
 
@@ -684,7 +694,7 @@ def _set_aside_new(plan: StreamPlan, record: dict[str, Any]) -> None:
     checkpoint and its Parquet folder or Delta table; a table renamed ``<table>__rolled_back_<n>``):
     the plan rolled back to has no such output, and an upgrade that adds it again must find its sink
     as it was before this one (a Kafka topic keeps what it received)."""
-    aside = Path(record["folder"]) / "rolled_back"
+    aside = rolled_back_dir(record)
     for name, place in (record.get("new") or {}).items():
         sink = place["sink"]
         moves = [(place.get("checkpoint"), aside / name / "checkpoint")]
@@ -701,7 +711,7 @@ def _set_aside_new(plan: StreamPlan, record: dict[str, Any]) -> None:
         if sink.get("kind") == "table" and any(o.name == name for o in plan.outputs):
             from spark_jobs.sinks.table import open_database
 
-            aside_table = f"{sink['table']}__rolled_back_{record['number']}"
+            aside_table = rolled_back_table(sink["table"], record["number"])
             if open_database(_table_url(plan, name)).rename_table(sink["table"], aside_table):
                 log.info("output %s, added by upgrade %d, set aside: table %s is now %s", name, record["number"],
                          sink["table"], aside_table)
@@ -744,13 +754,13 @@ def clean(plan: StreamPlan, layout: Layout, keep: int = 1) -> list[str]:
                 if open_database(_table_url(plan, name)).drop_table(before):
                     removed.append(f"upgrade {number}: {name}'s old table {before}")
         for name, place in (record.get("new") or {}).items() if record.get("phase") == ROLLED_BACK else []:
-            aside = f"{place['sink'].get('table')}__rolled_back_{number}"
+            aside = rolled_back_table(place["sink"].get("table"), number)
             if place["sink"].get("kind") == "table" and any(o.name == name for o in plan.outputs):
                 from spark_jobs.sinks.table import open_database
 
                 if open_database(_table_url(plan, name)).drop_table(aside):
                     removed.append(f"upgrade {number}: {name}'s table set aside by its rollback, {aside}")
-        for kept in (folder / "staged", folder / "savepoint" / "checkpoints", folder / "rolled_back"):
+        for kept in (folder / "staged", folder / "savepoint" / "checkpoints", rolled_back_dir(record)):
             if kept.exists():
                 shutil.rmtree(kept)
                 removed.append(f"upgrade {number}: {kept}")
