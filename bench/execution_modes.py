@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -43,19 +42,20 @@ from typing import Any
 
 from bench.harness import (
     MASTER,
+    Memory,
     child_env,
     clean_up,
     descendants,
+    freshness,
     kill_tree,
     landing_of,
-    pss_bytes,
     working_folder,
 )
 from bench.report import RESULTS, Progress, machine, spread, write_results
 from runner.processes import wait_until
 from spark_jobs import submit
-from spark_jobs.plan import StreamPlan, compile_plan
-from spark_jobs.runtime.checkpoint import batch_ids, file_name, landed_files, processed_files, waiting_files
+from spark_jobs.plan import compile_plan
+from spark_jobs.runtime.checkpoint import processed_files, waiting_files
 from spark_jobs.runtime.lease import read_holder
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import Layout, project_root
@@ -67,71 +67,12 @@ SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 MODES = ("continuous", "scheduled")
 
 
-class Memory(threading.Thread):
-    """The memory of the driver running now (its processes' PSS), integrated over time: MB-seconds."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        super().__init__(daemon=True)
-        self.every, self.driver, self.mb_seconds, self.peak_mb = every, None, 0.0, 0.0
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        last = time.monotonic()
-        while not self._done.wait(self.every):
-            now = time.monotonic()
-            driver = self.driver
-            mb = 0.0 if driver is None else sum(pss_bytes(p) for p in [driver, *descendants(driver)]) / 1e6
-            self.mb_seconds += mb * (now - last)
-            self.peak_mb, last = max(self.peak_mb, mb), now
-
-    def stop(self) -> None:
-        self._done.set()
-        self.join()
-
-
 def launch(root: Path, logs: Path, name: str, available_now: bool) -> subprocess.Popen:
     """A driver submitted as the stream DAG submits it (``spark_jobs.submit``: the platform's jar and settings)."""
     cmd = submit.command("stream", SPEC, MASTER, ["--data-root", str(root),
                                                   *(["--trigger", "available-now"] if available_now else [])])
     return subprocess.Popen(cmd, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT, env=child_env(),
                             start_new_session=True)
-
-
-def freshness(plan: StreamPlan) -> tuple[list[float], int]:
-    """Per landed file the ingestion has read: seconds from its landing until every sink had its rows
-    (the ingestion batch's commit, and each output's first batch planned after it, committed); and
-    how many files no sink had yet."""
-    ingestion = plan.checkpoint(INGEST_FLOW)
-    commits = Path(ingestion) / "commits"
-    batch_of: dict[str, int] = {}
-    seen: set[str] = set()
-    for b in batch_ids(ingestion, "commits"):
-        now = {file_name(p) for p in processed_files(ingestion, through_batch=b)}
-        for f in now - seen:
-            batch_of[f] = b
-        seen = now
-    outputs = []
-    for name in plan.flows:
-        if name == INGEST_FLOW:
-            continue
-        cp = Path(plan.checkpoint(name))
-        outputs.append([(os.path.getmtime(cp / "offsets" / str(k)), os.path.getmtime(cp / "commits" / str(k)))
-                        for k in batch_ids(cp, "commits")])
-    fresh, missing = [], 0
-    landed = {f.name: f.mtime for f in landed_files(landing_of(plan))}
-    for f, b in batch_of.items():
-        ingested = os.path.getmtime(commits / str(b))
-        done = [ingested]
-        for batches in outputs:
-            after = [c for planned, c in batches if planned >= ingested]
-            if not after:
-                break
-            done.append(min(after))
-        else:
-            fresh.append(max(done) - landed[f])
-            continue
-        missing += 1
-    return fresh, missing + len(landed) - len(batch_of)
 
 
 def run_mode(mode: str, args: argparse.Namespace, work: Path, say: Progress) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from runner.airflow import AirflowClient, AirflowServices
 from runner.processes import wait_for
 from runner.testdata import generate
 from spark_jobs.plan import ParquetDataset, StreamPlan, TableDataset, compile_plan
-from spark_jobs.runtime.checkpoint import batch_ids, sink_files
+from spark_jobs.runtime.checkpoint import batch_ids, file_name, landed_files, processed_files, sink_files
 from spark_jobs.runtime.clock import parse_iso
 from spark_jobs.runtime.lease import holder_alive, read_holder
 from spark_jobs.runtime.progress import read_events
@@ -670,3 +670,71 @@ def start_airflow(services: AirflowServices, api: AirflowClient, dags: Iterable[
     wait_for(lambda: set(dags) <= services.dag_ids(), "the DAG processor to parse the DAGs", 300, every=3)
     for dag in dags:
         api.unpause(dag)
+
+
+class Memory(threading.Thread):
+    """The memory of the driver running now (its processes' PSS), integrated over time: MB-seconds."""
+
+    def __init__(self, every: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.every, self.driver, self.mb_seconds, self.peak_mb = every, None, 0.0, 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self._done.wait(self.every):
+            now = time.monotonic()
+            driver = self.driver
+            mb = 0.0 if driver is None else sum(pss_bytes(p) for p in [driver, *descendants(driver)]) / 1e6
+            self.mb_seconds += mb * (now - last)
+            self.peak_mb, last = max(self.peak_mb, mb), now
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def freshness(plan: StreamPlan) -> tuple[list[float], int]:
+    """Per landed file the ingestion has read: seconds from its landing until every sink had its rows
+    (the ingestion batch's commit, and each output's first batch planned after it, committed); and
+    how many files no sink had yet."""
+    ingestion = plan.checkpoint(INGEST_FLOW)
+    commits = Path(ingestion) / "commits"
+    batch_of: dict[str, int] = {}
+    seen: set[str] = set()
+    for b in batch_ids(ingestion, "commits"):
+        now = {file_name(p) for p in processed_files(ingestion, through_batch=b)}
+        for f in now - seen:
+            batch_of[f] = b
+        seen = now
+    outputs = []
+    for name in plan.flows:
+        if name == INGEST_FLOW:
+            continue
+        cp = Path(plan.checkpoint(name))
+        outputs.append([(os.path.getmtime(cp / "offsets" / str(k)), os.path.getmtime(cp / "commits" / str(k)))
+                        for k in batch_ids(cp, "commits")])
+    fresh, missing = [], 0
+    landed = {f.name: f.mtime for f in landed_files(landing_of(plan))}
+    for f, b in batch_of.items():
+        ingested = os.path.getmtime(commits / str(b))
+        done = [ingested]
+        for batches in outputs:
+            after = [c for planned, c in batches if planned >= ingested]
+            if not after:
+                break
+            done.append(min(after))
+        else:
+            fresh.append(max(done) - landed[f])
+            continue
+        missing += 1
+    return fresh, missing + len(landed) - len(batch_of)
+
+
+def accepted_rows(root: Path) -> tuple[int, int]:
+    """The rows the accepted-rows table of the ``sensors`` example under the data root ``root`` holds
+    (through its log), and those the generator's ground truth accepted."""
+    table = root / "sinks" / "sensors" / "readings"
+    held = sum(pq.read_metadata(f.removeprefix("file:")).num_rows for f in sink_files(table))
+    manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
+    return held, manifest["counts"]["accepted"]

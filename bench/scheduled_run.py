@@ -25,10 +25,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.harness import MASTER, child_env, clean_up, run_generator, working_folder
+from bench.harness import MASTER, accepted_rows, child_env, clean_up, run_generator, working_folder
 from bench.report import RESULTS, Progress, machine, spread, write_results
 from spark_jobs import submit
-from spark_jobs.runtime.checkpoint import sink_files
 from spark_jobs.runtime.session import DRIVER_JAVA_OPTIONS, FIRST_TIER_JIT
 from spark_jobs.stream_spec.layout import project_root
 
@@ -57,16 +56,6 @@ def run(root: Path, variant: str, log: Path) -> dict[str, float]:
         raise RuntimeError(f"a {variant} run exited {code}: {log}")
     return {"wall_s": round(wall, 2),
             "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
-
-
-def accepted_rows(root: Path) -> tuple[int, int]:
-    """The rows the accepted-rows table holds (through its log), and those the ground truth accepted."""
-    import pyarrow.parquet as pq
-
-    table = root / "sinks" / "sensors" / "readings"
-    held = sum(pq.read_metadata(f.removeprefix("file:")).num_rows for f in sink_files(table))
-    manifest = json.loads((root / "generated" / "sensors" / "manifest.json").read_text())
-    return held, manifest["counts"]["accepted"]
 
 
 def main(argv: list[str] | None = None) -> int:

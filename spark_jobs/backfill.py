@@ -43,6 +43,7 @@ from spark_jobs.quality import closing
 from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import accepted_last_batch, sink_files
 from spark_jobs.runtime.clock import compact, from_ms, iso, parse_iso, to_ms
+from spark_jobs.runtime.driver import log_to_stderr
 from spark_jobs.sinks import delta as delta_sink
 from spark_jobs.sinks import delta_log
 from spark_jobs.stream_spec.layout import Layout
@@ -264,5 +265,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     sys.exit(main())

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.checkpoint import delta_read_through
+from spark_jobs.runtime.driver import log_to_stderr
 from spark_jobs.sinks.delta import commit_time, retry_conflicts
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -246,5 +247,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     sys.exit(main())

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spark_jobs.plan import StreamPlan, compile_plan
+from spark_jobs.runtime.driver import log_to_stderr
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import SpecError
@@ -153,6 +154,6 @@ def describe(result: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
     sys.exit(main())

@@ -33,6 +33,7 @@ from spark_jobs.plan import StreamPlan, compile_plan
 from spark_jobs.runtime.atomic import write_atomically
 from spark_jobs.runtime.checkpoint import batch_watermark_ms, last_batch
 from spark_jobs.runtime.clock import iso
+from spark_jobs.runtime.driver import log_to_stderr
 from spark_jobs.runtime.progress import read_events
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -170,5 +171,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     sys.exit(main())

@@ -10,6 +10,9 @@ beside the checkpoint, and runs until:
 * every query has finished (available-now trigger): exit 0;
 * a query fails: the others are stopped and the job exits 1, the cause in its last lines.
 
+A shared driver (``spark_jobs/shared_driver.py``) runs the same job for many streams'
+available-now runs, each in a session of its own of one JVM (:func:`run` with ``spark``).
+
 With ``--standby`` it does everything up to the queries' start, rehearses them in a scratch
 folder (spark_jobs.runtime.warmup), then waits to take the stream over (spark_jobs.runtime.standby).
 
@@ -24,7 +27,8 @@ after a rollback the driver runs the spec it pinned (the one the stream ran befo
 Exit codes: 0 stopped or finished (or not started: the stream was stopped on purpose), 1 a query
 failed, 2 invalid spec or arguments, or a change the checkpoint cannot resume,
 3 another live driver holds the checkpoint, 4 the lease was lost (another driver took the
-stream over: this one halts without committing), 137 stopped immediately (the marker).
+stream over: this one halts without committing), 5 (in a shared driver) the stream needs a
+driver of its own, 137 stopped immediately (the marker).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from spark_jobs.runtime.driver import (
     first_line,
     lease_of,
     load,
+    log_to_stderr,
     prepare_to_stop,
     report_loss,
     stop_between_batches,
@@ -61,6 +66,8 @@ from spark_jobs.runtime.lease import (
     host_id,
 )
 from spark_jobs.runtime.progress import EventLog
+from spark_jobs.runtime.run_queue import EXIT_NOT_SHAREABLE, not_shareable
+from spark_jobs.runtime.session import NotShareable
 from spark_jobs.runtime.standby import (
     StandbyRecord,
     take_over,
@@ -78,6 +85,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("stream_job")
+#: the driver's own settings, before the spec's
+DRIVER_CONF = {"spark.sql.streaming.stopTimeout": "60s"}
 #: a standby that took the stream over starts its outputs once the ingestion's first trigger ended, or after this
 TAKEOVER_FIRST_BATCH_SECONDS = 5.0
 
@@ -103,7 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, spark: SparkSession | None = None,
+        stop_requested: threading.Event | None = None) -> int:
+    """The driver, in a session of its own, or in ``spark`` (a shared driver's: the run's own
+    session of its JVM, kept when the run ends; ``stop_requested`` is then its stop signal)."""
     from spark_jobs import upgrade
 
     try:
@@ -120,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s: stream %s is an application; the supervisor runs %s itself", args.spec, spec.name,
                   layout.include(spec.application.path))
         return EXIT_BAD_SPEC
+    session = None
+    if spark is not None:  # a shared driver's run: in a session of its own, if the stream can be
+        try:
+            session = _shared_session(spark, spec)
+        except NotShareable as exc:
+            log.error("%s", exc)
+            return EXIT_NOT_SHAREABLE
     lease = lease_of(layout, spec.supervision)
     if not args.standby:  # a standby takes it once free, and never while the stream is held
         try:
@@ -127,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         except DriverRefused as exc:
             return exc.code
     try:
-        return _run(spec, layout, args, lease)
+        return _run(spec, layout, args, lease, session, stop_requested)
     finally:
         lease.release()
 
@@ -141,13 +160,15 @@ def _trigger(args: argparse.Namespace, plan: StreamPlan) -> Trigger | None:
     return None
 
 
-def _run(spec: StreamSpec, layout: Layout, args: argparse.Namespace, lease: DriverLease) -> int:
-    """The driver's one compilation: the session its analysis needs, then the plan (:func:`_drive` runs it)."""
+def _run(spec: StreamSpec, layout: Layout, args: argparse.Namespace, lease: DriverLease,
+         shared: SparkSession | None, stop_requested: threading.Event | None) -> int:
+    """The driver's one compilation: the session its analysis needs (``shared``: a shared driver's
+    session for the run, kept), then the plan (:func:`_drive` runs it)."""
     from spark_jobs.analysis import analyze
     from spark_jobs.runtime.session import build_session, fence_lease
 
-    stop_requested = prepare_to_stop()
-    spark = build_session(f"stream:{spec.name}", spec, extra={"spark.sql.streaming.stopTimeout": "60s"})
+    stop_requested = stop_requested or prepare_to_stop()
+    spark = shared or build_session(f"stream:{spec.name}", spec, extra=DRIVER_CONF)
     events = EventLog(layout.events_file, history=History(layout.history_file), tags={"host": host_id()})
     report_loss(lease, events, spec.name)
     try:
@@ -163,7 +184,17 @@ def _run(spec: StreamSpec, layout: Layout, args: argparse.Namespace, lease: Driv
         return _drive(spark, plan, layout, args, lease, events, stop_requested)
     finally:
         fence_lease(spark, None, None)  # a session that outlives this driver (a test's) holds no lease
-        spark.stop()
+        if shared is None:
+            spark.stop()
+
+
+def _shared_session(shared: SparkSession, spec: StreamSpec) -> SparkSession:
+    """The run's own session of a shared driver, if the stream can run there."""
+    from spark_jobs.runtime.session import shared_session
+
+    if (reason := not_shareable(spec)) is not None:
+        raise NotShareable(f"stream {spec.name}: {reason}: it needs a driver of its own")
+    return shared_session(shared, spec, DRIVER_CONF)
 
 
 def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse.Namespace, lease: DriverLease,
@@ -187,6 +218,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
     if (trigger or plan.trigger).available_now and plan.ingestion is not None:
         phases = [lambda name: name == INGEST_FLOW, lambda name: name != INGEST_FLOW]
     code, cause, started = EXIT_OK, "", False
+    listener: ProgressListener | None = None
     try:
         unfinished = upgrade.unfinished(layout)
         held = upgrade.held_outputs(unfinished, args.spec)  # rebuilt beside their sinks while the others run
@@ -238,7 +270,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
             log.info("a removed output's checkpoint archived in %s (its sink is kept)", archived)
         changes.keep(layout, args.spec, judged, now)  # the spec's plan: the next start is judged against it
         upgrade.write_running_plan(layout, plan, previous, held)
-        ProgressListener(events, stream, plan.spark_query_names).add(spark)
+        listener = ProgressListener(events, stream, plan.spark_query_names).add(spark)
         if held:
             log.info("upgrade %d: outputs %s are held while they are rebuilt; they start once it swapped them in",
                      unfinished["number"], ", ".join(held))
@@ -263,6 +295,8 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
             if code != EXIT_OK or stopped:
                 break
     finally:
+        if listener is not None:  # a shared driver's session runs other streams' runs next
+            listener.remove(spark)
         if standby is not None:
             standby.remove()
         if started:
@@ -283,8 +317,7 @@ def _start_failed(layout: Layout, events: EventLog, exc: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     return run(parse_args(argv))
 
 

@@ -9,7 +9,8 @@ path, Spark's classes mapped from the drivers' class archive
 (``spark_jobs.runtime.session.class_archive_conf``), an available-now run's JVM with the JIT's first
 tier only (``available_now_conf``), the spec's shuffle partitions, ``spark.conf`` and driver memory,
 and the project's Python for the workers. ``stream`` is ``spark_jobs/stream_job.py``; ``backfill``, ``quality``,
-``state`` and ``maintenance`` are the other jobs. ``--dry-run`` prints the command.
+``state`` and ``maintenance`` are the other jobs; ``shared-driver --queue <folder>`` starts a
+shared driver (``spark_jobs/shared_driver.py``). ``--dry-run`` prints the command.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from spark_jobs.runtime.session import (
@@ -35,6 +36,8 @@ JOBS_DIR = Path(__file__).resolve().parent
 #: each job's entry point (``spark_jobs/<file>``)
 JOBS = {"stream": "stream_job.py", "backfill": "backfill.py", "quality": "quality_job.py", "state": "state.py",
         "maintenance": "maintenance.py", "upgrade": "upgrade.py"}
+#: the driver that takes many scheduled streams' runs (no spec of its own), and its job's name here
+SHARED_DRIVER, SHARED = JOBS_DIR / "shared_driver.py", "shared-driver"
 
 
 def job_path(job: str) -> str:
@@ -78,31 +81,47 @@ def command(job: str, spec_file: str | os.PathLike[str], master: str, job_args: 
     """The spark-submit command line of ``job`` for the stream of ``spec_file``."""
     spec = spec or load_spec(spec_file)
     s = settings(spec if job == "stream" else None)
-    conf = available_now_conf(s.conf) if job == "stream" and _available_now(job_args or []) else s.conf
-    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--name", f"{job}:{spec.name}"]
+    if job == "stream" and _available_now(job_args or []):
+        s = replace(s, conf=available_now_conf(s.conf))
+    return [*_spark_submit(s, master, f"{job}:{spec.name}"), job_path(job), "--spec", str(spec_file), *(job_args or [])]
+
+
+def shared_driver_command(queue: str | os.PathLike[str], master: str, driver_memory: str = "1g") -> list[str]:
+    """The spark-submit command line of a shared driver (``spark_jobs/shared_driver.py``) that
+    serves ``queue``: the platform's settings, none of a stream's (each run sets its own)."""
+    s = replace(settings(), driver_memory=driver_memory)
+    return [*_spark_submit(s, master, SHARED), str(SHARED_DRIVER), "--queue", str(queue)]
+
+
+def _spark_submit(s: Settings, master: str, name: str) -> list[str]:
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", master, "--name", name]
     if s.jars:
         cmd += ["--jars", ",".join(s.jars)]
-    for key, value in conf.items():
+    for key, value in s.conf.items():
         cmd += ["--conf", f"{key}={value}"]
     if s.driver_memory:
         cmd += ["--driver-memory", s.driver_memory]
     if s.executor_memory:
         cmd += ["--executor-memory", s.executor_memory]
-    return [*cmd, job_path(job), "--spec", str(spec_file), *(job_args or [])]
+    return cmd
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("job", choices=sorted(JOBS), help="which of the platform's jobs")
-    p.add_argument("--spec", required=True, help="the stream's spec file")
+    p.add_argument("job", choices=[*sorted(JOBS), SHARED], help="which of the platform's jobs")
+    p.add_argument("--spec", help="the stream's spec file (every job but a shared driver's)")
+    p.add_argument("--queue", help=f"{SHARED}: the folder of its queue (spark_jobs.runtime.run_queue)")
     p.add_argument("--master", default=os.environ.get("STREAMS_SPARK_MASTER", "local[2]"),
                    help="Spark's master (default $STREAMS_SPARK_MASTER or local[2])")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     argv = list(sys.argv[1:] if argv is None else argv)
     job_args = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: the job's own arguments
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if (args.job == SHARED) != (args.queue is not None) or (args.job != SHARED) == (args.spec is None):
+        p.error(f"{SHARED} takes --queue and no --spec; every other job takes --spec")
     try:
-        cmd = command(args.job, args.spec, args.master, job_args)
+        cmd = (shared_driver_command(args.queue, args.master) if args.job == SHARED
+               else command(args.job, args.spec, args.master, job_args))
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2

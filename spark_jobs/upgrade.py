@@ -74,6 +74,7 @@ from spark_jobs.plan import (
 from spark_jobs.runtime.atomic import exchange, write_atomically
 from spark_jobs.runtime.checkpoint import previous_plan, query_id, sink_last_batch
 from spark_jobs.runtime.clock import iso
+from spark_jobs.runtime.driver import log_to_stderr
 from spark_jobs.runtime.staging import relocate_sink_log, staged_sink, swap_folder, swapped_in_by
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
@@ -977,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--online", action="store_true",
                    help="with --step prepare: the stream runs during the rebuild, its outputs to rebuild held")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     from spark_jobs.runtime.lease import LeaseHeld
     from spark_jobs.runtime.session import build_session
 

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     from spark_jobs.upgrade import Release
 
 log = logging.getLogger(__name__)
+#: how a job's log lines look
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC, EXIT_LEASE_HELD = 0, 1, 2, 3
 #: an immediate stop (the marker): as SIGKILL would end it
@@ -217,6 +220,14 @@ def _await_any_end(queries: dict[str, StreamingQuery], seconds: float) -> None:
     except (Py4JJavaError, CapturedException):  # as py4j raises it, or as pyspark converts it
         pass
     manager.resetTerminated()  # ended ones are seen by the caller; wait for the next
+
+
+def log_to_stderr() -> None:
+    """A job's logging: INFO and up on stderr, each line with its time and logger; py4j's at
+    warnings only (at INFO it logs a line for each call from the JVM into Python, such as each
+    progress event a listener takes)."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def prepare_to_stop() -> threading.Event:

@@ -10,6 +10,7 @@ its numbers for the charts far longer, downsampled.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ from spark_jobs.runtime.history import History
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 
@@ -132,10 +135,17 @@ class ProgressListener:
         spark._jsparkSession.streams().addListener(self._wrapper)
         return self
 
-    def remove(self, spark: SparkSession) -> None:
-        if self._wrapper is not None:
-            spark._jsparkSession.streams().removeListener(self._wrapper)
-            self._wrapper = None
+    def remove(self, spark: SparkSession, drain_seconds: float = 10.0) -> None:
+        """Stop listening, once the events posted so far reached it (up to ``drain_seconds``): the
+        last batch's progress comes after its query ended."""
+        if self._wrapper is None:
+            return
+        try:
+            spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(drain_seconds * 1000))
+        except Exception as exc:  # a timeout: what came later is not recorded
+            log.warning("progress events still queued after %.0fs: %s", drain_seconds, str(exc).splitlines()[0])
+        spark._jsparkSession.streams().removeListener(self._wrapper)
+        self._wrapper = None
 
     def _output(self, name: str | None) -> str | None:
         return self.names.get(name or "", name)

@@ -241,6 +241,29 @@ def yield_cpu(niceness: int = BACKGROUND_NICENESS) -> int:
     return lowered
 
 
+class NotShareable(ValueError):
+    """A run's settings need a JVM of its own (:func:`shared_session`); the message names them."""
+
+
+def shared_session(driver: SparkSession, spec: StreamSpec, extra: Mapping[str, Any] | None = None) -> SparkSession:
+    """A session of its own for one run of ``spec`` in a shared driver (``spark_jobs/shared_driver.py``):
+    the driver's JVM and SparkContext, with their settings and compiled code, and on this session
+    alone the run's settings as :func:`build_session` gives them (``extra``, then the spec's
+    shuffle partitions and ``spark.conf``). Raises :class:`NotShareable` for a setting only a JVM of
+    its own can take (one Spark reads at its start) that the driver does not have already."""
+    session = driver.newSession()
+    conf = {**(extra or {}), "spark.sql.shuffle.partitions": spec.spark.shuffle_partitions, **spec.spark.conf}
+    text = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in conf.items()}
+    fixed = sorted(k for k, v in text.items() if not session.conf.isModifiable(k) and session.conf.get(k, None) != v)
+    if fixed:
+        raise NotShareable(f"stream {spec.name}: spark.conf sets {', '.join(fixed)}, which Spark reads only when a "
+                           "driver starts: the stream needs a driver of its own")
+    for key, value in text.items():
+        if session.conf.isModifiable(key):
+            session.conf.set(key, value)
+    return session
+
+
 def build_session(app_name: str, spec: StreamSpec | None = None, master: str | None = None,
                   extra: Mapping[str, Any] | None = None) -> SparkSession:
     """A SparkSession with the platform's settings, then ``extra`` (the job's own), then

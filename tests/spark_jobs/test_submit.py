@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from examples import example_spec, include_with
 
@@ -46,6 +47,19 @@ def test_a_stream_s_driver_gets_the_platform_s_classes_and_the_spec_s_settings(t
     quality = submit.command("quality", spec_file, "spark://master:7077")
     assert "spark.sql.shuffle.partitions" not in " ".join(quality)  # the stream's settings are its driver's
     assert quality[-3:] == [submit.job_path("quality"), "--spec", str(spec_file)]
+
+
+def test_a_shared_driver_gets_the_platform_s_settings_and_no_stream_s(tmp_path: Path, capsys) -> None:
+    cmd = submit.shared_driver_command(tmp_path / "queue", "local[2]")
+    assert cmd[-3:] == [str(submit.SHARED_DRIVER), "--queue", str(tmp_path / "queue")] and submit.SHARED_DRIVER.is_file()
+    conf = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
+    assert "spark.sql.shuffle.partitions" not in conf and FIRST_TIER_JIT not in conf.get(DRIVER_JAVA_OPTIONS, "")
+    assert conf.items() >= local_fs_conf().items() and cmd[cmd.index("--driver-memory") + 1] == "1g"
+    assert submit.main([submit.SHARED, "--queue", str(tmp_path / "queue"), "--dry-run"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"shared_driver.py --queue {tmp_path / 'queue'}")
+    with pytest.raises(SystemExit):  # a shared driver has no spec of its own
+        submit.main([submit.SHARED, "--queue", "q", "--spec", "s.yaml", "--dry-run"])
+    assert "takes --queue and no --spec" in capsys.readouterr().err
 
 
 def test_by_hand_the_command_is_printed_and_a_bad_spec_is_refused(tmp_path: Path, capsys) -> None:
