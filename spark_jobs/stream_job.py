@@ -295,7 +295,7 @@ def _drive(spark: SparkSession, plan: StreamPlan, layout: Layout, args: argparse
             if code != EXIT_OK or stopped:
                 break
     finally:
-        if listener is not None:  # a shared driver's session runs other streams' runs next
+        if listener is not None:  # its events so far delivered: the JVM may outlive this run (a shared driver)
             listener.remove(spark)
         if standby is not None:
             standby.remove()

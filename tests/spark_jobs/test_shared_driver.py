@@ -1,5 +1,6 @@
-"""A shared driver, in the tests' session: it takes the runs of two streams in turn, each in a
-session of its own, exactly once; a stream that needs a driver of its own is refused whole."""
+"""A shared driver. In the tests' session: it takes the runs of two streams in turn, each in a
+session of its own, exactly once; a stream that needs a driver of its own is refused whole. As
+spark-submit starts it: a run, and a stop between runs on SIGTERM."""
 
 from __future__ import annotations
 
