@@ -12,10 +12,12 @@ from spark_jobs.runtime.checkpoint import batch_ids
 from spark_jobs.runtime.session import (
     LOCAL_FS_PACKAGE,
     SESSION_CONF,
+    NotShareable,
     build_session,
     fence_lease,
     fenced_checkpoints_conf,
     local_fs_conf,
+    shared_session,
 )
 from spark_jobs.stream_spec.layout import default_spec_dir
 from spark_jobs.stream_spec.loading import parse_spec
@@ -38,6 +40,22 @@ def test_a_spec_s_spark_conf_reaches_every_session_built_for_it(spark) -> None:
     finally:
         for key, value in before.items():
             spark.conf.set(key, value)
+
+
+def test_a_shared_driver_s_run_has_a_session_with_the_driver_s_settings_and_its_own_alone(spark) -> None:
+    data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
+    data["spark"] = {"conf": {"spark.sql.ansi.enabled": False}, "shuffle_partitions": 3}
+    run = shared_session(spark, parse_spec(data), {"spark.sql.streaming.stopTimeout": "60s"})
+    for key, value in SESSION_CONF.items():  # the driver's, from when its JVM started
+        assert run.conf.get(key) == value
+    assert [run.conf.get(k) for k in ("spark.sql.ansi.enabled", "spark.sql.shuffle.partitions",
+                                      "spark.sql.streaming.stopTimeout")] == ["false", "3", "60s"]
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2" and run.sparkContext is spark.sparkContext
+    data["spark"] = {"conf": {"spark.sql.codegen.cache.maxEntries": 10}}  # read when a JVM starts
+    with pytest.raises(NotShareable, match="spark.sql.codegen.cache.maxEntries"):
+        shared_session(spark, parse_spec(data))
+    data["spark"] = {"conf": {"spark.sql.codegen.cache.maxEntries": SESSION_CONF["spark.sql.codegen.cache.maxEntries"]}}
+    shared_session(spark, parse_spec(data))  # what the driver has already is no reason to refuse
 
 
 def test_the_session_keeps_the_code_it_compiled_for_more_plans_than_spark_s_default(spark) -> None:
