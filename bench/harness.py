@@ -54,6 +54,7 @@ from spark_jobs.stream_spec.models import (
     Passthrough,
     StreamSpec,
 )
+from streamops.cost import reaped_cpu
 
 MASTER = "local[2]"
 BENCH = Path(__file__).resolve().parent
@@ -224,6 +225,18 @@ def spark_submit(args: list[str], log: Path, timeout: float, jars: list[str] | N
         code, memory = wait_measured(proc, timeout)
         wall = time.time() - started
     return {"exit_code": code, "wall_s": wall, "started_at": started, **memory}
+
+
+def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
+    """Run ``cmd`` to its exit, its output appended to ``log``: its wall time and CPU seconds, whole
+    process (exact: this process's reaped children's CPU around it). Raises if it exits non-zero."""
+    before, started = reaped_cpu(), time.monotonic()
+    with log.open("a") as out:
+        code = subprocess.run(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT).returncode
+    wall, used = time.monotonic() - started, reaped_cpu() - before
+    if code != 0:
+        raise RuntimeError(f"exited {code} (its output: {log}): {' '.join(cmd)}")
+    return {"wall_s": round(wall, 2), "cpu_s": round(used, 2)}
 
 
 def wait_measured(proc: subprocess.Popen, timeout: float, every: float = 0.2) -> tuple[int, dict[str, float]]:

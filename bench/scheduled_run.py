@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.harness import MASTER, accepted_rows, child_env, clean_up, run_generator, working_folder
+from bench.harness import MASTER, accepted_rows, clean_up, run_generator, run_measured, working_folder
 from bench.report import RESULTS, Progress, machine, spread, write_results
 from spark_jobs import submit
 from spark_jobs.runtime.session import DRIVER_JAVA_OPTIONS, FIRST_TIER_JIT
@@ -48,14 +45,7 @@ def command(root: Path, variant: str) -> list[str]:
 
 def run(root: Path, variant: str, log: Path) -> dict[str, float]:
     """One available-now run, whole process: its wall time and CPU seconds."""
-    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
-    with log.open("a") as out:
-        code = subprocess.run(command(root, variant), env=child_env(), stdout=out, stderr=subprocess.STDOUT).returncode
-    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if code != 0:
-        raise RuntimeError(f"a {variant} run exited {code}: {log}")
-    return {"wall_s": round(wall, 2),
-            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
+    return run_measured(command(root, variant), log)
 
 
 def main(argv: list[str] | None = None) -> int:

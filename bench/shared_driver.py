@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -49,6 +48,7 @@ from bench.harness import (
     kill_tree,
     landing_of,
     run_generator,
+    run_measured,
     working_folder,
 )
 from bench.report import RESULTS, Progress, machine, spread, write_results
@@ -60,6 +60,7 @@ from spark_jobs.runtime.run_queue import RunQueue, RunRequest
 from spark_jobs.stream_spec.layout import Layout, project_root
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import INGEST_FLOW
+from streamops.cost import reaped_cpu
 
 SPEC = project_root() / "include" / "streams" / "sensors.yaml"
 
@@ -88,24 +89,17 @@ class SharedDriver:
 
     def stop(self) -> float:
         """Stop it (SIGTERM to its Python process: between runs); its whole CPU seconds, once it exited."""
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        before = reaped_cpu()
         serving = self.queue.serving()
         os.kill(serving["pid"] if serving else self.proc.pid, signal.SIGTERM)
         self.proc.wait(300)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return reaped_cpu() - before
 
 
 def own_run(root: Path, log: Path) -> dict[str, float]:
     """An available-now run in a JVM of its own, whole process."""
-    cmd = submit.command("stream", SPEC, MASTER, ["--data-root", str(root), "--trigger", "available-now"])
-    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
-    with log.open("a") as out:
-        code = subprocess.run(cmd, env=child_env(), stdout=out, stderr=subprocess.STDOUT).returncode
-    wall, after = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if code != 0:
-        raise RuntimeError(f"an own run exited {code}: {log}")
-    return {"wall_s": round(wall, 2), "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)}
+    return run_measured(submit.command("stream", SPEC, MASTER, ["--data-root", str(root), "--trigger", "available-now"]),
+                        log)
 
 
 def runs_part(args: argparse.Namespace, work: Path, say: Progress) -> dict[str, Any]:
