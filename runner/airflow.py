@@ -115,6 +115,15 @@ class AirflowClient:
     def unpause(self, dag_id: str) -> None:
         self.patch(f"dags/{dag_id}", {"is_paused": False})
 
+    def stop_dag(self, dag_id: str) -> list[str]:
+        """Pause the DAG and mark its running runs failed (Airflow kills their tasks, whose
+        ``on_kill`` stops what they run), as an operator does in the UI; the runs it ended."""
+        self.patch(f"dags/{dag_id}", {"is_paused": True})
+        ended = [r["run_id"] for r in self.runs(dag_id) if r["state"] in ("running", "queued")]
+        for run_id in ended:
+            self.patch(f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}", {"state": "failed"})
+        return ended
+
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         """Trigger a run of the DAG (as Airflow's own trigger form: now, with ``conf``); its run id."""
         return self.post(f"dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})["dag_run_id"]
@@ -240,6 +249,10 @@ class AirflowServices:
 
     def unpause(self, dag_id: str) -> None:
         self.client.unpause(dag_id)
+
+    def stop_dag(self, dag_id: str) -> list[str]:
+        """Pause the DAG and end its running runs (:meth:`AirflowClient.stop_dag`)."""
+        return self.client.stop_dag(dag_id)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
         """Trigger a run of the DAG (as Airflow's own trigger form: now, with ``conf``); its run id."""

@@ -20,9 +20,10 @@ from runner.kafka import KafkaBroker, ensure_topics
 from runner.processes import PRIVATE, Every, private_log, wait_until
 from runner.summary import summarize, verify_sinks
 from spark_jobs.plan import OutputPlan, TableDataset, compile_plan
+from spark_jobs.runtime.run_queue import RunQueue
 from spark_jobs.stream_spec.layout import Layout, redact
 from spark_jobs.stream_spec.models import KafkaSource, StreamSpec
-from streamops import dag_id, tenure
+from streamops import SHARED_DRIVER_DAG, dag_id, tenure
 
 #: how often the platform says where it is while it waits (catching up, stopping, validating)
 PROGRESS_SECONDS = 15.0
@@ -68,6 +69,8 @@ class Platform:
         self._verified_file = data_root / "logs" / "verified.json"
         self.started_at = time.time()
         self.deployed = False
+        #: whether a stream sends its scheduled runs to the data root's shared driver
+        self.shared_driver = any(spec.execution.shared_driver for spec in specs.values())
         self.interrupts = 0
         self.out = out
 
@@ -91,6 +94,8 @@ class Platform:
                 return
             raise RuntimeError(f"the Airflow API server did not come up; see {self.airflow.home}/api-server.log")
         wanted = {dag_id(name, role) for name in self.specs for role in ("", "stop", "quality")}
+        if self.shared_driver:
+            wanted.add(SHARED_DRIVER_DAG)
         self.out("==> waiting for the DAG processor to parse the streams' DAGs")
         if not wait_until(lambda: wanted <= self.airflow.dag_ids(), 240, every=3, interrupted=self.stopping):
             if self.stopping():
@@ -98,6 +103,10 @@ class Platform:
             errors = "\n".join(f"  {e.get('filename')}: {e.get('stack_trace', '')[-300:]}"
                                for e in self.airflow.import_errors())
             raise RuntimeError(f"DAGs not parsed: {sorted(wanted - self.airflow.dag_ids())}\n{errors}")
+        if self.shared_driver:  # before the deploys: the streams' first runs find it serving or not, either works
+            self.airflow.unpause(SHARED_DRIVER_DAG)
+            self.out(f"==> DAG {SHARED_DRIVER_DAG} unpaused: it keeps the shared driver running for the scheduled runs "
+                     f"of {', '.join(n for n, s in sorted(self.specs.items()) if s.execution.shared_driver)}")
         deployed_at = time.time()
         for name in sorted(self.specs):
             for dag in (dag_id(name), dag_id(name, "stop"), dag_id(name, "quality")):
@@ -199,6 +208,11 @@ class Platform:
             if hook.driver_alive():
                 hook.kill_driver()
                 hook.wait_for_exit(30)
+        if self.shared_driver:
+            self.out(f"==> stopping the shared driver (DAG {SHARED_DRIVER_DAG} paused, its run ended)")
+            self.airflow.stop_dag(SHARED_DRIVER_DAG)
+            queue = RunQueue(next(iter(self.layouts.values())).shared_driver_queue)
+            wait_until(lambda: queue.serving() is None, 30, every=1)
         if self.deployed:  # the sinks are final: checked against the ground truth while the rest stops
             log = open(self.data_root / "logs" / "summary-spark.log", "ab")  # the process's; closed here once it has it
             self._verifying = subprocess.Popen(

@@ -11,6 +11,10 @@ STREAMS_URL = "/streams"
 DAG_ROLES = ("", "stop", "restart", "backfill", "quality", "maintenance", "state", "upgrade", "rollback")
 
 
+#: The data root's one DAG that keeps the shared driver running (``execution.shared_driver``).
+SHARED_DRIVER_DAG = "shared_driver"
+
+
 def dag_id(stream: str, role: str = "") -> str:
     """``stream_<name>`` or ``stream_<name>_<role>``: the one place DAG ids are spelled."""
     if role not in DAG_ROLES:

@@ -46,8 +46,8 @@ from spark_jobs.stream_spec.layout import (
     default_spec_dir,
 )
 from spark_jobs.stream_spec.loading import load_spec
-from spark_jobs.stream_spec.models import DURATION_PATTERN, StreamSpec, duration_seconds
-from streamops import STREAMS_URL, dag_id
+from spark_jobs.stream_spec.models import DURATION_PATTERN, SpecError, StreamSpec, duration_seconds
+from streamops import SHARED_DRIVER_DAG, STREAMS_URL, dag_id
 from streamops.alerts import alert_on_failure
 from streamops.assets import quality_schedule, run_schedule, sink_assets
 from streamops.health import RUNNING
@@ -55,6 +55,7 @@ from streamops.operators.backfill import BackfillOperator
 from streamops.operators.control import ResumeStreamOperator, StopStreamOperator
 from streamops.operators.maintenance import MaintainTablesOperator
 from streamops.operators.quality import RUN_ID_PATTERN, ValidateStreamOperator
+from streamops.operators.shared_driver import SharedDriverOperator
 from streamops.operators.standby import StreamStandbyOperator
 from streamops.operators.state import InspectStateOperator
 from streamops.operators.supervise import StreamSupervisorOperator
@@ -82,6 +83,33 @@ def _doc(spec: StreamSpec, plan: StreamPlan, what: str) -> str:
             f"`{spec.spark.connection}`; worker queue: `{spec.supervision.queue}`{standby}{execution}.\n\n[Status and actions]({STREAMS_URL}/{spec.name}/) · "
             f"[data quality]({STREAMS_URL}/{spec.name}/quality/) (per-unit results, accounting) · "
             f"[Data Docs]({STREAMS_URL}/{spec.name}/quality/docs/index.html)")
+
+
+def shared_driver_dags(spec_dir: str | Path | None = None, data_root: str | None = None) -> dict[str, DAG]:
+    """``shared_driver``, if a spec of ``spec_dir`` sends its runs to one (``execution.shared_driver``):
+    the data root's shared driver kept running, a DAG run after the other (``@continuous``)."""
+    spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
+    users = []
+    for spec_file in sorted(spec_dir.glob("*.yaml")):
+        try:
+            spec = load_spec(spec_file)
+        except SpecError:  # its own DAG file shows what is wrong
+            continue
+        if spec.execution.shared_driver:
+            users.append(spec)
+    if not users:
+        return {}
+    queue = Layout(users[0], data_root or default_data_root(), spec_dir).shared_driver_queue
+    doc = (f"The data root's shared driver (`spark_jobs/shared_driver.py`): the scheduled runs of "
+           f"{', '.join(s.name for s in users)}, one after another in one JVM. Queue: `{queue}`.")
+    with DAG(SHARED_DRIVER_DAG, doc_md=doc, schedule="@continuous", start_date=START, catchup=False,
+             max_active_runs=1, tags=["shared_driver"],
+             default_args={"owner": "data-platform", "retries": 3, "retry_delay": timedelta(seconds=10),
+                           "retry_exponential_backoff": True, "max_retry_delay": timedelta(minutes=5),
+                           "on_failure_callback": alert_on_failure}) as dag:
+        SharedDriverOperator(task_id="serve", queue_dir=str(queue), conn_id=users[0].spark.connection, conf=_conf(),
+                             jars=_jars(), driver_memory="1g")
+    return {dag.dag_id: dag}
 
 
 def _jars() -> str | None:

@@ -36,6 +36,12 @@ class Layout:
         self.data_root = (Path(data_root) if data_root is not None else default_data_root()).resolve()
         self.spec_dir = Path(spec_dir) if spec_dir is not None else default_spec_dir()
 
+    @property
+    def shared_driver_queue(self) -> Path:
+        """The queue of the data root's shared driver (``spark_jobs/shared_driver.py``): every
+        stream's scheduled runs that may go there, whichever worker asks."""
+        return self.data_root / "_shared_driver" / "queue"
+
     def data(self, path: str) -> str:
         if "://" in path or os.path.isabs(path):
             return path

@@ -735,6 +735,9 @@ class Execution(Strict):
     quiet_for: Duration = "10 minutes"
     #: a continuous driver's micro-batches sized by the input's lag (continuous and adaptive)
     sizing: Sizing | None = None
+    shared_driver: bool = Field(default=False, description=(
+        "scheduled and adaptive: each available-now run goes to the data root's shared driver while one serves "
+        "(DAG shared_driver), else to a JVM of its own"))
 
     @field_validator("schedule")
     @classmethod

@@ -32,8 +32,13 @@ def bag():
     return dagbag(DAGS)
 
 
-def test_every_dag_file_imports(bag) -> None:
+def test_every_dag_file_imports_and_every_dag_serializes(bag) -> None:
+    """As the DAG processor does: a DAG that fails to serialize never reaches the scheduler."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
     assert bag.import_errors == {}
+    for dag in bag.dags.values():
+        DagSerialization.to_dict(dag)
 
 
 def test_every_spec_has_its_dag_file_and_dags(bag) -> None:
@@ -255,6 +260,31 @@ def test_a_scheduled_stream_runs_on_its_clock_and_when_input_waits(tmp_path: Pat
     assert not hasattr(on_input, "timetable") and on_input.asset_condition.name == "stream_sensors.input"
     sensors.write_text(example + "\nexecution: {mode: scheduled, schedule: '*/5 * * * *', freshness: 15 minutes}\n")
     assert dagbag(DAGS).dags["stream_sensors"].timetable.expression == "*/5 * * * *"  # on the clock alone
+
+
+def test_a_shared_driver_dag_exists_once_a_stream_sends_its_runs_to_one(tmp_path: Path, monkeypatch) -> None:
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from streamops.operators.shared_driver import SharedDriverOperator
+
+    assert "shared_driver" not in dagbag(DAGS).dags  # no stream of the platform's own does
+    specs = tmp_path / "streams"
+    shutil.copytree(default_spec_dir(), specs)
+    sensors = specs / "sensors.yaml"
+    sensors.write_text(sensors.read_text() + "\nexecution: {mode: scheduled, schedule: 4 minutes, freshness: 5 minutes, shared_driver: true}\n")
+    (specs / "broken.yaml").write_text("name: broken\n")  # its own DAG file says what is wrong, not this one
+    monkeypatch.setenv("STREAMS_SPEC_DIR", str(specs))
+    monkeypatch.setenv("STREAMS_DATA_DIR", str(tmp_path / "data"))
+    bag = dagbag(DAGS)
+    assert "dags/shared_driver.py" not in "".join(bag.import_errors)
+    dag = bag.dags["shared_driver"]
+    assert dag.max_active_runs == 1 and type(dag.timetable).__name__ == "ContinuousTimetable" and "sensors" in dag.doc_md
+    (serve,) = dag.tasks
+    assert isinstance(serve, SharedDriverOperator) and serve.retries == 3
+    assert serve.application_args == ["--queue", str(tmp_path / "data" / "_shared_driver" / "queue")]
+    assert serve.application.endswith("spark_jobs/shared_driver.py")
+    assert serve.queue == "default"  # the executor's queue, which the queue folder's argument must not take
+    DagSerialization.to_dict(dag)  # as the DAG processor does
 
 
 def test_parsing_is_cheap() -> None:

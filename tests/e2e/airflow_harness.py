@@ -47,11 +47,11 @@ class Airflow(AirflowServices):
 
 
 def stream_drivers() -> list[int]:
-    """Python driver processes of the stream job on this machine."""
+    """Python driver processes of the stream job, or a shared driver, on this machine."""
     pids = []
     for process in psutil.process_iter(["cmdline"]):
         argv = process.info["cmdline"] or []
-        if len(argv) > 1 and argv[1].endswith("stream_job.py") and "python" in argv[0]:
+        if len(argv) > 1 and argv[1].endswith(("stream_job.py", "shared_driver.py")) and "python" in argv[0]:
             pids.append(process.pid)
     return pids
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from airflow_harness import (
     ROOT,
@@ -63,11 +64,13 @@ from spark_jobs.runtime.lease import (
     read_holder,
 )
 from spark_jobs.runtime.progress import read_events
+from spark_jobs.runtime.run_queue import RunQueue
 from spark_jobs.stream_spec.layout import Layout
 from spark_jobs.stream_spec.loading import load_spec
 from spark_jobs.stream_spec.models import (
     INGEST_FLOW,
 )
+from streamops import SHARED_DRIVER_DAG
 from streamops.health import Status, assess
 from streamops.restarts import RestartBudget
 
@@ -234,6 +237,7 @@ def dags_folder(folder: Path) -> Path:
     """The project's DAG file of the sensors stream, and one for each other stream written as the README says."""
     folder.mkdir(parents=True)
     shutil.copy(ROOT / "dags" / "stream_sensors.py", folder / "stream_sensors.py")
+    shutil.copy(ROOT / "dags" / "shared_driver.py", folder / "shared_driver.py")
     for name in OTHER_STREAMS:
         (folder / f"stream_{name}.py").write_text(
             f'"""Airflow DAGs of the `{name}` stream."""\n\nfrom streamops.dag_factory import stream_dags\n\n'
@@ -633,12 +637,16 @@ def test_a_window_edited_in_place_is_upgraded_through_its_dag_while_the_other_ou
 
 def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_adapts_and_switches_back(
         platform: Platform, spark) -> None:
-    """A continuous stream's spec switched to scheduled runs on its input: its supervisor stops the
-    driver between batches and ends; files landing start an available-now run through the input's
-    asset watcher, which a SIGKILL of its driver does not break; between runs no driver is held and
-    the stream is idle. Made adaptive, a burst of input starts a run that goes on as a continuous
-    driver, which stops once its input went quiet. Switched back and deployed, it runs continuously
-    again. Every sink equals the ground truth, the outputs agree, and never two drivers ran at once."""
+    """A continuous stream's spec switched to scheduled runs on its input, in the shared driver: its
+    supervisor stops the driver between batches and ends; the shared_driver DAG, unpaused, keeps a
+    shared driver serving; files landing start an available-now run through the input's asset
+    watcher, which the shared driver takes. A SIGKILL of the shared driver during the run does not
+    break it: the run goes on in a JVM of its own, and Airflow starts the shared driver again.
+    Between runs no driver is held and the stream is idle. Made adaptive, a burst of input starts a
+    run in the new shared driver that goes on as a continuous driver, which stops once its input went
+    quiet. Switched back and deployed, it runs continuously again; the shared driver, its DAG run
+    marked failed from Airflow, stops. Every sink equals the ground truth, the outputs agree, and
+    never two drivers ran at once."""
     import yaml
 
     p = platform
@@ -654,24 +662,31 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
 
     # switched to scheduled: the running driver stops between batches, and its supervisor ends
     data = yaml.safe_load(continuous)
-    data["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "3 minutes", "input_poll": "2 seconds"}
+    data["execution"] = {"mode": "scheduled", "on_input": True, "freshness": "3 minutes", "input_poll": "2 seconds",
+                         "shared_driver": True}
     p.spec_path("quiet").write_text(yaml.safe_dump(data, sort_keys=False))
     scheduled, _ = p.stream("quiet")
+    wait_for(lambda: SHARED_DRIVER_DAG in p.airflow.dag_ids(), "the DAG processor to parse the shared driver's DAG",
+             timeout=120, every=2)
+    p.airflow.cli("dags", "unpause", SHARED_DRIVER_DAG)  # @continuous: it runs at once, and again whenever a run ends
+    queue = RunQueue(layout.shared_driver_queue)
     wait_for(lambda: p.state("stream_quiet", first) in ("success", "failed"), "the continuous run to end",
              timeout=180, every=2)
     assert p.state("stream_quiet", first) == "success", p.task_log("stream_quiet", "supervise", first)[-3000:]
     assert "switch to scheduled runs" in p.task_log("stream_quiet", "supervise", first)
     assert not holder_alive(layout.lease_dir)
     assert RestartBudget(layout.runs_file, plan.supervision.restart).consecutive_failures() == 0
+    shared = wait_for(queue.serving, "the shared driver to serve", timeout=240, every=1)
 
-    # files land: the input's watcher asks for a run; its driver is killed once it committed a batch,
-    # and the run's supervisor starts it again from the checkpoint
+    # files land: the input's watcher asks for a run, which the shared driver takes; the shared
+    # driver is killed once the run committed a batch, and the run goes on in a JVM of its own
     p.feed("quiet", files=6, seed=52)
     run = wait_for(lambda: next((r["run_id"] for r in p.airflow.runs("stream_quiet")
                                  if r["run_type"] == "asset_triggered"), None),
                    "a run started by the waiting input", timeout=240, every=2)
     holder = wait_for(lambda: (h := read_holder(layout.lease_dir)) is not None and h.alive() and h,
                       "the scheduled run's driver", timeout=180, every=0.5)
+    assert holder.pid == shared["pid"], (holder, shared)  # the run is the shared driver's
     wait_for(lambda: any(c.stat().st_mtime > holder.started_at for c in (Path(ingestion) / "commits").glob("[0-9]*")),
              "the scheduled run's first commit", timeout=180, every=0.2)
     os.kill(holder.pid, signal.SIGKILL)
@@ -679,7 +694,11 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
              every=2)
     log = p.task_log("stream_quiet", "supervise", run)
     assert p.state("stream_quiet", run) == "success", log[-3000:]
+    assert "asked of the shared driver" in log and "exit 137" in log, log[-3000:]
     assert "restarting stream quiet" in log or "supervising stream quiet (run 2" in log, log[-3000:]
+    # Airflow started the shared driver again (its task failed: a retry)
+    again_shared = wait_for(lambda: (d := queue.serving()) is not None and d["pid"] != shared["pid"] and d,
+                            "the shared driver to serve again", timeout=240, every=1)
     assert not holder_alive(layout.lease_dir)
     between = assess(scheduled, layout)
     assert between.status == Status.IDLE and between.reason.startswith("scheduled:"), between.summary()
@@ -692,7 +711,7 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
 
     # adaptive: a burst's run goes on continuously, and stops once the input went quiet
     data["execution"] = {"mode": "adaptive", "on_input": True, "freshness": "3 minutes", "input_poll": "2 seconds",
-                         "continuous_above": 0.5, "quiet_for": "20 seconds"}
+                         "continuous_above": 0.5, "quiet_for": "20 seconds", "shared_driver": True}
     p.spec_path("quiet").write_text(yaml.safe_dump(data, sort_keys=False))
     # (its DAG runs on its input as before: the watcher and the run read the spec file itself)
     burst_at = time.time()
@@ -711,6 +730,7 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
              timeout=300, every=2)
     log = p.task_log("stream_quiet", "supervise", adaptive_run)
     assert p.state("stream_quiet", adaptive_run) == "success", log[-3000:]
+    assert f"asked of the shared driver (pid {again_shared['pid']}" in log, log[-3000:]
     back = decisions()[-1]
     assert back["mode"] == "scheduled" and back["rate"] < 0.25 and "its input went quiet" in log, (decisions(), log[-2000:])
     assert went["logged_at"] - burst_at < 180  # within its freshness
@@ -729,3 +749,10 @@ def test_a_stream_switched_to_scheduled_runs_when_input_arrives_survives_a_kill_
              timeout=240, every=2)
     assert p.state("stream_quiet_stop", graceful) == "success"
     p.exact(spark, "quiet")
+
+    # the shared driver stopped from Airflow: its DAG paused, its run marked failed
+    (serving,) = p.airflow.stop_dag(SHARED_DRIVER_DAG)
+    wait_for(lambda: not queue.driver_file.exists() and not psutil.pid_exists(again_shared["pid"]),
+             "the shared driver to stop", timeout=120, every=1)
+    assert "stopping the shared driver" in p.task_log(SHARED_DRIVER_DAG, "serve", serving), \
+        p.task_log(SHARED_DRIVER_DAG, "serve", serving)[-3000:]

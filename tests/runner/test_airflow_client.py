@@ -46,6 +46,8 @@ class FakeAirflow:
             return 200, {"dag_runs": [{"dag_run_id": "manual__2", "state": "running", "run_type": "manual"}]}
         if path == "/api/v2/dags/stream_a/dagRuns" and method == "POST":
             return 200, {"dag_run_id": "manual__3", "conf": body["conf"]}
+        if path == "/api/v2/dags/stream_a/dagRuns/manual__2" and method == "PATCH":
+            return 200, {"dag_run_id": "manual__2", "state": body["state"]}
         if path == "/api/v2/dags/stream_a/dagRuns/manual__2%2Bx%2Fy":
             return 200, {"dag_run_id": "manual__2+x/y", "state": "success"}
         if path == "/api/v2/dags/stream_a" and method == "PATCH":
@@ -109,6 +111,12 @@ def test_the_platforms_calls_as_a_logged_in_user(airflow: FakeAirflow) -> None:
     assert trigger[3] == {"logical_date": None, "conf": {"mode": "graceful"}}
     runs = next(r for r in airflow.requests if r[1].startswith("/api/v2/dags/stream_a/dagRuns?"))
     assert "order_by=-run_after" in runs[1] and "limit=100" in runs[1]  # newest first
+    # a DAG stopped as from the UI: paused first (no new run), then its running run marked failed
+    del airflow.requests[:]
+    assert client.stop_dag("stream_a") == ["manual__2"]
+    assert [(m, path.split("?")[0], body) for m, path, _, body in airflow.requests] == [
+        ("PATCH", "/api/v2/dags/stream_a", {"is_paused": True}), ("GET", "/api/v2/dags/stream_a/dagRuns", None),
+        ("PATCH", "/api/v2/dags/stream_a/dagRuns/manual__2", {"state": "failed"})]
 
 
 def test_an_expired_token_is_replaced_once(airflow: FakeAirflow) -> None:

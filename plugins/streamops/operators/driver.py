@@ -4,11 +4,12 @@ and spark-submit hook, the :class:`Launch` of one driver, and the stop of a kill
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from spark_jobs.runtime.lease import DRIVER_ID_ENV
+from spark_jobs.runtime.run_queue import EXIT_NOT_SHAREABLE, RunQueue, RunRequest, not_shareable
 from spark_jobs.runtime.session import available_now_conf
 from spark_jobs.stream_spec.layout import default_spec_dir
 from streamops.hooks.stream import StreamHook
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from streamops.supervisor import Decision
     from streamops.tenure import Tenure
 
+log = logging.getLogger(__name__)
 STREAM_JOB = job_path("stream_job.py")
 #: Left of Airflow's cleanup time when the supervisor is killed, to kill the driver and
 #: spark-submit after a graceful stop that did not finish.
@@ -92,7 +95,8 @@ class StreamDriverOperator(SparkSubmitOperator):
     def __init__(self, *, stream: str, spec_dir: str | None = None, data_root: str | None = None,
                  poll_seconds: float = 5.0, grace_seconds: float = 120.0, kill_grace_seconds: float | None = None,
                  **kwargs: Any) -> None:
-        args = ["--spec", f"{spec_dir or default_spec_dir()}/{stream}.yaml"]
+        self.spec_file = f"{spec_dir or default_spec_dir()}/{stream}.yaml"
+        args = ["--spec", self.spec_file]
         if data_root:
             args += ["--data-root", data_root]
         kwargs.setdefault("application", STREAM_JOB)
@@ -106,6 +110,7 @@ class StreamDriverOperator(SparkSubmitOperator):
         self.grace_seconds = grace_seconds
         self.kill_grace_seconds = kill_grace_seconds
         self._stream_hook: StreamHook | None = None
+        self._own_jvm = False  # set once the shared driver refused the stream: its runs get JVMs of their own
 
     @property
     def stream_hook(self) -> StreamHook:
@@ -128,21 +133,57 @@ class StreamDriverOperator(SparkSubmitOperator):
         """The environment of the drivers this task launches."""
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {}), **_kafka_env(hook)}
 
-    def _launch(self, standby: bool, tenure: Tenure | None = None, available_now: bool = False) -> Launch:
+    def _launch(self, standby: bool, tenure: Tenure | None = None, available_now: bool = False) -> Launch | QueuedLaunch:
         """Submit a driver (``standby``: a warm standby that waits to take the stream over, for the
         supervisor's try ``tenure``; ``available_now``: one that takes what waits and exits, a
-        scheduled run)."""
+        scheduled run, asked of the data root's shared driver if the spec says so and one serves)."""
+        driver_id = f"{self.stream}-{uuid.uuid4().hex[:12]}"
+        if available_now and (queued := self._queue_run(driver_id)) is not None:
+            return queued
+        return self._submit(driver_id, standby, tenure, available_now)
+
+    def _submit(self, driver_id: str, standby: bool, tenure: Tenure | None, available_now: bool) -> Launch:
+        """A driver in a JVM of its own, through spark-submit."""
         extra = ["--standby", "--supervisor", str(tenure.number if tenure else 0)] if standby else []
         overrides: dict[str, Any] = {}
         if available_now:  # its JVM started at every run: compiled with the JIT's first tier only
             extra, overrides = ["--trigger", "available-now"], {"conf": available_now_conf(self.conf or {})}
-        env = {**(self.env_vars or {}), DRIVER_ID_ENV: f"{self.stream}-{uuid.uuid4().hex[:12]}"}
+        env = {**(self.env_vars or {}), DRIVER_ID_ENV: driver_id}
         launch = Launch(self.spark_submit_hook(env_vars=env, application_args=[*(self.application_args or []), *extra],
                                                **overrides),
-                        self.application, env[DRIVER_ID_ENV], self.stream_hook.layout.lease_dir)
+                        self.application, driver_id, self.stream_hook.layout.lease_dir)
         self.log.info("stream %s: %s driver %s launched", self.stream, "standby" if standby else "active",
                       launch.driver_id)
         return launch
+
+    def _queue_run(self, driver_id: str) -> QueuedLaunch | None:
+        """The available-now run asked of the data root's shared driver, if the spec says so, one
+        serves and the stream can run there; else None (a JVM of its own)."""
+        hook = self.stream_hook
+        if not hook.plan.execution.shared_driver or self._own_jvm:
+            return None
+        queue = RunQueue(hook.layout.shared_driver_queue)
+        if (serving := queue.serving()) is None:
+            self.log.info("stream %s: no shared driver serves %s: the run gets a JVM of its own", self.stream,
+                          queue.dir)
+            return None
+        if (reason := not_shareable(hook.spec)) is not None:
+            self.log.warning("stream %s: its runs get JVMs of their own: %s", self.stream, reason)
+            self._own_jvm = True
+            return None
+        launch = QueuedLaunch(queue, RunRequest(spec=self.spec_file, data_root=self.data_root, driver_id=driver_id,
+                                                env=_kafka_env(hook)),
+                              hook.layout.history_file, own_jvm=self._own_jvm_instead)
+        self.log.info("stream %s: run %s (driver id %s) asked of the shared driver (pid %s on %s)", self.stream,
+                      launch.run_id, driver_id, serving.get("pid"), serving.get("host"))
+        return launch
+
+    def _own_jvm_instead(self, driver_id: str, why: str) -> Launch:
+        """The run a shared driver did not take (it refused the stream, or none serves any more),
+        in a JVM of its own; after a refusal, every later run of this task too."""
+        self.log.warning("stream %s: %s: the run gets a JVM of its own", self.stream, why)
+        self._own_jvm = self._own_jvm or why.startswith(REFUSED)
+        return self._submit(driver_id, standby=False, tenure=None, available_now=True)
 
     def _say(self, decision: Decision | None) -> None:
         """Log what a decision says."""
@@ -168,6 +209,86 @@ class StreamDriverOperator(SparkSubmitOperator):
             if pid is not None:
                 self.log.warning("task killed: the graceful stop took more than %.1fs, killed driver pid %s",
                                  grace, pid)
+
+
+#: how a run the shared driver refused is said (:meth:`StreamDriverOperator._own_jvm_instead`)
+REFUSED = "the shared driver refused it"
+
+
+class QueuedLaunch:
+    """One available-now run asked of the data root's shared driver (``spark_jobs/shared_driver.py``),
+    watched as a :class:`Launch` is: alive until its result is in the queue. If no driver took it
+    and none serves any more, or the driver refused the stream (exit 5: settings that need a JVM of
+    its own), the run goes on in a JVM of its own (``own_jvm``), as the same driver id: nothing was
+    written meanwhile, and the supervisor sees one run."""
+
+    def __init__(self, queue: RunQueue, request: RunRequest, history_file: Path,
+                 own_jvm: Callable[[str, str], Launch]):
+        self.queue, self.driver_id, self.history_file, self._own_jvm = queue, request.driver_id, history_file, own_jvm
+        self.launched_at = time.time()
+        self.run_id = queue.ask(request)
+        self.outcome: dict[str, Any] | None = None
+        self.instead: Launch | None = None  # the JVM of its own it went to
+
+    def alive(self) -> bool:
+        if self.instead is not None:
+            return self.instead.alive()
+        if self.outcome is None:
+            if (found := self.queue.result(self.run_id)) is not None:
+                self._ended(found)
+            elif self.queue.serving() is None and self.queue.withdraw(self.run_id):
+                self.instead = self._own_jvm(self.driver_id, "no shared driver serves its queue any more")
+        if self.instead is None and (self.outcome or {}).get("code") == EXIT_NOT_SHAREABLE:
+            self.instead = self._own_jvm(self.driver_id, f"{REFUSED}: {self.outcome.get('error', '')}")
+        return self.instead.alive() if self.instead is not None else self.outcome is None
+
+    def _ended(self, found: dict[str, Any]) -> None:
+        """Its lines into the task's log, its CPU seconds into the stream's cost (``streamops.cost``)."""
+        from spark_jobs.runtime.history import History
+        from streamops.cost import CPU
+
+        for line in self.queue.log_lines(self.run_id):
+            log.info("shared driver: %s", line)
+        took = f" after {found['wall_s']:.1f}s ({found.get('cpu_s') or 0:.1f} CPU s)" if found.get("wall_s") else ""
+        log.info("shared driver: run %s ended with exit %s%s%s", self.run_id, found.get("code"), took,
+                 f": {found['error']}" if found.get("error") else "")
+        if found.get("cpu_s"):
+            History(self.history_file).sample({CPU: float(found["cpu_s"])}, at=time.time())
+        self.queue.forget(self.run_id)
+        self.outcome = found
+
+    def wait(self, seconds: float) -> None:
+        """Until it ended, or ``seconds`` passed."""
+        deadline = time.monotonic() + seconds
+        while self.alive() and time.monotonic() < deadline:
+            if self.instead is not None:
+                self.instead.wait(max(0.0, deadline - time.monotonic()))
+                return
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+    def result(self) -> tuple[int | None, str]:
+        """Its exit code (the stream driver's own: 0, 1, 2, ...; 137 if the shared driver ended
+        during it) and error, once it ended."""
+        while self.alive():
+            self.wait(5.0)
+        if self.instead is not None:
+            return self.instead.result()
+        assert self.outcome is not None
+        return self.outcome.get("code"), self.outcome.get("error", "")
+
+    def kill(self) -> None:
+        """Take it back if no shared driver took it yet (one that did stops it as the stream's stop
+        marker asks, as any driver)."""
+        if self.instead is not None:
+            self.instead.kill()
+        elif self.outcome is None and self.queue.withdraw(self.run_id):
+            self.outcome = {"code": 0, "error": "withdrawn before a shared driver took it"}
+
+    def on_kill(self) -> None:
+        if self.instead is not None:
+            self.instead.on_kill()
+        else:
+            self.kill()
 
 
 class Launch:
@@ -197,6 +318,14 @@ class Launch:
         """Its exit code (0 or 1, as spark-submit reports it) and error, once it ended."""
         self.thread.join()
         return self.outcome.get("code"), self.outcome.get("error", "")
+
+    def wait(self, seconds: float) -> None:
+        """Until it ended, or ``seconds`` passed."""
+        self.thread.join(seconds)
+
+    def on_kill(self) -> None:
+        """Its task is killed: spark-submit itself, and the driver it tracks in cluster mode."""
+        self.hook.on_kill()
 
     def kill(self) -> None:
         """End it (a standby holds nothing: this loses nothing): spark-submit, and a standby's Python

@@ -245,7 +245,7 @@ class StreamSupervisorOperator(StreamDriverOperator):
         sup.watch()
         while active.alive() if active is not None else hook.holds(sup.epoch):
             if active is not None:
-                active.thread.join(self.poll_seconds)
+                active.wait(self.poll_seconds)
             else:
                 hook.wait_for_exit(self.poll_seconds, epoch=sup.epoch)
             if self._superseded():
@@ -297,4 +297,4 @@ class StreamSupervisorOperator(StreamDriverOperator):
         if (epoch := sup.killed(hook.holds, self._superseded)) is not None:
             self._stop_when_killed(epoch, f"{sup.tenure_name}, killed")
         if sup.active is not None:
-            sup.active.hook.on_kill()  # spark-submit itself, and the driver it tracks in cluster mode
+            sup.active.on_kill()  # spark-submit itself (the driver it tracks in cluster mode), or a queued run

@@ -313,11 +313,59 @@ def test_each_driver_run_goes_through_a_spark_submit_hook_built_like_the_operato
     assert op.spark_submit_hook().kwargs["env_vars"] == {"PYSPARK_PYTHON": "/opt/python", "EXTRA": "1"}
 
 
+def test_a_scheduled_run_goes_to_the_shared_driver_while_one_serves_and_to_a_jvm_of_its_own_otherwise(
+        tmp_path: Path, monkeypatch) -> None:
+    from airflow.providers.apache.spark.operators import spark_submit
+
+    from spark_jobs.runtime.history import History
+    from spark_jobs.runtime.run_queue import EXIT_NOT_SHAREABLE, RunQueue
+    from streamops.cost import CPU
+    from streamops.operators.driver import QueuedLaunch
+
+    monkeypatch.setattr(spark_submit, "SparkSubmitHook", RecordingSubmitHook)
+    specs = scheduled_specs(tmp_path, shared_driver=True)
+    op = StreamSupervisorOperator(task_id="supervise", stream="sensors", spec_dir=str(specs),
+                                  data_root=str(tmp_path / "data"), poll_seconds=0, **SUBMIT_ARGUMENTS)
+    queue = RunQueue(op.stream_hook.layout.shared_driver_queue)
+    assert not isinstance(op._launch(standby=False, available_now=True), QueuedLaunch)  # none serves
+    queue.beat(time.time())  # this process serves it
+    run = op._launch(standby=False, available_now=True)
+    assert isinstance(run, QueuedLaunch) and run.alive()
+    taken = queue.take()
+    assert (taken.spec, taken.data_root, taken.driver_id) == (str(specs / "sensors.yaml"), str(tmp_path / "data"),
+                                                             run.driver_id)
+    (queue.logs / f"{taken.id}.log").write_text("stream sensors: queries finished\n")
+    queue.finish(taken.id, {"code": 0, "cpu_s": 2.5})
+    run.wait(5)
+    assert run.result() == (0, "") and not (queue.results / f"{taken.id}.json").exists()
+    cost = History(op.stream_hook.layout.history_file).series(0, time.time() + 60, metrics=[CPU])
+    assert sum(p.sum for points in cost.values() for p in points) == 2.5
+    untaken = op._launch(standby=False, available_now=True)
+    untaken.kill()  # taken back before a driver took it
+    assert untaken.result() == (0, "withdrawn before a shared driver took it") and queue.take() is None
+    # asked while one served, which ended before it took the run: the run gets a JVM of its own,
+    # under the same driver id, as one run
+    orphan = op._launch(standby=False, available_now=True)
+    queue.driver_file.unlink()
+    assert orphan.result() == (0, "") and orphan.instead.hook.kwargs["env_vars"][DRIVER_ID_ENV] == orphan.driver_id
+    assert orphan.instead.hook.kwargs["application_args"][-2:] == ["--trigger", "available-now"]
+    assert not list(queue.requests.iterdir())
+    # refused by the shared driver (settings that need a JVM of its own): that run, and every later one
+    queue.beat(time.time())
+    refused = op._launch(standby=False, available_now=True)
+    queue.finish(queue.take().id, {"code": EXIT_NOT_SHAREABLE, "error": "spark.sql.x differs"})
+    assert refused.result() == (0, "") and refused.instead is not None
+    assert not isinstance(op._launch(standby=False, available_now=True), QueuedLaunch)
+
+
 class Launched:
     """A driver the supervisor launched, as on_kill sees it."""
 
     def __init__(self, hook: RecordingSubmitHook) -> None:
         self.hook = hook
+
+    def on_kill(self) -> None:
+        self.hook.on_kill()
 
 
 class FakeDriver:
