@@ -5,6 +5,7 @@ the one driver that takes the scheduled runs of every stream whose spec says
 from __future__ import annotations
 
 import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -35,8 +36,6 @@ class SharedDriverOperator(SparkSubmitOperator):
         self.queue_dir = queue_dir  # (not ``queue``: that is the executor's queue of every operator)
 
     def execute(self, context: Context) -> None:
-        import sys
-
         self.env_vars = {"PYSPARK_PYTHON": sys.executable, **(self.env_vars or {})}
         super().execute(context)
 
