@@ -166,6 +166,8 @@ def stream_status(plan: StreamPlan, layout: Layout, now: float | None = None, de
         status["restarts_last_day"], status["restart_history_problem"] = None, str(exc)
     status["stopped_on_purpose"] = layout.hold_marker.exists()
     status["execution"] = plan.execution.describe()
+    if plan.execution.scheduled and plan.execution.shared_driver:
+        status["shared_driver"] = shared_driver_status(layout)
     status["cost"] = cost_summary(History(layout.history_file), now - HOUR, now)  # what its drivers used
     status["standby"] = [{"host": s.host, "pid": s.pid, "state": s.state, "since": s.since}
                          for s in standbys(layout.lease_dir)] if plan.supervision.standby else None
@@ -178,6 +180,18 @@ def stream_status(plan: StreamPlan, layout: Layout, now: float | None = None, de
     except (OSError, ValueError):
         status["validation"] = None
     return status
+
+
+def shared_driver_status(layout: Layout) -> dict[str, Any]:
+    """The data root's shared driver, for a stream whose runs go there: whether one serves (its
+    pid, host and the run it is on), and how many runs wait for it."""
+    from spark_jobs.runtime.run_queue import RunQueue
+
+    queue = RunQueue(layout.shared_driver_queue)
+    serving = queue.serving()
+    return {"serving": serving is not None, "pid": serving and serving.get("pid"),
+            "host": serving and serving.get("host"), "on_run": bool(serving and serving.get("run")),
+            "waiting": queue.waiting()}
 
 
 def _driver_cell(s: dict[str, Any]) -> str:

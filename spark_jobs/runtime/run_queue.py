@@ -124,6 +124,13 @@ class RunQueue:
         (self.results / f"{run_id}.json").unlink(missing_ok=True)
         (self.logs / f"{run_id}.log").unlink(missing_ok=True)
 
+    def waiting(self) -> int:
+        """How many runs were asked for and not taken yet."""
+        try:
+            return sum(1 for name in os.listdir(self.requests) if name.endswith(".json"))
+        except FileNotFoundError:
+            return 0
+
     def serving(self) -> dict[str, Any] | None:
         """The driver that serves the queue, if one is alive: its heartbeat is recent and, on this
         host, its process is there."""

@@ -809,10 +809,11 @@ class Execution(Strict):
         when = " and ".join(filter(None, [
             (f"every {self.schedule.strip()}" if self.interval else f"on `{self.schedule}`") if self.schedule else "",
             "when input arrives" if self.on_input else ""]))
+        shared = "; runs in the shared driver" if self.shared_driver else ""
         if self.adaptive:
             return (f"adaptive (scheduled {when}; continuous from {self.continuous_above:g} records/s until below "
-                    f"{self.down_rate:g} for {self.quiet_for}; freshness {self.freshness})")
-        return f"scheduled ({when}; freshness {self.freshness})"
+                    f"{self.down_rate:g} for {self.quiet_for}; freshness {self.freshness}{shared})")
+        return f"scheduled ({when}; freshness {self.freshness}{shared})"
 
 
 class Maintenance(Strict):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,33 @@ def test_the_driver_cell_says_when_a_scheduled_stream_runs() -> None:
             "cpu_seconds_per_1000_rows": 1.5}
     assert _driver_cell({**between_runs, "cost": cost}).endswith(
         "<br><span class='muted'>last hour: 18.0 CPU s (1.5 per 1,000 rows), 1100 MB at most</span>")
+
+
+def test_a_stream_whose_runs_go_to_the_shared_driver_shows_it_and_its_queue(tmp_path: Path) -> None:
+    """The row says whether the data root's shared driver serves (where, whether it is on a run,
+    how many runs wait) or that runs get JVMs of their own."""
+    from spark_jobs.plan import compile_plan
+    from spark_jobs.runtime.run_queue import RunQueue, RunRequest
+    from spark_jobs.stream_spec.layout import Layout, default_spec_dir
+    from spark_jobs.stream_spec.loading import parse_spec
+    from streamops.ui import _driver_cell, stream_status
+
+    data = yaml.safe_load((default_spec_dir() / "sensors.yaml").read_text())
+    spec = parse_spec({**data, "execution": {"mode": "scheduled", "on_input": True, "freshness": "5 minutes",
+                                     "shared_driver": True}})
+    layout = Layout(spec, tmp_path / "data", default_spec_dir())
+    plan = compile_plan(spec, layout)
+    status = stream_status(plan, layout)
+    assert status["execution"].endswith("runs in the shared driver)")
+    assert status["shared_driver"] == {"serving": False, "pid": None, "host": None, "on_run": False, "waiting": 0}
+    assert "no shared driver serves: runs get JVMs of their own" in _driver_cell(status)
+    queue = RunQueue(layout.shared_driver_queue)
+    queue.beat(time.time(), serving="r-1")  # this process serves it, on a run
+    queue.ask(RunRequest(spec="a.yaml"))
+    queue.ask(RunRequest(spec="b.yaml"))
+    status = stream_status(plan, layout)
+    assert status["shared_driver"]["pid"] == os.getpid() and status["shared_driver"]["waiting"] == 2
+    assert f"shared driver: {status['shared_driver']['host']}, pid {os.getpid()}, on a run; 2 run(s) waiting" in \
+        _driver_cell(status)
+    continuous = compile_plan(parse_spec(data), layout)
+    assert "shared_driver" not in stream_status(continuous, layout)

@@ -19,12 +19,12 @@ from spark_jobs.stream_spec.loading import parse_spec
 def test_runs_are_taken_oldest_first_once_each_and_their_results_read_back(tmp_path) -> None:
     queue = RunQueue(tmp_path / "queue")
     ids = [queue.ask(RunRequest(spec=f"s{i}.yaml", driver_id=f"d{i}", env={"KAFKA": "b:9092"})) for i in range(3)]
-    assert ids == sorted(ids)
+    assert ids == sorted(ids) and queue.waiting() == 3
     assert stat.S_IMODE(os.stat(queue.requests / f"{ids[0]}.json").st_mode) == 0o600
     other = RunQueue(tmp_path / "queue")  # a second driver on the same folder
     first, second = queue.take(), other.take()
     assert (first.id, first.spec, first.driver_id, first.env) == (ids[0], "s0.yaml", "d0", {"KAFKA": "b:9092"})
-    assert second.id == ids[1]
+    assert second.id == ids[1] and queue.waiting() == 1
     queue.beat(time.time(), first.id)
     assert queue.result(first.id) is None  # taken, running, its driver alive
     queue.finish(first.id, {"code": 0, "cpu_s": 1.5})
