@@ -124,12 +124,16 @@ class RunQueue:
         (self.results / f"{run_id}.json").unlink(missing_ok=True)
         (self.logs / f"{run_id}.log").unlink(missing_ok=True)
 
+    def _asked(self) -> list[str]:
+        """The requests' file names, oldest first."""
+        try:
+            return sorted(name for name in os.listdir(self.requests) if name.endswith(".json"))
+        except FileNotFoundError:
+            return []
+
     def waiting(self) -> int:
         """How many runs were asked for and not taken yet."""
-        try:
-            return sum(1 for name in os.listdir(self.requests) if name.endswith(".json"))
-        except FileNotFoundError:
-            return 0
+        return len(self._asked())
 
     def serving(self) -> dict[str, Any] | None:
         """The driver that serves the queue, if one is alive: its heartbeat is recent and, on this
@@ -158,9 +162,7 @@ class RunQueue:
     def take(self) -> RunRequest | None:
         """The oldest run asked for, now taken by this driver; None if none waits."""
         self._ready()
-        for name in sorted(os.listdir(self.requests)):
-            if not name.endswith(".json"):
-                continue
+        for name in self._asked():
             try:
                 os.rename(self.requests / name, self.running / name)
             except FileNotFoundError:  # withdrawn, or another driver took it

@@ -178,11 +178,11 @@ class StreamDriverOperator(SparkSubmitOperator):
                       launch.run_id, driver_id, serving.get("pid"), serving.get("host"))
         return launch
 
-    def _own_jvm_instead(self, driver_id: str, why: str) -> Launch:
-        """The run a shared driver did not take (it refused the stream, or none serves any more),
-        in a JVM of its own; after a refusal, every later run of this task too."""
+    def _own_jvm_instead(self, driver_id: str, why: str, refused: bool) -> Launch:
+        """The run a shared driver did not take (it ``refused`` the stream, or none serves any
+        more), in a JVM of its own; after a refusal, every later run of this task too."""
         self.log.warning("stream %s: %s: the run gets a JVM of its own", self.stream, why)
-        self._own_jvm = self._own_jvm or why.startswith(REFUSED)
+        self._own_jvm = self._own_jvm or refused
         return self._submit(driver_id, standby=False, tenure=None, available_now=True)
 
     def _say(self, decision: Decision | None) -> None:
@@ -211,10 +211,6 @@ class StreamDriverOperator(SparkSubmitOperator):
                                  grace, pid)
 
 
-#: how a run the shared driver refused is said (:meth:`StreamDriverOperator._own_jvm_instead`)
-REFUSED = "the shared driver refused it"
-
-
 class QueuedLaunch:
     """One available-now run asked of the data root's shared driver (``spark_jobs/shared_driver.py``),
     watched as a :class:`Launch` is: alive until its result is in the queue. If no driver took it
@@ -223,7 +219,7 @@ class QueuedLaunch:
     written meanwhile, and the supervisor sees one run."""
 
     def __init__(self, queue: RunQueue, request: RunRequest, history_file: Path,
-                 own_jvm: Callable[[str, str], Launch]):
+                 own_jvm: Callable[[str, str, bool], Launch]):
         self.queue, self.driver_id, self.history_file, self._own_jvm = queue, request.driver_id, history_file, own_jvm
         self.launched_at = time.time()
         self.run_id = queue.ask(request)
@@ -237,9 +233,10 @@ class QueuedLaunch:
             if (found := self.queue.result(self.run_id)) is not None:
                 self._ended(found)
             elif self.queue.serving() is None and self.queue.withdraw(self.run_id):
-                self.instead = self._own_jvm(self.driver_id, "no shared driver serves its queue any more")
+                self.instead = self._own_jvm(self.driver_id, "no shared driver serves its queue any more", False)
         if self.instead is None and (self.outcome or {}).get("code") == EXIT_NOT_SHAREABLE:
-            self.instead = self._own_jvm(self.driver_id, f"{REFUSED}: {self.outcome.get('error', '')}")
+            self.instead = self._own_jvm(self.driver_id, f"the shared driver refused it: {self.outcome.get('error', '')}",
+                                         True)
         return self.instead.alive() if self.instead is not None else self.outcome is None
 
     def _ended(self, found: dict[str, Any]) -> None:
